@@ -1,0 +1,109 @@
+"""torch_dist distributed checkpoint save/load for a Trainee, split into build and I/O steps.
+
+Building the sharded state dict is where the Bug A assertion fires; it is collective-free for
+dp_reshardable, so the phase can agree across ranks on a build failure before any rank enters
+the collective save (a rank that raised must not leave its peers waiting inside a collective).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from jobs.model import Trainee
+from jobs.probes.index_map import distributed_optimizers
+from jobs.workarounds import adam_steps
+
+
+def _metadata(sharding: str) -> dict[str, Any]:
+    return {"distrib_optim_sharding_type": sharding}
+
+
+def build_save_state(tr: Trainee, sharding: str, iteration: int) -> dict[str, Any]:
+    """Build the sharded state dict to save: model, optimizer, scheduler, iteration."""
+    msd = tr.sharded_model_state()
+    steps = adam_steps(tr.optimizer)
+    return {
+        "model": msd,
+        "optimizer": tr.optimizer.sharded_state_dict(msd, metadata=_metadata(sharding)),
+        # Common (non-sharded) entries: written once by rank 0 into common.pt.
+        "scheduler": tr.scheduler.state_dict(),
+        "iteration": iteration,
+        "adam_step": steps[-1] if steps else None,
+    }
+
+
+def write(state: dict[str, Any], folder: Path) -> None:
+    """Save a built state dict with dist_checkpointing (a collective over all ranks)."""
+    from megatron.core import dist_checkpointing
+
+    if torch.distributed.get_rank() == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+    torch.distributed.barrier()
+    dist_checkpointing.save(state, str(folder))
+    torch.distributed.barrier()
+
+
+def build_load_state(tr: Trainee, sharding: str) -> dict[str, Any]:
+    """Prime optimizer state and build the sharded state dict that load fills in."""
+    for opt in distributed_optimizers(tr.optimizer):
+        # torch Adam has no state before its first step; DistributedOptimizer.state_dict()
+        # asserts a single `step`, so Megatron-LM primes it with dummy values the same way.
+        if len(opt.optimizer.state) == 0:
+            opt._init_optimizer_states_with_dummy_values()
+    msd = tr.sharded_model_state()
+    return {"model": msd, "optimizer": tr.optimizer.sharded_state_dict(msd, is_loading=True, metadata=_metadata(sharding))}
+
+
+def read(state: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Load a checkpoint into the given sharded state dict (a collective over all ranks)."""
+    from megatron.core import dist_checkpointing
+
+    return dict(dist_checkpointing.load(state, str(folder)))
+
+
+def apply(tr: Trainee, loaded: dict[str, Any], no_grad: bool) -> None:
+    """Install loaded model, optimizer and scheduler state into the trainee."""
+    tr.ddp.module.load_state_dict(loaded["model"], strict=True)
+    # Realigned maps expose the in-place copy into FP32 leaf views (PR #5835, second fix).
+    guard = torch.no_grad() if no_grad else contextlib.nullcontext()
+    with guard:
+        tr.optimizer.load_state_dict(loaded["optimizer"])
+    tr.scheduler.load_state_dict(loaded["scheduler"])
+
+
+def checkpoint_step(loaded: dict[str, Any]) -> float | None:
+    """Return the Adam step recorded in the checkpoint (param_groups first, then our own entry)."""
+    steps: set[float] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for g in node.get("param_groups", []) if isinstance(node.get("param_groups"), list) else []:
+                if isinstance(g, dict) and isinstance(g.get("step"), (int, float)):
+                    steps.add(float(g["step"]))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v)
+
+    walk(loaded.get("optimizer"))
+    if len(steps) == 1:
+        return steps.pop()
+    value = loaded.get("adam_step")
+    return float(value) if value is not None else None
+
+
+def folder_bytes(folder: Path) -> int:
+    """Return the total size of the files under `folder`."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+
+def describe(folder: Path) -> dict[str, Any]:
+    """Return the checkpoint's path, size and file list for the result document."""
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
+    return {"path": os.fspath(folder), "bytes": folder_bytes(folder), "files": files}

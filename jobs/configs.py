@@ -1,0 +1,152 @@
+"""Named, validated model configurations that a parity run can train.
+
+Every config is small enough to train on two CPU cores in about a second per phase, and each one
+exists to put the optimizer into a specific shape (see `why`). Nothing here imports torch, so the
+service can list configs without paying for Megatron-Core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MODEL_KINDS = ("gpt", "linear-stack")
+OPTIMIZER_KINDS = ("distributed-adam", "layerwise-adam")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One named model + optimizer shape; validated on creation."""
+
+    name: str
+    description: str
+    why: str
+    kind: str = "gpt"
+    num_layers: int = 2
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    num_experts: int = 0  # 0: dense MLP
+    moe_router_topk: int = 2
+    vocab_size: int = 1024
+    seq_length: int = 32
+    micro_batch_size: int = 4
+    # Module-name suffixes re-cast to FP32 after Float16Module (the "keep in FP32" recipe).
+    fp32_modules: tuple[str, ...] = ()
+    # Learnable FP32 scalar gate on every MLP output (numel 1: exercises 64-alignment padding).
+    fp32_residual_gates: bool = False
+    # linear-stack only: widths of the bf16 layers and of the FP32 head layers.
+    bf16_layers: int = 4
+    fp32_head_layers: int = 0
+    optimizer: str = "distributed-adam"
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    lr_warmup_steps: int = 3
+    lr_decay_style: str = "cosine"
+    weight_decay: float = 0.01
+    clip_grad: float = 1.0
+    max_dp: int = 8
+    expected: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"{self.name}: kind {self.kind!r} not in {MODEL_KINDS}")
+        if self.optimizer not in OPTIMIZER_KINDS:
+            raise ValueError(f"{self.name}: optimizer {self.optimizer!r} not in {OPTIMIZER_KINDS}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"{self.name}: hidden_size must be divisible by num_attention_heads")
+        if self.num_experts and self.moe_router_topk > self.num_experts:
+            raise ValueError(f"{self.name}: moe_router_topk exceeds num_experts")
+        if not 1 <= self.max_dp <= 8:
+            raise ValueError(f"{self.name}: max_dp must be in 1..8")
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """Return the shape-defining fields as plain data."""
+        skip = {"name", "description", "why", "expected"}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if k not in skip}
+
+
+_MOE = dict(kind="gpt", num_layers=2, hidden_size=128, num_experts=4, moe_router_topk=2)
+
+CONFIGS: dict[str, ModelConfig] = {
+    c.name: c
+    for c in (
+        ModelConfig(
+            name="moe-fp32-router",
+            description="GPT, 2 MoE layers, hidden 128, 4 experts top-2, bf16, routers kept FP32 (~0.9M params)",
+            why="Bug A trigger (NVIDIA/Megatron-LM#2777): the embedding's bf16 grad buffer precedes the "
+            "routers' FP32 buffer, so model_param_group_index_map disagrees with the installed FP32-first "
+            "order; dp_reshardable save asserts.",
+            fp32_modules=("mlp.router",),
+            expected={"no-workaround": "fail: optimizer-index-misalignment (save crash)"},
+            **_MOE,  # type: ignore[arg-type]
+        ),
+        ModelConfig(
+            name="moe-fp32-router-gates",
+            description="moe-fp32-router plus a learnable FP32 scalar gate on each MoE layer's output",
+            why="Several FP32 params (routers and 1-element gates) share a group with bf16 params, and "
+            "numel-1 params make the 64-element start padding visible to the bucket-offset probe (Bug B).",
+            fp32_modules=("mlp.router",),
+            fp32_residual_gates=True,
+            expected={"no-workaround": "fail: optimizer-index-misalignment (save crash)"},
+            **_MOE,  # type: ignore[arg-type]
+        ),
+        ModelConfig(
+            name="dense-bf16",
+            description="GPT, 2 dense layers, hidden 128, all params bf16 (control)",
+            why="No FP32 params, so the index map is aligned; isolates the torch-Adam `step` restore bug.",
+            kind="gpt",
+            expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+        ),
+        ModelConfig(
+            name="equal-shards-fp32-head",
+            description="4 bf16 64x64 linears + 2 FP32 64x64 head linears; every local shard is 4096 "
+            "elements at DP 1 and 2",
+            why="The silent case: the index map is misaligned but all shard sizes agree, so the save does "
+            "not raise and each checkpoint slot holds another parameter's optimizer state.",
+            kind="linear-stack",
+            hidden_size=64,
+            num_attention_heads=4,
+            bf16_layers=4,
+            fp32_head_layers=2,
+            fp32_modules=("head",),
+            micro_batch_size=16,
+            max_dp=2,
+            expected={"no-workaround": "fail: optimizer-index-misalignment + optimizer-state-mismatch"},
+        ),
+        ModelConfig(
+            name="layerwise-empty-rank",
+            description="GPT dense control trained with LayerWiseDistributedOptimizer (Adam inside); at "
+            "DP>=2 some rank owns no parameter of a group",
+            why="Bug C (fixed in core_v0.16.0): an empty rank must not write broken common metadata; the "
+            "probe checks param_groups step/lr agree across ranks after load.",
+            kind="gpt",
+            optimizer="layerwise-adam",
+            expected={"no-workaround": "see jobs/README.md (Bug C)"},
+        ),
+    )
+}
+
+
+def get_config(name: str) -> ModelConfig:
+    """Return the named config or raise KeyError."""
+    return CONFIGS[name]
+
+
+def config_names() -> list[str]:
+    """Return the names of all configs, sorted."""
+    return sorted(CONFIGS)
+
+
+def list_configs() -> list[dict[str, Any]]:
+    """Return every config as plain data: name, description, why, parameters, expected."""
+    return [
+        {
+            "name": c.name,
+            "description": c.description,
+            "why": c.why,
+            "parameters": c.parameters,
+            "expected": dict(c.expected),
+        }
+        for c in (CONFIGS[n] for n in config_names())
+    ]

@@ -1,0 +1,94 @@
+"""Process-group setup for one rank: submitit env export, gloo/nccl, Megatron parallel state."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this rank sits in the job."""
+
+    rank: int
+    world_size: int
+    backend: str
+    device: str
+
+
+def free_port() -> int:
+    """Return a TCP port that is free on this host right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _under_submitit() -> bool:
+    return any(k in os.environ for k in ("SUBMITIT_LOCAL_JOB_ID", "SUBMITIT_EXECUTOR", "SLURM_JOB_ID"))
+
+
+def export_env(master_port: int | None) -> None:
+    """Set MASTER_ADDR/PORT, RANK, WORLD_SIZE for env:// init from submitit (or a 1-rank default)."""
+    if master_port is not None:
+        # submitit's helper reads MASTER_PORT back from the environment when it is set.
+        os.environ["MASTER_PORT"] = str(master_port)
+    if _under_submitit():
+        from submitit.helpers import TorchDistributedEnvironment
+
+        env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        if "SUBMITIT_LOCAL_JOB_ID" in os.environ:
+            # Local tasks share this host; loopback avoids hostname resolution surprises.
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+        del env
+    elif "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def init(master_port: int | None, timeout_s: float) -> DistInfo:
+    """Initialise torch.distributed and Megatron's parallel state (TP=PP=EP=1)."""
+    import torch
+    from megatron.core import parallel_state
+
+    export_env(master_port)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not torch.distributed.is_initialized():
+        # A finite timeout turns a peer that died mid-collective into an exception, not a hang.
+        torch.distributed.init_process_group(
+            backend=backend, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, expert_model_parallel_size=1)
+    return DistInfo(
+        rank=torch.distributed.get_rank(),
+        world_size=torch.distributed.get_world_size(),
+        backend=backend,
+        device="cuda" if backend == "nccl" else "cpu",
+    )
+
+
+def gather(value: Any) -> list[Any]:
+    """All-gather one picklable object from every rank (a collective: every rank must call it)."""
+    import torch
+
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, value)
+    return out
+
+
+def shutdown() -> None:
+    """Tear down Megatron's parallel state and the process group, ignoring a broken group."""
+    import torch
+    from megatron.core import parallel_state
+
+    try:
+        parallel_state.destroy_model_parallel()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a peer may already be gone; nothing left to protect
+        pass

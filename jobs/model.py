@@ -1,0 +1,250 @@
+"""Build the model, DDP wrapper, optimizer and LR scheduler for a named config.
+
+Import only inside a rank process after torch.distributed and Megatron's parallel state are up
+(see jobs/dist.py). Data is synthetic and keyed by (seed, step, rank), so a resumed run sees the
+same batches as the uninterrupted one without any data-loader state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from jobs.configs import ModelConfig
+
+
+@dataclass
+class Trainee:
+    """Everything a phase needs to train and checkpoint one model replica."""
+
+    config: ModelConfig
+    ddp: Any  # megatron DistributedDataParallel
+    optimizer: Any  # MegatronOptimizer (usually a ChainedOptimizer)
+    scheduler: Any  # OptimizerParamScheduler
+    name_of: dict[Any, str]
+    loss_fn: Callable[[int], torch.Tensor]
+
+    @property
+    def sub_optimizers(self) -> list[Any]:
+        """Return the optimizers inside a ChainedOptimizer (or the optimizer itself)."""
+        return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
+
+    def sharded_model_state(self) -> dict[str, Any]:
+        """Return the model's sharded state dict with Float16Module keys (no DDP prefix)."""
+        # DDP's own sharded_state_dict adds a "module." prefix that load then cannot match.
+        return self.ddp.module.sharded_state_dict()
+
+
+def batch_seed(seed: int, step: int, rank: int) -> int:
+    """Derive a stable 63-bit generator seed from (seed, step, rank)."""
+    digest = hashlib.sha256(f"{seed}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def _transformer_config(cfg: ModelConfig) -> Any:
+    from megatron.core.transformer import TransformerConfig
+
+    moe: dict[str, Any] = {}
+    if cfg.num_experts:
+        moe = dict(
+            num_moe_experts=cfg.num_experts,
+            moe_router_topk=cfg.moe_router_topk,
+            moe_ffn_hidden_size=cfg.hidden_size * 2,
+            moe_token_dispatcher_type="allgather",
+            moe_grouped_gemm=False,
+            moe_router_load_balancing_type="aux_loss",
+            moe_aux_loss_coeff=1e-2,
+            moe_router_dtype="fp32",
+        )
+    return TransformerConfig(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        ffn_hidden_size=cfg.hidden_size * 2,
+        num_attention_heads=cfg.num_attention_heads,
+        # add_bias_linear=True breaks MoE at TP=1 (in-place op on a view in mlp.py).
+        add_bias_linear=False,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        bias_activation_fusion=False,
+        **moe,
+    )
+
+
+def _add_residual_gates(gpt: torch.nn.Module) -> None:
+    """Give every MLP a learnable scalar gate applied to its output (kept FP32 later)."""
+
+    def scale(module: torch.nn.Module, _inputs: Any, output: Any) -> Any:
+        out, bias = output
+        return out * (1.0 + module.residual_gate).to(out.dtype), bias
+
+    for name, module in gpt.named_modules():
+        if name.endswith(".mlp"):
+            module.residual_gate = torch.nn.Parameter(torch.zeros(1))
+            module.register_forward_hook(scale)
+
+
+def _keep_fp32(model: torch.nn.Module, cfg: ModelConfig) -> None:
+    # Bridge-style "keep in FP32": Float16Module cast everything to bf16; promote chosen modules
+    # back. A bf16 grad buffer (embedding first) then precedes the FP32 one in DDP.
+    for name, module in model.named_modules():
+        if any(name.endswith(s) for s in cfg.fp32_modules):
+            module.float()
+    for name, param in model.named_parameters():
+        if name.endswith("residual_gate"):
+            param.data = param.data.float()
+
+
+def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts or None)
+    gpt = GPTModel(
+        config=tcfg,
+        transformer_layer_spec=spec,
+        vocab_size=cfg.vocab_size,
+        max_sequence_length=cfg.seq_length,
+        position_embedding_type="rope",
+    )
+    if cfg.fp32_residual_gates:
+        _add_residual_gates(gpt)
+
+    def forward(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
+        tok = torch.randint(0, cfg.vocab_size, (cfg.micro_batch_size, cfg.seq_length + 1), generator=gen)
+        pos = torch.arange(cfg.seq_length).unsqueeze(0).expand(cfg.micro_batch_size, -1)
+        return model(tok[:, :-1], pos, None, labels=tok[:, 1:]).float().mean()
+
+    return gpt, forward
+
+
+class LinearStack(torch.nn.Module):
+    """bf16 square linears followed by FP32 square 'head' linears (equal numel everywhere)."""
+
+    def __init__(self, width: int, bf16_layers: int, fp32_layers: int) -> None:
+        super().__init__()
+        self.body = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(bf16_layers))
+        self.head = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(fp32_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Run the bf16 body, then the FP32 head on an FP32 copy of the activations."""
+        for layer in self.body:
+            x = torch.tanh(layer(x))
+        x = x.float()
+        for layer in self.head:
+            x = layer(x)
+        return x
+
+    def sharded_state_dict(self, prefix: str = "", *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Replicated sharded state dict: DP rank 0 writes, other ranks are replicas."""
+        from megatron.core import parallel_state
+        from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+        rank = parallel_state.get_data_parallel_rank()
+        return {
+            f"{prefix}{n}": ShardedTensor.from_rank_offsets(f"{prefix}{n}", p, replica_id=rank)
+            for n, p in self.named_parameters()
+        }
+
+
+def _build_linear_stack(cfg: ModelConfig) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
+    net = LinearStack(cfg.hidden_size, cfg.bf16_layers, cfg.fp32_head_layers)
+
+    def forward(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
+        x = torch.randn(cfg.micro_batch_size, cfg.hidden_size, generator=gen)
+        target = torch.sin(x.sum(dim=1, keepdim=True) + torch.arange(cfg.hidden_size))
+        return (model(x).float() - target).pow(2).mean()
+
+    return net, forward
+
+
+def _build_optimizer(cfg: ModelConfig, ddp: Any, total_steps: int) -> tuple[Any, Any]:
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    layerwise = cfg.optimizer == "layerwise-adam"
+    ocfg = OptimizerConfig(
+        optimizer="adam",
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        weight_decay=cfg.weight_decay,
+        # The layer-wise wrapper adds the bf16 master weights itself, after sharding.
+        bf16=not layerwise,
+        use_distributed_optimizer=not layerwise,
+        clip_grad=cfg.clip_grad,
+    )
+    opt = get_megatron_optimizer(ocfg, [ddp])
+    if layerwise:
+        opt = _layerwise(opt, ocfg)
+    sched = OptimizerParamScheduler(
+        opt,
+        init_lr=0.0,
+        max_lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        lr_warmup_steps=cfg.lr_warmup_steps,
+        lr_decay_steps=total_steps,
+        lr_decay_style=cfg.lr_decay_style,
+        start_wd=cfg.weight_decay,
+        end_wd=cfg.weight_decay,
+        wd_incr_steps=total_steps,
+        wd_incr_style="constant",
+    )
+    return opt, sched
+
+
+def _layerwise(opt: Any, ocfg: Any) -> Any:
+    from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    def adam_init_state(inner: torch.optim.Optimizer, config: Any = None) -> None:
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if len(inner.state[p]) == 0:
+                    inner.state[p]["exp_avg"] = torch.zeros_like(p.data)
+                    inner.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
+
+    subs = list(getattr(opt, "chained_optimizers", [opt]))
+    ocfg.bf16 = True
+    pgs = ProcessGroupCollection.use_mpu_process_groups()
+    return LayerWiseDistributedOptimizer(subs, ocfg, pgs, init_state_fn_list=[adam_init_state] * len(subs))
+
+
+def build(cfg: ModelConfig, seed: int, total_steps: int) -> Trainee:
+    """Build a freshly initialised, DDP-wrapped model with its optimizer and scheduler."""
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.module import Float16Module
+
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+    tcfg = _transformer_config(cfg)
+    net, forward = _build_gpt(cfg, tcfg) if cfg.kind == "gpt" else _build_linear_stack(cfg)
+    model = Float16Module(tcfg, net)
+    _keep_fp32(model, cfg)
+    ddp_cfg = DistributedDataParallelConfig(
+        use_distributed_optimizer=cfg.optimizer == "distributed-adam",
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        overlap_param_gather=False,
+    )
+    ddp = DistributedDataParallel(tcfg, ddp_cfg, model)
+    opt, sched = _build_optimizer(cfg, ddp, total_steps)
+    rank = parallel_state.get_data_parallel_rank()
+
+    def loss_fn(step: int) -> torch.Tensor:
+        return forward(ddp, torch.Generator().manual_seed(batch_seed(seed, step, rank)))
+
+    name_of = {p: n for n, p in ddp.named_parameters()}
+    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn)

@@ -1,0 +1,1 @@
+"""Evidence collected inside a rank: index-map alignment, bucket offsets, state fingerprints."""

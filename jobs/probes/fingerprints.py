@@ -1,0 +1,95 @@
+"""Per-parameter optimizer-state fingerprints (main param, exp_avg, exp_avg_sq, step).
+
+`owned` looks each param's state up by identity (model_*_groups <-> shard_*_groups), so it is
+the truth. `slots` reads the state the way checkpoint save/load does, through
+`model_param_group_index_map`: it is what the checkpoint records for each param. Comparing
+owned-at-save with slots-at-save shows state written under the wrong param even when shard
+sizes agree (the silent case); owned-at-save vs owned-after-load shows what the load restored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+
+from jobs.probes.index_map import distributed_optimizers, own_shards
+
+STATE_KEYS = ("param", "exp_avg", "exp_avg_sq")
+
+
+def tensor_fingerprint(t: torch.Tensor) -> dict[str, Any]:
+    """Summarise a tensor: numel, float64 sum and abs-sum, first values, sha1 of its bytes."""
+    flat = t.detach().reshape(-1).contiguous().cpu()
+    return {
+        "numel": int(flat.numel()),
+        "dtype": str(flat.dtype).removeprefix("torch."),
+        "sum": float(flat.double().sum()),
+        "abs_sum": float(flat.double().abs().sum()),
+        "head": [float(v) for v in flat[:3].double()],
+        "sha1": hashlib.sha1(flat.view(torch.uint8).numpy().tobytes()).hexdigest(),
+    }
+
+
+def _state_fp(main: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"param": tensor_fingerprint(main)}
+    for key in ("exp_avg", "exp_avg_sq"):
+        if key in state:
+            out[key] = tensor_fingerprint(state[key])
+    if "step" in state:
+        out["step"] = float(state["step"])
+    return out
+
+
+def _owned_pairs(opt: Any) -> list[tuple[Any, Any]]:
+    if hasattr(opt, "model_param_group_index_map"):
+        return list(own_shards(opt).items())
+    pairs: list[tuple[Any, Any]] = []
+    for model_g, main_g in zip(getattr(opt, "float16_groups", []), getattr(opt, "fp32_from_float16_groups", [])):
+        pairs.extend(zip(model_g, main_g, strict=True))
+    for group in getattr(opt, "fp32_from_fp32_groups", []):
+        pairs.extend((p, p) for p in group)
+    return pairs
+
+
+def owned(optimizer: Any, name_of: dict[Any, str]) -> dict[str, Any]:
+    """Fingerprint every local param's own state, found by identity."""
+    out = {}
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        for model_param, main in _owned_pairs(opt):
+            out[name_of.get(model_param, "?")] = _state_fp(main, inner.state.get(main, {}))
+    return out
+
+
+def slots(optimizer: Any, name_of: dict[Any, str]) -> dict[str, Any]:
+    """Fingerprint the state that checkpointing reads for each param (through the index map)."""
+    out = {}
+    for opt in distributed_optimizers(optimizer):
+        for model_param in opt.model_param_group_index_map:
+            tensors = opt._get_main_param_and_optimizer_states(model_param)
+            out[name_of.get(model_param, "?")] = _state_fp(tensors["param"], tensors)
+    return out
+
+
+def diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """List (param, key) entries whose fingerprints differ; missing entries count as differing."""
+    out = []
+    for name in sorted(set(before) | set(after)):
+        a, b = before.get(name), after.get(name)
+        if a is None or b is None:
+            out.append({"param": name, "key": "*", "before": a is not None, "after": b is not None})
+            continue
+        for key in sorted(set(a) | set(b)):
+            va, vb = a.get(key), b.get(key)
+            same = va == vb if key == "step" else (va or {}).get("sha1") == (vb or {}).get("sha1")
+            if not same:
+                out.append({"param": name, "key": key, "before": _short(va), "after": _short(vb)})
+    return out
+
+
+def _short(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: v[k] for k in ("numel", "sum", "abs_sum") if k in v}
+    return v

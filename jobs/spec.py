@@ -1,0 +1,121 @@
+"""RunSpec: what a parity run trains, validated before anything is launched.
+
+`to_dict()` is what the service stores and what each phase job receives; `from_dict()` is its
+inverse and rejects unknown keys, so a typo in CI is an error rather than a silent default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from jobs.configs import CONFIGS, config_names
+from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
+
+MAX_DP = 8
+MAX_STEPS = 10_000
+SHARDING_TYPES = ("dp_reshardable", "fully_reshardable", "dp_zero_gather_scatter", "fully_sharded_model_space")
+DEFAULT_SHARDING = "dp_reshardable"
+WORKAROUNDS = ("realign-param-index", "restore-adam-step")
+TOLERANCES = tuple(TOLERANCE_PROFILES)
+REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
+
+
+class SpecError(ValueError):
+    """A user error in a run spec; names the field and, where finite, the allowed values."""
+
+    def __init__(self, field: str, message: str, allowed: list[Any] | None = None) -> None:
+        self.field = field
+        self.allowed = allowed
+        text = f"{field}: {message}"
+        if allowed is not None:
+            text += "; allowed: " + ", ".join(str(a) for a in allowed)
+        super().__init__(text)
+
+
+def _int(field: str, value: Any, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(field, f"must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise SpecError(field, f"{value} out of range {bound}")
+    return value
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One parity check: train M steps saving at N, resume from N in fresh processes, compare."""
+
+    config: str
+    dp: int
+    steps: int
+    save_step: int
+    sharding: str = DEFAULT_SHARDING
+    seed: int = 1234
+    tolerance: str = DEFAULT_TOLERANCE
+    workarounds: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.config not in CONFIGS:
+            raise SpecError("config", f"unknown config {self.config!r}", config_names())
+        max_dp = min(MAX_DP, CONFIGS[self.config].max_dp)
+        _int("dp", self.dp, 1)
+        if self.dp > max_dp:
+            raise SpecError("dp", f"{self.dp} exceeds the maximum {max_dp} for config {self.config!r}",
+                            list(range(1, max_dp + 1)))
+        _int("steps", self.steps, 2, MAX_STEPS)
+        _int("save_step", self.save_step, 1)
+        if self.save_step >= self.steps:
+            raise SpecError("save_step", f"must be < steps ({self.steps}), got {self.save_step}")
+        if self.sharding not in SHARDING_TYPES:
+            raise SpecError("sharding", f"unknown sharding type {self.sharding!r}", list(SHARDING_TYPES))
+        _int("seed", self.seed, 0, 2**63 - 1)
+        if self.tolerance not in TOLERANCE_PROFILES:
+            raise SpecError("tolerance", f"unknown tolerance profile {self.tolerance!r}", list(TOLERANCES))
+        if isinstance(self.workarounds, str) or not isinstance(self.workarounds, (tuple, list)):
+            raise SpecError("workarounds", f"must be a list of names, got {self.workarounds!r}", list(WORKAROUNDS))
+        for w in self.workarounds:
+            if w not in WORKAROUNDS:
+                raise SpecError("workarounds", f"unknown workaround {w!r}", list(WORKAROUNDS))
+        # Canonical order so equal specs compare (and are stored) equal.
+        object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSpec:
+        """Build a spec from plain data, rejecting unknown and missing keys."""
+        if not isinstance(data, dict):
+            raise SpecError("spec", f"must be an object, got {type(data).__name__}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise SpecError("spec", f"unknown key(s) {', '.join(unknown)}", known)
+        missing = [k for k in REQUIRED_KEYS if k not in data]
+        if missing:
+            raise SpecError(missing[0], "is required")
+        values = dict(data)
+        if "workarounds" in values and isinstance(values["workarounds"], list):
+            values["workarounds"] = tuple(values["workarounds"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the spec as JSON-ready plain data."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["workarounds"] = list(self.workarounds)
+        return out
+
+    @property
+    def resumed_steps(self) -> list[int]:
+        """Return the steps the resume phase runs: N+1..M."""
+        return list(range(self.save_step + 1, self.steps + 1))
+
+
+def allowed_values() -> dict[str, Any]:
+    """Return the allowed values of every enumerated field, for forms and help text."""
+    return {
+        "config": config_names(),
+        "dp": {"min": 1, "max": MAX_DP, "per_config": {n: min(MAX_DP, c.max_dp) for n, c in CONFIGS.items()}},
+        "sharding": list(SHARDING_TYPES),
+        "tolerance": list(TOLERANCES),
+        "workarounds": list(WORKAROUNDS),
+        "steps": {"min": 2, "max": MAX_STEPS},
+    }

@@ -1,0 +1,111 @@
+"""Stage bookkeeping for a phase: error documents, a hang watchdog, and cross-rank agreement.
+
+A failing save/load must come back as a document, never as a hang: every stage runs under a
+watchdog that writes the rank's document and exits if the stage overruns, and stages whose
+failure can be one-sided agree on the outcome over all ranks before anyone enters a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger("jobs.phase")
+
+
+class PhaseAbort(Exception):
+    """Raised to stop a phase; carries the error records of every rank that failed."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors[0]["message"] if errors else "phase aborted")
+        self.errors = errors
+
+
+def error_record(exc: BaseException, stage: str, rank: int) -> dict[str, Any]:
+    """Describe an exception for the result document."""
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc)[:2000],
+        "traceback": "".join(traceback.format_exception(exc))[-8000:],
+        "stage": stage,
+        "rank": rank,
+    }
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write a JSON document atomically (a reader never sees half a file)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+class RankContext:
+    """Per-rank state of one phase: its document, its folder, and the current stage."""
+
+    def __init__(self, folder: Path, rank: int, doc: dict[str, Any]) -> None:
+        self.folder = folder
+        self.rank = rank
+        self.doc = doc
+        self.stage = "start"
+        self.distributed = False
+        self._timer: threading.Timer | None = None
+
+    @property
+    def result_path(self) -> Path:
+        """Where this rank's result document is written."""
+        return self.folder / f"result.rank{self.rank}.json"
+
+    def _on_timeout(self, stage: str, seconds: float) -> None:
+        msg = f"stage {stage!r} exceeded {seconds:.0f} s (hung collective or peer died)"
+        log.error(msg)
+        self.doc["status"] = "error"
+        self.doc["error"] = {"type": "StageTimeout", "message": msg, "traceback": "", "stage": stage,
+                             "rank": self.rank}
+        try:
+            write_json(self.result_path, self.doc)
+        finally:
+            logging.shutdown()
+            os._exit(124)  # the only way out of a collective that never returns
+
+    @contextmanager
+    def stage_scope(self, name: str, timeout_s: float) -> Iterator[None]:
+        """Mark the current stage and arm the watchdog for it."""
+        self.stage = name
+        timer = threading.Timer(timeout_s, self._on_timeout, args=(name, timeout_s))
+        timer.daemon = True
+        timer.start()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            self.doc.setdefault("stage_seconds", {})[name] = round(time.perf_counter() - t0, 4)
+
+    def run(self, name: str, fn: Callable[[], T], timeout_s: float, agree: bool = False) -> T:
+        """Run one stage; on failure raise PhaseAbort (after all ranks agree, when `agree`)."""
+        from jobs import dist
+
+        with self.stage_scope(name, timeout_s):
+            err: dict[str, Any] | None = None
+            value: Any = None
+            try:
+                value = fn()
+            except Exception as exc:  # noqa: BLE001 - every failure becomes part of the document
+                err = error_record(exc, name, self.rank)
+                log.error("stage %s failed: %s", name, err["traceback"])
+            if agree and self.distributed:
+                errors = [e for e in dist.gather(err) if e]
+            else:
+                errors = [err] if err else []
+            if errors:
+                raise PhaseAbort(errors)
+            return value

@@ -1,0 +1,63 @@
+"""Opt-in workarounds, applied by name; each returns a report of what it changed.
+
+- `realign-param-index`: rebuild `model_param_group_index_map` from the installed order
+  `[*model_fp32_groups[g], *model_float16_groups[g]]` (the idea of Megatron-LM PR #5835 / #2872),
+  and run the optimizer load under `torch.no_grad()` (PR #5835's second fix: FP32 shards are
+  views of leaf params that require grad, so the in-place load copy raises otherwise).
+- `restore-adam-step`: after a load on the torch-Adam path, set every Adam `step` back to the
+  checkpoint's step (dp_reshardable leaves the dummy value 1 from the load priming).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from jobs.probes.index_map import distributed_optimizers, installed_order
+
+REALIGN = "realign-param-index"
+RESTORE_STEP = "restore-adam-step"
+
+
+def realign_param_index(optimizer: Any) -> dict[str, Any]:
+    """Rebuild each DistributedOptimizer's index map in installed order; report corrections."""
+    reports = []
+    for i, opt in enumerate(distributed_optimizers(optimizer)):
+        old = opt.model_param_group_index_map
+        new = {p: (g, k) for g in range(len(opt.model_fp32_groups)) for k, p in enumerate(installed_order(opt, g))}
+        if set(new) != set(old):
+            # Not the shape this fix understands: changing the map could make things worse.
+            reports.append({"optimizer": i, "corrected": 0, "entries": len(old),
+                            "skipped": "parameter sets of the map and the installed groups differ"})
+            continue
+        corrected = sum(1 for p, pos in new.items() if old[p] != pos)
+        opt.model_param_group_index_map = new
+        reports.append({"optimizer": i, "corrected": corrected, "entries": len(new), "skipped": None})
+    return {"name": REALIGN, "optimizers": reports,
+            "corrected_total": sum(r["corrected"] for r in reports)}
+
+
+def adam_steps(optimizer: Any) -> list[float]:
+    """Return the distinct Adam `step` values held in the optimizer state of this rank."""
+    steps = set()
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for state in opt.optimizer.state.values():
+            if "step" in state:
+                steps.add(float(state["step"]))
+    return sorted(steps)
+
+
+def restore_adam_step(optimizer: Any, checkpoint_step: float) -> dict[str, Any]:
+    """Set every Adam `step` to `checkpoint_step`; report the values before and after."""
+    before = adam_steps(optimizer)
+    changed = 0
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for state in opt.optimizer.state.values():
+            if "step" in state and float(state["step"]) != checkpoint_step:
+                changed += 1
+            if "step" in state:
+                # A fresh tensor per param: torch Adam increments `step` in place.
+                state["step"] = torch.tensor(float(checkpoint_step), dtype=torch.float32)
+    return {"name": RESTORE_STEP, "checkpoint_step": checkpoint_step, "before": before,
+            "after": adam_steps(optimizer), "changed": changed}

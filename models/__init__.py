@@ -1,0 +1,22 @@
+"""The ORM: one module per table; importing this package registers every table on Base.metadata."""
+
+from models.base import Base
+from models.environment import Environment
+from models.event import RunEvent, SchedulerHeartbeat
+from models.metric import StepMetric
+from models.phase import Phase
+from models.probe import ProbeFinding
+from models.run import Run
+from models.token import ApiToken
+
+__all__ = [
+    "ApiToken",
+    "Base",
+    "Environment",
+    "Phase",
+    "ProbeFinding",
+    "Run",
+    "RunEvent",
+    "SchedulerHeartbeat",
+    "StepMetric",
+]

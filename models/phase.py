@@ -1,0 +1,43 @@
+"""One launch of one phase of a run (train_and_save or resume); a retry is a new row."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from models.base import Base, CreatedAt
+
+if TYPE_CHECKING:
+    from models.run import Run
+
+
+class Phase(CreatedAt, Base):
+    __tablename__ = "phases"
+    __table_args__ = (Index("ix_phases_state", "state"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    # pending -> submitted -> running -> succeeded | failed | infra_failed | cancelled
+    state: Mapped[str] = mapped_column(String(32), default="pending")
+    # retry backoff: a pending phase is not launched before this time
+    not_before: Mapped[datetime | None]
+    executor: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[str | None] = mapped_column(String(64))
+    folder: Mapped[str | None] = mapped_column(String(1000))
+    exit_reason: Mapped[str | None] = mapped_column(Text)
+    submitted_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    duration_s: Mapped[float | None]
+    save_s: Mapped[float | None]
+    load_s: Mapped[float | None]
+    info: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    log_paths: Mapped[list[str]] = mapped_column(JSONB, default=list)
+
+    run: Mapped[Run] = relationship(back_populates="phases", lazy="raise")

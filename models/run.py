@@ -1,0 +1,62 @@
+"""A parity run: one validated spec, its state, its verdict, and its place in the history."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from models.base import Base, CreatedAt, utcnow
+
+if TYPE_CHECKING:
+    from models.environment import Environment
+    from models.phase import Phase
+
+
+class Run(CreatedAt, Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        # the regression lookup and the dashboard matrix: latest finished run per config × environment
+        Index("ix_runs_config_env_finished", "config", "environment_id", "finished_at"),
+        Index("ix_runs_labels", "labels", postgresql_using="gin"),
+        Index("ix_runs_state_created", "state", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    config: Mapped[str] = mapped_column(String(100))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), index=True)
+    labels: Mapped[dict[str, str]] = mapped_column(JSONB, default=dict)
+    requester: Mapped[str | None] = mapped_column(String(200))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    rerun_of_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+
+    state: Mapped[str] = mapped_column(String(32), default="queued")
+    # bumped on every transition; the scheduler's claim compares it to avoid double work
+    state_version: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    submitted_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    verdict: Mapped[str | None] = mapped_column(String(16), index=True)
+    signatures: Mapped[list[str]] = mapped_column(JSONB, default=list)
+    first_divergent_step: Mapped[int | None]
+    first_step_beyond_tolerance: Mapped[int | None]
+    max_abs_loss_delta: Mapped[float | None]
+    summary: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    error_message: Mapped[str | None] = mapped_column(Text)
+
+    regression: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+    last_good_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    # for "still failing": the run where the current failure streak began
+    failing_since_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+
+    environment: Mapped[Environment] = relationship(lazy="raise")
+    phases: Mapped[list[Phase]] = relationship(
+        back_populates="run", lazy="raise", order_by="Phase.id", cascade="all, delete-orphan"
+    )

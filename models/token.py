@@ -1,0 +1,22 @@
+"""API tokens: only a SHA-256 hash is stored; scopes decide what a token may do."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import String
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base, CreatedAt
+
+
+class ApiToken(CreatedAt, Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(JSONB, default=list)
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]

@@ -1,0 +1,161 @@
+"""/api/v1/runs: what CI calls to queue a parity check and read its answer."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from sqlalchemy import select
+
+from models import ProbeFinding, Run, StepMetric
+from service import runs as run_service
+from service.api.deps import ReadAccess, SessionDep, SettingsDep, SubmitToken
+from service.api.schemas import (
+    ErrorOut,
+    PhaseOut,
+    ProbeFindingOut,
+    RunCreate,
+    RunLinks,
+    RunMetrics,
+    RunOut,
+    RunPage,
+    StepMetricOut,
+)
+from service.environments import DEFAULT_ENVIRONMENT, ensure_default_environment, get_environment
+from service.errors import InvalidSpec
+from service.settings import Settings
+from service.state import RunState
+
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+ERRORS = {code: {"model": ErrorOut} for code in (401, 403, 404, 409, 422)}
+
+
+def run_links(run_id: int, settings: Settings) -> RunLinks:
+    """Absolute links for a run: API resource, metrics, dashboard page, triage page."""
+    base = settings.base_url
+    return RunLinks(
+        self=f"{base}/api/v1/runs/{run_id}",
+        metrics=f"{base}/api/v1/runs/{run_id}/metrics",
+        dashboard=f"{base}/runs/{run_id}",
+        triage=f"{base}/runs/{run_id}/triage",
+    )
+
+
+def run_out(run: Run, settings: Settings, *, with_phases: bool = False) -> RunOut:
+    """The API view of a run (environment and, if asked, phases already loaded)."""
+    fields = {name: getattr(run, name) for name in RunOut.model_fields if hasattr(run, name)}
+    fields.update(environment=run.environment.name, links=run_links(run.id, settings), phases=None)
+    if with_phases:
+        fields["phases"] = [PhaseOut.model_validate(p) for p in run.phases]
+    return RunOut(**fields)
+
+
+@router.post("", status_code=202, response_model=RunOut, responses=ERRORS)
+def create_run(
+    body: RunCreate,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: SubmitToken,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> RunOut:
+    """Queue a parity run. A repeated Idempotency-Key returns the run it created first."""
+    spec = run_service.validate_spec(body.spec)
+    if body.environment == DEFAULT_ENVIRONMENT:
+        environment = ensure_default_environment(session, settings=settings)
+    else:
+        environment = get_environment(session, name=body.environment)
+    run, created = run_service.create_run(
+        session,
+        spec=spec,
+        environment=environment,
+        labels=body.labels,
+        requester=token.name,
+        idempotency_key=idempotency_key,
+    )
+    response.headers["Location"] = f"/api/v1/runs/{run.id}"
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return run_out(run_service.get_run(session, run_id=run.id), settings)
+
+
+def _parse_labels(label: list[str]) -> dict[str, str]:
+    out = {}
+    for item in label:
+        if "=" not in item:
+            raise InvalidSpec(f"label: expected key=value, got {item!r}", field="label")
+        key, value = item.split("=", 1)
+        out[key] = value
+    return out
+
+
+@router.get("", response_model=RunPage, responses=ERRORS)
+def list_runs(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    _: ReadAccess,
+    config: str | None = None,
+    environment: str | None = None,
+    state: RunState | None = None,
+    verdict: Annotated[str | None, Query(pattern="^(pass|fail|error)$")] = None,
+    regression: bool | None = None,
+    label: Annotated[list[str], Query(description="key=value, repeatable")] = [],  # noqa: B006
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> RunPage:
+    """Runs, newest first, filtered and paginated."""
+    filters = run_service.RunFilter(
+        config=config,
+        environment=environment,
+        state=state.value if state else None,
+        verdict=verdict,
+        regression=regression,
+        labels=_parse_labels(label) or None,
+        since=since,
+        until=until,
+    )
+    runs, has_more = run_service.list_runs(session, filters=filters, limit=limit, offset=offset)
+    next_url = None
+    if has_more:
+        params = [(k, v) for k, v in request.query_params.multi_items() if k != "offset"]
+        next_url = f"{request.url.path}?{urlencode([*params, ('offset', str(offset + limit))])}"
+    return RunPage(
+        items=[run_out(r, settings) for r in runs], limit=limit, offset=offset, has_more=has_more, next=next_url
+    )
+
+
+@router.get("/{run_id}", response_model=RunOut, responses=ERRORS)
+def get_run(run_id: int, session: SessionDep, settings: SettingsDep, _: ReadAccess) -> RunOut:
+    """One run with its phases, verdict, signatures and links."""
+    return run_out(run_service.get_run(session, run_id=run_id, with_phases=True), settings, with_phases=True)
+
+
+@router.get("/{run_id}/metrics", response_model=RunMetrics, responses=ERRORS)
+def get_metrics(run_id: int, session: SessionDep, _: ReadAccess) -> RunMetrics:
+    """Per-step metrics of the baseline and resumed runs with deltas, and probe findings."""
+    run_service.get_run(session, run_id=run_id)
+    steps = session.scalars(select(StepMetric).where(StepMetric.run_id == run_id).order_by(StepMetric.step))
+    probes = session.scalars(select(ProbeFinding).where(ProbeFinding.run_id == run_id).order_by(ProbeFinding.id))
+    return RunMetrics(
+        run_id=run_id,
+        steps=[StepMetricOut.model_validate(s) for s in steps],
+        probes=[ProbeFindingOut.model_validate(p) for p in probes],
+    )
+
+
+@router.post("/{run_id}/cancel", response_model=RunOut, responses=ERRORS)
+def cancel_run(run_id: int, session: SessionDep, settings: SettingsDep, _: SubmitToken) -> RunOut:
+    """Cancel a queued run, or ask the scheduler to cancel a running one."""
+    run = run_service.cancel_run(session, run_id=run_id)
+    return run_out(run, settings)
+
+
+@router.post("/{run_id}/rerun", status_code=202, response_model=RunOut, responses=ERRORS)
+def rerun(run_id: int, session: SessionDep, settings: SettingsDep, token: SubmitToken) -> RunOut:
+    """Queue a fresh run with the same spec, environment and labels."""
+    return run_out(run_service.rerun(session, run_id=run_id, requester=token.name), settings)

@@ -1,0 +1,155 @@
+"""Request and response bodies of the REST API (what the OpenAPI document describes)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
+
+
+class RunCreate(BaseModel):
+    """POST /runs: a spec (validated against the named config), an environment and CI labels."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] = Field(
+        description="Run spec: config, dp, steps, save_step, sharding, seed, tolerance, workarounds",
+        examples=[{"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}],
+    )
+    environment: str = Field(default="default", description="Name of a registered environment")
+    labels: dict[str, str] = Field(default_factory=dict, description="CI labels: commit, branch, pr, pipeline_url")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for key, value in labels.items():
+            if not re.match(LABEL_KEY_PATTERN, key):
+                raise ValueError(f"label key {key!r} must match {LABEL_KEY_PATTERN}")
+            if len(value) > 500:
+                raise ValueError(f"label {key!r} is longer than 500 characters")
+        return labels
+
+
+class RunLinks(BaseModel):
+    self: str
+    metrics: str
+    dashboard: str
+    triage: str
+
+
+class PhaseOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    attempt: int
+    state: str
+    executor: str
+    job_id: str | None
+    folder: str | None
+    exit_reason: str | None
+    submitted_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_s: float | None
+    save_s: float | None
+    load_s: float | None
+
+
+class RunOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    config: str
+    spec: dict[str, Any]
+    environment: str
+    labels: dict[str, str]
+    requester: str | None
+    state: str
+    verdict: str | None
+    signatures: list[str]
+    regression: bool
+    first_divergent_step: int | None
+    first_step_beyond_tolerance: int | None
+    max_abs_loss_delta: float | None
+    error_message: str | None
+    last_good_run_id: int | None
+    failing_since_run_id: int | None
+    rerun_of_id: int | None
+    cancel_requested: bool
+    created_at: datetime
+    submitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    links: RunLinks
+    phases: list[PhaseOut] | None = None
+
+
+class RunPage(BaseModel):
+    items: list[RunOut]
+    limit: int
+    offset: int
+    has_more: bool
+    next: str | None
+
+
+class StepMetricOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    step: int
+    loss_baseline: float | None
+    loss_resumed: float | None
+    lr_baseline: float | None
+    lr_resumed: float | None
+    loss_abs_delta: float | None
+    loss_rel_delta: float | None
+    lr_abs_delta: float | None
+    lr_rel_delta: float | None
+    grad_norm_baseline: float | None
+    grad_norm_resumed: float | None
+    within_tolerance: bool | None
+
+
+class ProbeFindingOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    phase: str
+    probe: str
+    ok: bool
+    param_name: str | None
+    detail: dict[str, Any]
+
+
+class RunMetrics(BaseModel):
+    run_id: int
+    steps: list[StepMetricOut]
+    probes: list[ProbeFindingOut]
+
+
+class EnvironmentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,200}$")
+    python: str = Field(min_length=1, description="Python executable (or command prefix) that runs the jobs")
+    description: str = ""
+
+
+class EnvironmentOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    python: str
+    description: str
+    packages: dict[str, Any]
+    created_at: datetime
+
+
+class ErrorOut(BaseModel):
+    error: str = Field(description="Stable error code")
+    detail: str = Field(description="What went wrong, naming the field")
+    field: str | None = None

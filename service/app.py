@@ -1,0 +1,49 @@
+"""The FastAPI application: REST API, Prometheus metrics, dashboard; one error shape."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from service.api import meta, runs
+from service.errors import DomainError
+
+
+def _domain_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DomainError)
+    return JSONResponse(
+        {"error": exc.code, "detail": exc.detail, "field": exc.field}, status_code=exc.status_code
+    )
+
+
+def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    detail = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+    return JSONResponse(
+        {"error": "invalid_request", "detail": detail, "field": field, "errors": exc.errors()},
+        status_code=422,
+    )
+
+
+def create_app() -> FastAPI:
+    """Build the app; the database is resolved lazily on the first request that needs it."""
+    app = FastAPI(
+        title="Megatron-Core resume-parity service",
+        version="0.1.0",
+        description="Save at step N, resume in a fresh process, continue to M: is the run the same?",
+    )
+    app.add_exception_handler(DomainError, _domain_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.include_router(runs.router)
+    app.include_router(meta.router)
+    app.include_router(meta.metrics_router)
+    try:
+        from service.dashboard import routes as dashboard
+    except ImportError:  # dashboard not built yet
+        pass
+    else:
+        dashboard.mount(app)
+    return app

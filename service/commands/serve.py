@@ -1,0 +1,26 @@
+"""`parity serve`: the REST API and dashboard."""
+
+from __future__ import annotations
+
+import argparse
+
+from service.commands.common import load_settings, ready_database
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the REST API and dashboard")
+    p.add_argument("--host", help="bind address (default PARITY_API_HOST)")
+    p.add_argument("--port", type=int, help="port (default PARITY_API_PORT)")
+    p.add_argument("--migrate", action="store_true", help="run `db upgrade` first (implied for embedded Postgres)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.app import create_app
+
+    settings = load_settings()
+    ready_database(migrate=args.migrate or not settings.database_url)
+    uvicorn.run(create_app(), host=args.host or settings.api_host, port=args.port or settings.api_port)
+    return 0

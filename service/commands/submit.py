@@ -1,0 +1,128 @@
+"""`parity submit`: what CI runs — queue a parity run over REST, wait, print, write JUnit, exit 0/1/2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service.commands.common import load_settings
+from service.commands.junit import junit_xml
+
+TERMINAL = {"passed", "failed", "error", "cancelled"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("submit", help="queue a parity run on the service (for CI)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--save-step", type=int, default=10)
+    p.add_argument("--sharding")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--tolerance")
+    p.add_argument("--workaround", action="append", default=[])
+    p.add_argument("--environment", default="default")
+    p.add_argument("--label", action="append", default=[], help="key=value, repeatable (commit, branch, pr...)")
+    p.add_argument("--idempotency-key")
+    p.add_argument("--wait", action="store_true", help="wait for the verdict")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds to wait (with --wait)")
+    p.add_argument("--junit", type=Path, help="write a JUnit XML report here")
+    p.add_argument("--url", help="service URL (default PARITY_SERVICE_URL)")
+    p.add_argument("--token", help="bearer token (default PARITY_TOKEN)")
+    p.set_defaults(func=run)
+
+
+def build_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST /runs body from command-line options."""
+    spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
+    for key in ("sharding", "seed", "tolerance"):
+        if getattr(args, key) is not None:
+            spec[key] = getattr(args, key)
+    if args.workaround:
+        spec["workarounds"] = args.workaround
+    labels = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"parity submit: --label expects key=value, got {item!r}")
+        labels[key] = value
+    return {"spec": spec, "environment": args.environment, "labels": labels}
+
+
+def step_table(metrics: dict[str, Any]) -> str:
+    """Resumed steps as a fixed-width table."""
+    lines = [f"{'step':>5} {'loss baseline':>15} {'loss resumed':>15} {'|Δloss|':>10} {'lr baseline':>12} {'lr resumed':>12}"]
+    for s in metrics["steps"]:
+        if s["loss_resumed"] is None:
+            continue
+        delta = s["loss_abs_delta"]
+        lines.append(
+            f"{s['step']:>5} {s['loss_baseline']:>15.8f} {s['loss_resumed']:>15.8f} "
+            f"{(abs(delta) if delta is not None else float('nan')):>10.2e} {s['lr_baseline']:>12.4e} {s['lr_resumed']:>12.4e}"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    url = (args.url or settings.service_url or settings.base_url).rstrip("/")
+    token = args.token or settings.token
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if args.idempotency_key:
+        headers["Idempotency-Key"] = args.idempotency_key
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        try:
+            resp = client.post("/api/v1/runs", json=build_body(args))
+        except httpx.HTTPError as exc:
+            print(f"parity submit: cannot reach {url}: {exc}", file=sys.stderr)
+            return 2
+        if resp.status_code != 202:
+            body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
+            print(f"parity submit: {resp.status_code} {body.get('error', '')}: {body.get('detail', resp.text)}",
+                  file=sys.stderr)
+            return 2
+        run_doc = resp.json()
+        print(f"run {run_doc['id']} queued: {run_doc['links']['dashboard']}")
+        if not args.wait:
+            return 0
+        deadline = time.monotonic() + args.timeout
+        while run_doc["state"] not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(2)
+            try:
+                run_doc = client.get(f"/api/v1/runs/{run_doc['id']}").json()
+            except httpx.HTTPError as exc:  # the service restarting is not a verdict: keep waiting
+                print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr)
+        timed_out = run_doc["state"] not in TERMINAL
+        return report(client, run_doc, timed_out=timed_out, junit=args.junit)
+
+
+def report(client: httpx.Client, run_doc: dict[str, Any], *, timed_out: bool, junit: Path | None) -> int:
+    """Print the table, verdict and triage link; write JUnit; return the exit code."""
+    if not timed_out:
+        metrics = client.get(f"/api/v1/runs/{run_doc['id']}/metrics").json()
+        if metrics["steps"]:
+            print(step_table(metrics))
+    verdict = run_doc.get("verdict")
+    print(
+        f"verdict: {verdict or run_doc['state']}"
+        + (f"  signatures: {', '.join(run_doc['signatures'])}" if run_doc["signatures"] else "")
+        + ("  REGRESSION" if run_doc.get("regression") else "")
+    )
+    if run_doc.get("error_message"):
+        print(f"error: {run_doc['error_message'][:500]}")
+    print(f"triage: {run_doc['links']['triage']}")
+    if junit:
+        junit.write_bytes(junit_xml(run_doc, timed_out=timed_out))
+    if timed_out:
+        print("parity submit: timed out waiting for a verdict", file=sys.stderr)
+        return 2
+    if verdict == "pass" and not run_doc.get("regression"):
+        return 0
+    if verdict == "fail" or run_doc.get("regression"):
+        return 1
+    return 2

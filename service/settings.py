@@ -1,0 +1,82 @@
+"""The one settings object of the service: every knob is a PARITY_* environment variable."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    """Where embedded state lives when nothing else is configured (XDG data dir)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "megatron-parity"
+
+
+class Settings(BaseSettings):
+    """Service, scheduler and CLI configuration, read from PARITY_* variables."""
+
+    model_config = SettingsConfigDict(env_prefix="PARITY_", extra="ignore")
+
+    # None means: start (or reuse) the embedded Postgres under data_dir/pgdata.
+    database_url: str | None = None
+    data_dir: Path = Field(default_factory=default_data_dir)
+    executor: Literal["slurm", "local", "auto"] = "auto"
+    # submitit folders, job logs and checkpoints; must be shared between scheduler and Slurm nodes.
+    run_folder: Path | None = None
+
+    slurm_partition: str | None = None
+    slurm_time_limit_min: int = Field(default=30, ge=1)
+    slurm_cpus_per_task: int = Field(default=1, ge=1)
+    # extra sbatch options as KEY=VALUE pairs separated by commas, e.g. "account=ml,qos=ci"
+    slurm_extra_args: str = ""
+
+    # A Python executable (or command prefix) that runs job phases when a run names no environment.
+    job_python: str | None = None
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    # Public base URL used in links handed to CI (triage pages, dashboard).
+    public_url: str | None = None
+    reads_require_token: bool = False
+    # client side (`parity submit`): where the service is and the bearer token to use
+    service_url: str | None = None
+    token: str | None = None
+
+    scheduler_poll_seconds: float = Field(default=2.0, gt=0)
+    max_infra_retries: int = Field(default=2, ge=0)
+    retry_backoff_seconds: float = Field(default=5.0, ge=0)
+    phase_timeout_min: int = Field(default=60, ge=1)
+
+    @field_validator("slurm_extra_args")
+    @classmethod
+    def _check_extra_args(cls, value: str) -> str:
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            if "=" not in item:
+                raise ValueError(f"expected KEY=VALUE pairs separated by commas, got {item!r}")
+        return value
+
+    @property
+    def resolved_run_folder(self) -> Path:
+        """The run folder, defaulting to data_dir/runs."""
+        return self.run_folder or (self.data_dir / "runs")
+
+    @property
+    def base_url(self) -> str:
+        """The URL people and CI use to reach this service."""
+        return (self.public_url or f"http://{self.api_host}:{self.api_port}").rstrip("/")
+
+    def sbatch_extra(self) -> dict[str, str]:
+        """slurm_extra_args parsed into submitit's slurm_additional_parameters."""
+        pairs = (part.split("=", 1) for part in self.slurm_extra_args.split(",") if part.strip())
+        return {key.strip(): val.strip() for key, val in pairs}
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """Settings read once per process (tests call get_settings.cache_clear())."""
+    return Settings()

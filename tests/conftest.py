@@ -1,0 +1,83 @@
+"""Test fixtures: a fresh, migrated database on the real Postgres server for each test session.
+
+PARITY_TEST_DATABASE_URL (default: the local server on 127.0.0.1:5432) names the server; each
+pytest session creates its own database there, runs `alembic upgrade head`, and drops it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.orm import Session
+
+from models import Base
+from service.db import reset_engine
+from service.migrate import upgrade
+from service.settings import get_settings
+
+SERVER_URL = os.environ.get(
+    "PARITY_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def _admin_conninfo() -> str:
+    return make_url(SERVER_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A new database for this test session, migrated to head."""
+    name = f"parity_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(_admin_conninfo(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(SERVER_URL).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    yield url
+    reset_engine()
+    with psycopg.connect(_admin_conninfo(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def settings_env(database_url: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Point the service's settings at the test database and a temporary run folder."""
+    monkeypatch.setenv("PARITY_DATABASE_URL", database_url)
+    monkeypatch.setenv("PARITY_RUN_FOLDER", str(tmp_path / "runs"))
+    monkeypatch.setenv("PARITY_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("PARITY_PUBLIC_URL", "http://testserver")
+    get_settings.cache_clear()
+    reset_engine()
+    yield
+    get_settings.cache_clear()
+    reset_engine()
+
+
+@pytest.fixture
+def db_session(database_url: str, settings_env: None) -> Iterator[Session]:
+    """A session inside an outer transaction that is rolled back after the test."""
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        outer = conn.begin()
+        session = Session(bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False)
+        try:
+            yield session
+        finally:
+            session.close()
+            outer.rollback()
+    engine.dispose()
+
+
+@pytest.fixture
+def committed_db(database_url: str, settings_env: None) -> Iterator[str]:
+    """For tests whose work spans processes (scheduler, API server): real commits, emptied afterwards."""
+    yield database_url
+    engine = create_engine(database_url)
+    tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    engine.dispose()

@@ -1,0 +1,257 @@
+"""docker-compose.yml checked by reading it: no Docker engine needed."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from service.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
+EXPECTED_SERVICES = {"postgres", "mariadb", "munge-key", "slurmdbd", "slurmctld", "slurmd", "api", "scheduler"}
+# Containers that run jobs or hand them to Slurm: each must see the run folder at the same path.
+RUN_FOLDER_USERS = {"api", "scheduler", "slurmd"}
+KNOWN_SUBCOMMANDS = {"serve", "scheduler", "db upgrade"}
+CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+
+
+def load_compose() -> dict[str, Any]:
+    """The compose file as a dict (YAML anchors and merge keys resolved)."""
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment, whether written as a mapping or as KEY=VALUE items."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {key: "" if value is None else str(value) for key, value in env.items()}
+
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> source for each short-syntax volume entry."""
+    result = {}
+    for entry in service.get("volumes") or []:
+        source, target = entry.split(":")[:2]
+        result[target] = source
+    return result
+
+
+def command_text(service: dict[str, Any]) -> str:
+    """The command (and entrypoint) as one shell-ish string."""
+    parts = []
+    for key in ("entrypoint", "command"):
+        value = service.get(key)
+        if isinstance(value, list):
+            parts.append(" ".join(value))
+        elif value:
+            parts.append(str(value))
+    return " ".join(parts)
+
+
+def parity_subcommands(text: str) -> list[str]:
+    """Subcommands invoked as `parity <sub>` (two words for the `db` group) in a command."""
+    tokens = shlex.split(text.replace("&&", " ; ").replace(";", " ; "))
+    found = []
+    for i, token in enumerate(tokens):
+        if token.rsplit("/", 1)[-1] == "parity" and i + 1 < len(tokens):
+            sub = tokens[i + 1]
+            if sub == "db" and i + 2 < len(tokens):
+                sub = f"db {tokens[i + 2]}"
+            found.append(sub)
+    return found
+
+
+def dockerfile_stages(path: Path) -> set[str]:
+    """Names given with `FROM ... AS name` in a Dockerfile."""
+    return set(re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", path.read_text(), flags=re.MULTILINE | re.IGNORECASE))
+
+
+def compose_problems(compose: dict[str, Any], root: Path) -> list[str]:
+    """Everything wrong with a compose dict, one readable line each (empty when it is fine)."""
+    problems: list[str] = []
+    services: dict[str, Any] = compose.get("services") or {}
+    declared_volumes = set(compose.get("volumes") or {})
+    settings_fields = set(Settings.model_fields)
+
+    problems += [f"service {name!r} is missing" for name in sorted(EXPECTED_SERVICES - set(services))]
+    for name, svc in services.items():
+        if "image" not in svc and "build" not in svc:
+            problems.append(f"{name}: neither image nor build")
+        build = svc.get("build")
+        if isinstance(build, dict):
+            dockerfile = root / build.get("context", ".") / build.get("dockerfile", "Dockerfile")
+            if not dockerfile.is_file():
+                problems.append(f"{name}: Dockerfile {dockerfile} does not exist")
+            elif build.get("target") and build["target"] not in dockerfile_stages(dockerfile):
+                problems.append(f"{name}: build target {build['target']!r} is not a stage of {dockerfile}")
+        for key in environment(svc):
+            if key.startswith("PARITY_") and key.removeprefix("PARITY_").lower() not in settings_fields:
+                problems.append(f"{name}: {key} is not a field of service.settings.Settings")
+        for target, source in mounts(svc).items():
+            if not source.startswith((".", "/", "~")) and source not in declared_volumes:
+                problems.append(f"{name}: volume {source!r} (at {target}) is not declared under volumes:")
+        depends = svc.get("depends_on") or {}
+        if isinstance(depends, list):
+            problems.append(f"{name}: depends_on without conditions (only waits for the start)")
+            depends = {}
+        for dep, spec in depends.items():
+            condition = (spec or {}).get("condition", "service_started")
+            if dep not in services:
+                problems.append(f"{name}: depends on unknown service {dep!r}")
+            elif condition not in CONDITIONS:
+                problems.append(f"{name}: unknown depends_on condition {condition!r}")
+            elif condition == "service_healthy" and "test" not in (services[dep].get("healthcheck") or {}):
+                problems.append(f"{name}: waits for {dep!r} to be healthy but {dep!r} has no healthcheck")
+            elif condition == "service_started" and "test" in (services[dep].get("healthcheck") or {}):
+                problems.append(f"{name}: starts with {dep!r} without waiting for its healthcheck")
+        for sub in parity_subcommands(command_text(svc)):
+            if sub not in KNOWN_SUBCOMMANDS:
+                problems.append(f"{name}: runs unknown subcommand `parity {sub}`")
+
+    run_folders = {environment(svc).get("PARITY_RUN_FOLDER") for svc in services.values()} - {None}
+    if len(run_folders) != 1:
+        problems.append(f"PARITY_RUN_FOLDER must be one path everywhere, found {sorted(map(str, run_folders))}")
+    else:
+        (run_folder,) = run_folders
+        sources = set()
+        for name in sorted(RUN_FOLDER_USERS & set(services)):
+            source = mounts(services[name]).get(run_folder)
+            if source is None:
+                problems.append(f"{name}: the run folder {run_folder} is not mounted")
+            sources.add(source)
+        if len(sources - {None}) > 1:
+            problems.append(f"the run folder comes from different volumes: {sorted(sources - {None})}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- the real file
+
+
+def test_compose_file_has_no_problems() -> None:
+    assert compose_problems(load_compose(), REPO_ROOT) == []
+
+
+def test_api_port_is_published_and_matches_the_setting() -> None:
+    api = load_compose()["services"]["api"]
+    port = environment(api)["PARITY_API_PORT"]
+    assert any(str(entry).split(":")[-1] == port for entry in api.get("ports", []))
+    assert f"--port {port}" in command_text(api)
+
+
+def test_api_migrates_before_serving_and_scheduler_schedules() -> None:
+    services = load_compose()["services"]
+    assert parity_subcommands(command_text(services["api"])) == ["db upgrade", "serve"]
+    assert "0.0.0.0" in command_text(services["api"])
+    assert parity_subcommands(command_text(services["scheduler"])) == ["scheduler"]
+
+
+def test_app_services_use_postgres_and_slurm() -> None:
+    services = load_compose()["services"]
+    for name in ("api", "scheduler"):
+        env = environment(services[name])
+        assert env["PARITY_DATABASE_URL"].startswith("postgresql+psycopg://")
+        assert "@postgres:5432/" in env["PARITY_DATABASE_URL"]
+        assert env["PARITY_EXECUTOR"] == "slurm"
+        Settings(**{k.removeprefix("PARITY_").lower(): v for k, v in env.items() if k.startswith("PARITY_")})
+
+
+def test_slurm_settings_are_identical_in_every_slurm_container() -> None:
+    services = load_compose()["services"]
+    slurm_envs = [
+        {k: v for k, v in environment(svc).items() if k.startswith("CLUSTER_") and not k.startswith("CLUSTER_DB_")}
+        for name, svc in services.items()
+        if name in {"slurmdbd", "slurmctld", "slurmd", "api", "scheduler"}
+    ]
+    assert slurm_envs[0] and all(env == slurm_envs[0] for env in slurm_envs)
+    partition = slurm_envs[0]["CLUSTER_PARTITION"]
+    assert environment(services["scheduler"])["PARITY_SLURM_PARTITION"] == partition
+
+
+def test_commands_are_real_cli_subcommands() -> None:
+    try:
+        from service.cli import build_parser
+
+        parser = build_parser()
+    except ImportError as exc:
+        pytest.skip(f"service.cli does not import yet: {exc}")
+
+    def knows(parser: argparse.ArgumentParser, words: list[str]) -> bool:
+        if not words:
+            return True
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) and words[0] in action.choices:
+                return knows(action.choices[words[0]], words[1:])
+        return False
+
+    used = {sub for svc in load_compose()["services"].values() for sub in parity_subcommands(command_text(svc))}
+    assert used == KNOWN_SUBCOMMANDS
+    assert all(knows(parser, sub.split()) for sub in used), used
+
+
+def test_entrypoint_handles_every_slurm_role() -> None:
+    entrypoint = (REPO_ROOT / "docker" / "entrypoint.sh").read_text()
+    for svc in load_compose()["services"].values():
+        role = (svc.get("command") or [""])[0]
+        if role in {"munge-key", "slurmdbd", "slurmctld", "slurmd"}:
+            assert re.search(rf"\$role == {role} \]\]|^\s*{role}\)", entrypoint, re.MULTILINE), role
+
+
+# ---------------------------------------------------------------- the checker catches mistakes
+
+
+def broken(mutate) -> list[str]:
+    compose = copy.deepcopy(load_compose())
+    mutate(compose)
+    return compose_problems(compose, REPO_ROOT)
+
+
+def test_checker_reports_missing_healthcheck() -> None:
+    problems = broken(lambda c: c["services"]["postgres"].pop("healthcheck"))
+    assert any("'postgres' has no healthcheck" in p for p in problems), problems
+
+
+def test_checker_reports_unknown_env_var() -> None:
+    problems = broken(lambda c: c["services"]["scheduler"]["environment"].update(PARITY_NO_SUCH_KNOB="1"))
+    assert problems == ["scheduler: PARITY_NO_SUCH_KNOB is not a field of service.settings.Settings"]
+
+
+def test_checker_reports_missing_service_and_dangling_dependency() -> None:
+    problems = broken(lambda c: c["services"].pop("slurmctld"))
+    assert "service 'slurmctld' is missing" in problems
+    assert any("depends on unknown service 'slurmctld'" in p for p in problems), problems
+
+
+def test_checker_reports_undeclared_volume_and_unmounted_run_folder() -> None:
+    def mutate(c: dict[str, Any]) -> None:
+        c["volumes"].pop("runs")
+        c["services"]["slurmd"]["volumes"] = ["munge-key:/etc/munge:ro", "runs:/elsewhere"]
+
+    problems = broken(mutate)
+    assert any("volume 'runs'" in p and "not declared" in p for p in problems), problems
+    assert "slurmd: the run folder /srv/parity/runs is not mounted" in problems
+
+
+def test_checker_reports_missing_dockerfile_target_and_unknown_subcommand() -> None:
+    def mutate(c: dict[str, Any]) -> None:
+        c["services"]["api"]["build"] = {"context": ".", "dockerfile": "docker/Dockerfile", "target": "nope"}
+        c["services"]["slurmd"]["build"] = {"context": ".", "dockerfile": "docker/Nope.Dockerfile"}
+        c["services"]["scheduler"]["command"] = ["parity", "schedule"]
+
+    problems = broken(mutate)
+    assert any(p.startswith("api: build target 'nope'") for p in problems), problems
+    assert any(p.startswith("slurmd: Dockerfile") and "does not exist" in p for p in problems), problems
+    assert "scheduler: runs unknown subcommand `parity schedule`" in problems
+
+
+def test_checker_reports_unconditioned_depends_on() -> None:
+    problems = broken(lambda c: c["services"]["scheduler"].update(depends_on=["postgres"]))
+    assert problems == ["scheduler: depends_on without conditions (only waits for the start)"]
