@@ -81,3 +81,33 @@ def committed_db(database_url: str, settings_env: None) -> Iterator[str]:
     with engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
     engine.dispose()
+
+
+@pytest.fixture
+def client(db_session: Session):
+    """A TestClient whose requests share the test's rolled-back transaction."""
+    from fastapi.testclient import TestClient
+
+    from service.api.deps import get_session
+    from service.app import create_app
+
+    app = create_app()
+
+    def _session() -> Iterator[Session]:
+        yield db_session
+        db_session.flush()
+
+    app.dependency_overrides[get_session] = _session
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def make_token(db_session: Session):
+    """Create a token with the given scopes and return its Authorization header."""
+    from service.tokens import create_token
+
+    def _make(*scopes: str, name: str = "tester") -> dict[str, str]:
+        return {"Authorization": f"Bearer {create_token(db_session, name=name, scopes=list(scopes))}"}
+
+    return _make

@@ -43,9 +43,12 @@ def run_links(run_id: int, settings: Settings) -> RunLinks:
     )
 
 
+_NOT_COLUMNS = frozenset({"environment", "links", "phases"})
+
+
 def run_out(run: Run, settings: Settings, *, with_phases: bool = False) -> RunOut:
     """The API view of a run (environment and, if asked, phases already loaded)."""
-    fields = {name: getattr(run, name) for name in RunOut.model_fields if hasattr(run, name)}
+    fields = {name: getattr(run, name) for name in RunOut.model_fields if name not in _NOT_COLUMNS}
     fields.update(environment=run.environment.name, links=run_links(run.id, settings), phases=None)
     if with_phases:
         fields["phases"] = [PhaseOut.model_validate(p) for p in run.phases]

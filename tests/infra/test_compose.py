@@ -16,7 +16,16 @@ from service.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
-EXPECTED_SERVICES = {"postgres", "mariadb", "munge-key", "slurmdbd", "slurmctld", "slurmd", "api", "scheduler"}
+EXPECTED_SERVICES = {
+    "postgres",
+    "mariadb",
+    "munge-key",
+    "slurmdbd",
+    "slurmctld",
+    "slurmd",
+    "api",
+    "scheduler",
+}
 # Containers that run jobs or hand them to Slurm: each must see the run folder at the same path.
 RUN_FOLDER_USERS = {"api", "scheduler", "slurmd"}
 KNOWN_SUBCOMMANDS = {"serve", "scheduler", "db upgrade"}
@@ -119,7 +128,9 @@ def compose_problems(compose: dict[str, Any], root: Path) -> list[str]:
 
     run_folders = {environment(svc).get("PARITY_RUN_FOLDER") for svc in services.values()} - {None}
     if len(run_folders) != 1:
-        problems.append(f"PARITY_RUN_FOLDER must be one path everywhere, found {sorted(map(str, run_folders))}")
+        problems.append(
+            f"PARITY_RUN_FOLDER must be one path everywhere, found {sorted(map(str, run_folders))}"
+        )
     else:
         (run_folder,) = run_folders
         sources = set()
@@ -167,7 +178,11 @@ def test_app_services_use_postgres_and_slurm() -> None:
 def test_slurm_settings_are_identical_in_every_slurm_container() -> None:
     services = load_compose()["services"]
     slurm_envs = [
-        {k: v for k, v in environment(svc).items() if k.startswith("CLUSTER_") and not k.startswith("CLUSTER_DB_")}
+        {
+            k: v
+            for k, v in environment(svc).items()
+            if k.startswith("CLUSTER_") and not k.startswith("CLUSTER_DB_")
+        }
         for name, svc in services.items()
         if name in {"slurmdbd", "slurmctld", "slurmd", "api", "scheduler"}
     ]
@@ -192,7 +207,9 @@ def test_commands_are_real_cli_subcommands() -> None:
                 return knows(action.choices[words[0]], words[1:])
         return False
 
-    used = {sub for svc in load_compose()["services"].values() for sub in parity_subcommands(command_text(svc))}
+    used = {
+        sub for svc in load_compose()["services"].values() for sub in parity_subcommands(command_text(svc))
+    }
     assert used == KNOWN_SUBCOMMANDS
     assert all(knows(parser, sub.split()) for sub in used), used
 

@@ -1,0 +1,158 @@
+"""The job payload: one phase of a parity run on one rank (a submitit task).
+
+Phases: `train_and_save` (steps 1..M uninterrupted, checkpoint at N on the way), `resume`
+(fresh processes load step N and run N+1..M) and `train` (steps 1..M, no checkpoint; the
+benchmark's uninterrupted launch). Arguments are plain data; the return value is a JSON-ready
+document. Keep the module importable without torch: the service pickles a reference to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jobs.spec import RunSpec, SpecError
+from jobs.stages import PhaseAbort, RankContext, error_record, write_json
+
+PHASES = ("train_and_save", "resume", "train")
+COLLECTIVE_TIMEOUT_S = 90.0
+STAGE_TIMEOUT_S = {"import": 180.0, "init": 120.0, "build": 120.0, "save": 180.0, "load": 180.0}
+log = logging.getLogger("jobs.phase")
+
+
+def _env_rank() -> int:
+    for key in ("SUBMITIT_LOCAL_GLOBALID", "SLURM_PROCID", "RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def _setup_logging(folder: Path, rank: int) -> None:
+    handler = logging.FileHandler(folder / f"rank{rank}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s rank%(rank)s %(levelname)s %(message)s".replace(
+        "%(rank)s", str(rank))))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def _environment(info: Any) -> dict[str, Any]:
+    import megatron.core
+    import torch
+
+    from jobs import cpu_shim
+
+    return {
+        "torch": torch.__version__,
+        "megatron_core": megatron.core.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "host": socket.gethostname(),
+        "device": info.device,
+        "backend": info.backend,
+        "world_size": info.world_size,
+        "cpu_shims": cpu_shim.installed(),
+        "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+    }
+
+
+def _peak_memory() -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {"max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if torch.cuda.is_available():
+        out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    return out
+
+
+def _new_doc(spec: dict[str, Any], phase: str, rank: int) -> dict[str, Any]:
+    return {"status": "running", "phase": phase, "rank": rank, "spec": spec, "steps": [], "probes": {},
+            "workarounds": {}, "info": {}, "error": None}
+
+
+def run_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None) -> dict[str, Any]:
+    """Run one phase on this rank and return its result document (never raises)."""
+    t_start = time.time()
+    rank = _env_rank()
+    doc = _new_doc(spec, phase, rank)
+    folder = Path(run_folder) / phase
+    folder.mkdir(parents=True, exist_ok=True)
+    _setup_logging(folder, rank)
+    ctx = RankContext(folder, rank, doc)
+    try:
+        if phase not in PHASES:
+            raise SpecError("phase", f"unknown phase {phase!r}", list(PHASES))
+        run_spec = RunSpec.from_dict(spec)
+        _run(ctx, run_spec, phase, Path(run_folder), master_port)
+        doc["status"] = "ok"
+    except PhaseAbort as abort:
+        doc["status"] = "error"
+        doc["error"] = dict(abort.errors[0], all_ranks=abort.errors)
+    except Exception as exc:  # noqa: BLE001 - a phase returns a document, whatever happened
+        doc["status"] = "error"
+        doc["error"] = error_record(exc, ctx.stage, rank)
+    doc["info"]["wall_seconds"] = round(time.time() - t_start, 4)
+    try:
+        doc["info"]["peak_memory"] = _peak_memory()
+    except Exception:  # noqa: BLE001 - torch may have failed to import
+        pass
+    write_json(ctx.result_path, doc)
+    _shutdown(ctx)
+    return doc
+
+
+def _shutdown(ctx: RankContext) -> None:
+    if ctx.distributed:
+        from jobs import dist
+
+        dist.shutdown()
+    from jobs import cpu_shim
+
+    cpu_shim.uninstall()
+
+
+def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_port: int | None) -> None:
+    from jobs import runner
+
+    doc = ctx.doc
+
+    def imports() -> None:
+        from jobs import cpu_shim
+
+        cpu_shim.install()
+        import megatron.core  # noqa: F401 - import cost is part of what the stage measures
+
+    ctx.run("import", imports, STAGE_TIMEOUT_S["import"])
+    from jobs import dist
+
+    info = ctx.run("init", lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S), STAGE_TIMEOUT_S["init"])
+    ctx.distributed = True
+    doc["info"].update(_environment(info))
+    trainee = ctx.run("build", lambda: runner.build(ctx, spec), STAGE_TIMEOUT_S["build"], agree=True)
+    ckpt = run_folder / "checkpoint" / f"step{spec.save_step}"
+    first = 1
+    if phase == "resume":
+        runner.load(ctx, trainee, spec, ckpt, STAGE_TIMEOUT_S["load"])
+        first = spec.save_step + 1
+    save_at = spec.save_step if phase == "train_and_save" else None
+    runner.train(ctx, trainee, spec, first, save_at, ckpt, STAGE_TIMEOUT_S["save"])
+
+
+def _main(argv: list[str]) -> int:
+    """Run a phase under torchrun: python -m jobs.phase SPEC_JSON RUN_FOLDER PHASE."""
+    import json
+
+    doc = run_phase(json.loads(argv[0]), argv[1], argv[2])
+    return 0 if doc["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    # The guard matters: dist_checkpointing starts a spawn-mode Manager that re-imports __main__.
+    sys.exit(_main(sys.argv[1:]))

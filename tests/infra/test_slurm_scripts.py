@@ -1,0 +1,54 @@
+"""scripts/*.sh: valid bash, and slurm-up.sh on a running cluster is a fast no-op."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in SCRIPTS.glob("*.sh")))
+def test_script_is_valid_bash(script: str) -> None:
+    result = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_slurm_down_rejects_unknown_flags() -> None:
+    result = subprocess.run([str(SCRIPTS / "slurm-down.sh"), "--everything"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "usage:" in result.stderr
+
+
+def _pids(run_dir: Path) -> dict[str, str]:
+    names = ("slurmctld", "slurmd", "slurmdbd")
+    return {name: (run_dir / f"{name}.pid").read_text().strip() for name in names}
+
+
+@pytest.mark.slurm
+def test_second_slurm_up_is_a_fast_no_op(slurm_cluster: str) -> None:
+    state_dir = Path(slurm_cluster).parent.parent
+    if not (state_dir / "run" / "slurmctld.pid").exists() or os.geteuid() != 0:
+        pytest.skip(f"this Slurm was not started by scripts/slurm-up.sh as root ({state_dir})")
+    before = _pids(state_dir / "run")
+
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(SCRIPTS / "slurm-up.sh")],
+        env={**os.environ, "PARITY_SLURM_DIR": str(state_dir), "PARITY_SLURM_NO_APT": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - started
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    for daemon in ("mariadbd", "slurmdbd", "slurmctld", "slurmd"):
+        assert f"{daemon} already running" in result.stdout, result.stdout
+    assert "READY" in result.stdout
+    assert _pids(state_dir / "run") == before, "a second start restarted a daemon"
+    assert elapsed < 5, f"second start took {elapsed:.1f}s"
