@@ -42,8 +42,10 @@ SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 MpiDefault=none
 ReturnToService=2
-# the node's resources are what this file says, whatever the container reports
+# the node's resources are what this file says, whatever the container reports; the submitting
+# container's ulimits need not fit the compute container
 SlurmdParameters=config_overrides
+PropagateResourceLimits=NONE
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$DBD_HOST
 AccountingStoragePort=6819

@@ -37,6 +37,7 @@ class ModelConfig:
     # linear-stack only: widths of the bf16 layers and of the FP32 head layers.
     bf16_layers: int = 4
     fp32_head_layers: int = 0
+    readout: bool = False  # linear-stack only: add a 1-D input scale and a 1 x width readout
     optimizer: str = "distributed-adam"
     lr: float = 1e-3
     min_lr: float = 1e-4
@@ -116,11 +117,18 @@ CONFIGS: dict[str, ModelConfig] = {
         ),
         ModelConfig(
             name="layerwise-empty-rank",
-            description="GPT dense control trained with LayerWiseDistributedOptimizer (Adam inside); at "
-            "DP>=2 some rank owns no parameter of a group",
-            why="Bug C (fixed in core_v0.16.0): an empty rank must not write broken common metadata; the "
-            "probe checks param_groups step/lr agree across ranks after load.",
-            kind="gpt",
+            description="4 bf16 64x64 linears + 1-D input scale + 1x64 readout, trained with "
+            "LayerWiseDistributedOptimizer (torch Adam inside); at DP 2 rank 0 owns nothing in the "
+            "no-weight-decay group",
+            why="Bug C (fixed in core_v0.16.0): a rank owning no params of a group must not write broken "
+            "common metadata; probes check the empty group and that param_groups lr/step agree across "
+            "ranks after load.",
+            kind="linear-stack",
+            hidden_size=64,
+            bf16_layers=4,
+            readout=True,
+            micro_batch_size=16,
+            max_dp=4,
             optimizer="layerwise-adam",
             expected={"no-workaround": "see jobs/README.md (Bug C)"},
         ),

@@ -57,6 +57,10 @@ def init(master_port: int | None, timeout_s: float) -> DistInfo:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        # Ranks share the host's cores; oversubscribed intra-op threads only slow everyone down.
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
     if not torch.distributed.is_initialized():
         # A finite timeout turns a peer that died mid-collective into an exception, not a hang.
         torch.distributed.init_process_group(

@@ -130,20 +130,31 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
 
 
 class LinearStack(torch.nn.Module):
-    """bf16 square linears followed by FP32 square 'head' linears (equal numel everywhere)."""
+    """bf16 square linears followed by FP32 square 'head' linears (equal numel everywhere).
 
-    def __init__(self, width: int, bf16_layers: int, fp32_layers: int) -> None:
+    With `readout`, a 1-D input scale (no-weight-decay group) and a 1 x width readout (weight-decay
+    group) of equal numel are added: the smallest params, so a layer-wise optimizer that deals
+    params out smallest-first gives rank 0 the readout and leaves it nothing in the 1-D group.
+    """
+
+    def __init__(self, width: int, bf16_layers: int, fp32_layers: int, readout: bool = False) -> None:
         super().__init__()
         self.body = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(bf16_layers))
         self.head = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(fp32_layers))
+        self.scale = torch.nn.Parameter(torch.ones(width)) if readout else None
+        self.readout = torch.nn.Linear(width, 1, bias=False) if readout else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Run the bf16 body, then the FP32 head on an FP32 copy of the activations."""
+        if self.scale is not None:
+            x = x * self.scale
         for layer in self.body:
             x = torch.tanh(layer(x))
         x = x.float()
         for layer in self.head:
             x = layer(x)
+        if self.readout is not None:
+            x = self.readout(x.to(self.readout.weight.dtype)).float()
         return x
 
     def sharded_state_dict(self, prefix: str = "", *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -159,11 +170,12 @@ class LinearStack(torch.nn.Module):
 
 
 def _build_linear_stack(cfg: ModelConfig) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
-    net = LinearStack(cfg.hidden_size, cfg.bf16_layers, cfg.fp32_head_layers)
+    net = LinearStack(cfg.hidden_size, cfg.bf16_layers, cfg.fp32_head_layers, cfg.readout)
+    out_width = 1 if cfg.readout else cfg.hidden_size
 
     def forward(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
         x = torch.randn(cfg.micro_batch_size, cfg.hidden_size, generator=gen)
-        target = torch.sin(x.sum(dim=1, keepdim=True) + torch.arange(cfg.hidden_size))
+        target = torch.sin(x.sum(dim=1, keepdim=True) + torch.arange(out_width))
         return (model(x).float() - target).pow(2).mean()
 
     return net, forward

@@ -17,7 +17,7 @@ from jobs.configs import get_config
 from jobs.probes import buckets, fingerprints, groups, index_map
 from jobs.spec import RunSpec
 from jobs.stages import RankContext
-from jobs.workarounds import REALIGN, RESTORE_STEP, adam_steps, realign_param_index, restore_adam_step
+from jobs.workarounds import LOAD_NO_GRAD, REALIGN, RESTORE_STEP, adam_steps, realign_param_index, restore_adam_step
 
 PROBE_TIMEOUT_S = 60.0
 STEP_TIMEOUT_S = 120.0
@@ -36,6 +36,7 @@ def build(ctx: RankContext, spec: RunSpec) -> model.Trainee:
     }
     if REALIGN in spec.workarounds:
         ctx.doc["workarounds"][REALIGN] = realign_param_index(tr.optimizer)
+        ctx.doc["probes"]["_local_build"]["index_map_effective"] = index_map.probe(tr.optimizer, tr.name_of)
     return tr
 
 
@@ -47,6 +48,12 @@ def _publish_build_probes(ctx: RankContext) -> None:
         "misaligned_total": sum(r["index_map"]["misaligned_total"] for r in per_rank),
         "per_rank": [r["index_map"] for r in per_rank],
     }
+    if "index_map_effective" in per_rank[0]:
+        ctx.doc["probes"]["index_map_effective"] = {
+            "applicable": per_rank[0]["index_map_effective"]["applicable"],
+            "misaligned_total": sum(r["index_map_effective"]["misaligned_total"] for r in per_rank),
+            "per_rank": [r["index_map_effective"] for r in per_rank],
+        }
     ctx.doc["probes"]["buckets"] = {
         "applicable": per_rank[0]["buckets"]["applicable"],
         "unaligned_total": sum(r["buckets"]["unaligned_total"] for r in per_rank),
@@ -83,8 +90,10 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     t0 = time.perf_counter()
     state = ctx.run("load", lambda: checkpoint.build_load_state(tr, spec.sharding), timeout_s, agree=True)
     loaded = ctx.run("load", lambda: checkpoint.read(state, ckpt), timeout_s, agree=True)
-    ctx.run("load", lambda: checkpoint.apply(tr, loaded, no_grad=REALIGN in spec.workarounds), timeout_s,
-            agree=True)
+    no_grad = REALIGN in spec.workarounds or LOAD_NO_GRAD in spec.workarounds
+    ctx.run("load", lambda: checkpoint.apply(tr, loaded, no_grad=no_grad), timeout_s, agree=True)
+    if no_grad:
+        ctx.doc["workarounds"]["load-under-no-grad"] = True
     info = ctx.doc["info"]
     info["load_seconds"] = round(time.perf_counter() - t0, 4)
     info["checkpoint"] = checkpoint.describe(ckpt)
@@ -106,8 +115,10 @@ def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: P
     t0 = time.perf_counter()
     state = ctx.run("save", lambda: checkpoint.build_save_state(tr, spec.sharding, step), timeout_s, agree=True)
     t1 = time.perf_counter()
+    in_process = checkpoint.use_in_process_results_queue()
     ctx.run("save", lambda: checkpoint.write(state, ckpt), timeout_s, agree=True)
     info = ctx.doc["info"]
+    info["save_results_queue"] = "in-process" if in_process else "multiprocessing-manager"
     info["save_build_seconds"] = round(t1 - t0, 4)
     info["save_seconds"] = round(time.perf_counter() - t0, 4)
     info["checkpoint"] = checkpoint.describe(ckpt)

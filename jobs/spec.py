@@ -16,7 +16,7 @@ MAX_DP = 8
 MAX_STEPS = 10_000
 SHARDING_TYPES = ("dp_reshardable", "fully_reshardable", "dp_zero_gather_scatter", "fully_sharded_model_space")
 DEFAULT_SHARDING = "dp_reshardable"
-WORKAROUNDS = ("realign-param-index", "restore-adam-step")
+WORKAROUNDS = ("realign-param-index", "restore-adam-step", "load-no-grad")
 TOLERANCES = tuple(TOLERANCE_PROFILES)
 REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
 

@@ -4,6 +4,8 @@
   `[*model_fp32_groups[g], *model_float16_groups[g]]` (the idea of Megatron-LM PR #5835 / #2872),
   and run the optimizer load under `torch.no_grad()` (PR #5835's second fix: FP32 shards are
   views of leaf params that require grad, so the in-place load copy raises otherwise).
+- `load-no-grad`: only the `torch.no_grad()` load fix, leaving the index map as built; shows the
+  silent case end to end (state restored through the same wrong map, so loss parity can pass).
 - `restore-adam-step`: after a load on the torch-Adam path, set every Adam `step` back to the
   checkpoint's step (dp_reshardable leaves the dummy value 1 from the load priming).
 """
@@ -17,6 +19,7 @@ import torch
 from jobs.probes.index_map import distributed_optimizers, installed_order
 
 REALIGN = "realign-param-index"
+LOAD_NO_GRAD = "load-no-grad"
 RESTORE_STEP = "restore-adam-step"
 
 

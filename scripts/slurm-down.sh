@@ -31,21 +31,32 @@ pid_of() { # pid_of <pidfile> <comm>: print the pid if it runs and is that progr
   pid=$(<"$1")
   [[ $pid =~ ^[0-9]+$ && $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]] && echo "$pid"
 }
-stop() { # stop <comm> <pidfile>: SIGTERM, wait up to 10 s, then SIGKILL
-  local name=$1 pidfile=$2 pid
-  if ! pid=$(pid_of "$pidfile" "$name"); then
-    [[ -e $pidfile ]] && rm -f "$pidfile"
-    log "$name: not running"
-    return 0
-  fi
-  kill -TERM "$pid"
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then
-    log "$name: pid $pid ignored SIGTERM for 10 s, sending SIGKILL"
-    kill -KILL "$pid"
-  fi
-  rm -f "$pidfile"
-  log "$name: stopped (pid $pid)"
+running() { # running <pid>: alive and not a zombie waiting for init to reap it
+  local state
+  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) && [[ $state != Z ]]
+}
+stop() { # stop <comm:pidfile>...: SIGTERM them together, wait up to 10 s each, then SIGKILL
+  local item name pidfile pid
+  local -A pids=()
+  for item in "$@"; do
+    name=${item%%:*} pidfile=${item#*:}
+    if pid=$(pid_of "$pidfile" "$name"); then
+      kill -TERM "$pid"
+      pids[$name]=$pid
+    else
+      log "$name: not running"
+    fi
+    rm -f "$pidfile"
+  done
+  for name in "${!pids[@]}"; do
+    pid=${pids[$name]}
+    for _ in $(seq 100); do running "$pid" || break; sleep 0.1; done
+    if running "$pid"; then
+      log "$name: pid $pid ignored SIGTERM for 10 s, sending SIGKILL"
+      kill -KILL "$pid"
+    fi
+    log "$name: stopped (pid $pid)"
+  done
 }
 
 if [[ ! -d $DIR ]]; then
@@ -66,11 +77,13 @@ if pid_of "$RUN/slurmctld.pid" slurmctld >/dev/null; then
     for _ in $(seq 75); do [[ -z $(squeue -h 2>/dev/null) ]] && break; sleep 0.2; done
   fi
 fi
-stop slurmd "$RUN/slurmd.pid"
-stop slurmctld "$RUN/slurmctld.pid"
-stop slurmdbd "$RUN/slurmdbd.pid"
-(( keep_db )) || stop mariadbd "$DIR/mariadb/mysqld.pid"
-(( keep_munge )) || stop munged "$DIR/munge/munged.pid"
+# slurmctld and slurmd first, slurmdbd once they stopped talking to it, then its database and munged
+stop "slurmd:$RUN/slurmd.pid" "slurmctld:$RUN/slurmctld.pid"
+stop "slurmdbd:$RUN/slurmdbd.pid"
+last=()
+(( keep_db )) || last+=("mariadbd:$DIR/mariadb/mysqld.pid")
+(( keep_munge )) || last+=("munged:$DIR/munge/munged.pid")
+(( ${#last[@]} == 0 )) || stop "${last[@]}"
 if (( purge )); then
   if (( keep_db || keep_munge )); then
     log "--purge ignored: --keep-db/--keep-munge leave daemons using $DIR"

@@ -24,11 +24,12 @@ log() { # log <message>: wall clock + seconds since this script started
   printf '[slurm-up %s +%d.%03ds] %s\n' "$(date +%H:%M:%S)" $((ms / 1000)) $((ms % 1000)) "$*"
 }
 die() { log "ERROR: $*"; exit 1; }
-alive() { # alive <pidfile> <comm>: the pid in the file runs and is that program (not a reused pid)
+alive() { # alive <pidfile> <comm>: the pid in the file runs, is that program (not a reused pid), not a zombie
   local pid
   [[ -s $1 ]] || return 1
   pid=$(<"$1")
-  [[ $pid =~ ^[0-9]+$ ]] && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]]
+  [[ $pid =~ ^[0-9]+$ && $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]] &&
+    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]
 }
 wait_for() { # wait_for <seconds> <what> <command...>
   local secs=$1 what=$2 deadline

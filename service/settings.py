@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     slurm_partition: str | None = None
     slurm_time_limit_min: int = Field(default=30, ge=1)
     slurm_cpus_per_task: int = Field(default=1, ge=1)
-    # extra sbatch options as KEY=VALUE pairs separated by commas, e.g. "account=ml,qos=ci"
+    # extra sbatch options separated by commas: KEY=VALUE, or a bare KEY for a flag ("account=ml,hold")
     slurm_extra_args: str = ""
 
     # A Python executable (or command prefix) that runs job phases when a run names no environment.
@@ -56,8 +56,9 @@ class Settings(BaseSettings):
     @classmethod
     def _check_extra_args(cls, value: str) -> str:
         for item in filter(None, (part.strip() for part in value.split(","))):
-            if "=" not in item:
-                raise ValueError(f"expected KEY=VALUE pairs separated by commas, got {item!r}")
+            key = item.split("=", 1)[0].strip()
+            if not key.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"expected KEY=VALUE or KEY items separated by commas, got {item!r}")
         return value
 
     @property
@@ -70,10 +71,13 @@ class Settings(BaseSettings):
         """The URL people and CI use to reach this service."""
         return (self.public_url or f"http://{self.api_host}:{self.api_port}").rstrip("/")
 
-    def sbatch_extra(self) -> dict[str, str]:
-        """slurm_extra_args parsed into submitit's slurm_additional_parameters."""
-        pairs = (part.split("=", 1) for part in self.slurm_extra_args.split(",") if part.strip())
-        return {key.strip(): val.strip() for key, val in pairs}
+    def sbatch_extra(self) -> dict[str, str | bool]:
+        """slurm_extra_args parsed into submitit's additional_parameters (a bare KEY is a flag)."""
+        out: dict[str, str | bool] = {}
+        for part in filter(None, (p.strip() for p in self.slurm_extra_args.split(","))):
+            key, sep, val = part.partition("=")
+            out[key.strip()] = val.strip() if sep else True
+        return out
 
 
 @lru_cache

@@ -63,33 +63,17 @@ def owned(optimizer: Any, name_of: dict[Any, str]) -> dict[str, Any]:
     return out
 
 
-def slots(optimizer: Any, name_of: dict[Any, str]) -> dict[str, Any]:
-    """Fingerprint the state that checkpointing reads for each param (through the index map)."""
+def slots(optimizer: Any, name_of: dict[Any, str]) -> dict[str, Any] | None:
+    """Fingerprint the state checkpointing reads for each param (through the index map).
+
+    Returns None when there is no DistributedOptimizer (no index map to read through).
+    """
+    opts = distributed_optimizers(optimizer)
+    if not opts:
+        return None
     out = {}
-    for opt in distributed_optimizers(optimizer):
+    for opt in opts:
         for model_param in opt.model_param_group_index_map:
             tensors = opt._get_main_param_and_optimizer_states(model_param)
             out[name_of.get(model_param, "?")] = _state_fp(tensors["param"], tensors)
     return out
-
-
-def diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
-    """List (param, key) entries whose fingerprints differ; missing entries count as differing."""
-    out = []
-    for name in sorted(set(before) | set(after)):
-        a, b = before.get(name), after.get(name)
-        if a is None or b is None:
-            out.append({"param": name, "key": "*", "before": a is not None, "after": b is not None})
-            continue
-        for key in sorted(set(a) | set(b)):
-            va, vb = a.get(key), b.get(key)
-            same = va == vb if key == "step" else (va or {}).get("sha1") == (vb or {}).get("sha1")
-            if not same:
-                out.append({"param": name, "key": key, "before": _short(va), "after": _short(vb)})
-    return out
-
-
-def _short(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: v[k] for k in ("numel", "sum", "abs_sum") if k in v}
-    return v

@@ -49,7 +49,7 @@ def check_optimizer(opt: Any, name_of: dict[Any, str]) -> dict[str, Any]:
                 "dtype": str(param.dtype).removeprefix("torch."),
                 "group": g,
                 "index": k,
-                "expected_index": order.index(param) if param in order else None,
+                "expected_index": next((i for i, q in enumerate(order) if q is param), None),
                 "expected_numel": None if expected is None else int(expected.numel()),
                 "installed_numel": None if installed is None else int(installed.numel()),
                 "installed_param": None if holder is None else name_of.get(holder, "?"),

@@ -73,8 +73,8 @@ def _finished(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, 
         _job_raised(session, phase, run, job, error)
         return
     phase.info = doc
-    timings = doc.get("phase", {}) if isinstance(doc.get("phase"), dict) else {}
-    phase.save_s, phase.load_s = timings.get("save_s"), timings.get("load_s")
+    info = doc.get("info") or {}
+    phase.save_s, phase.load_s = info.get("save_seconds"), info.get("load_seconds")
     ok = doc.get("status") == "ok"
     _close(phase, "succeeded" if ok else "failed", job, None if ok else _doc_error(doc))
     if ok and phase.name == PHASES[0]:

@@ -1,0 +1,132 @@
+"""Run both phases of a parity check through submitit (local processes by default) and evaluate.
+
+Each phase gets a fresh submitit folder, so resumed ranks are new processes that never saw the
+training state. A phase that dies without a result still yields a document: the rank files the
+phase writes itself, or an error record with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from jobs.compare import evaluate
+from jobs.dist import free_port
+from jobs.phase import run_phase
+from jobs.spec import RunSpec
+from jobs.stages import write_json
+
+ExecutorFactory = Callable[[Path], Any]
+PHASE_TIMEOUT_S = 900.0
+POLL_S = 0.05
+
+
+def local_executor(folder: Path) -> Any:
+    """Return a submitit executor running tasks as local processes in `folder`."""
+    import submitit
+
+    return submitit.AutoExecutor(folder=str(folder), cluster="local")
+
+
+def _failed_doc(spec: RunSpec, phase: str, stage: str, message: str, tb: str = "") -> dict[str, Any]:
+    return {"status": "error", "phase": phase, "rank": 0, "spec": spec.to_dict(), "steps": [], "probes": {},
+            "workarounds": {}, "info": {},
+            "error": {"type": "PhaseFailed", "message": message[:2000], "traceback": tb[-8000:], "stage": stage}}
+
+
+def _rank_files(run_folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
+    docs = []
+    for rank in range(dp):
+        path = run_folder / phase / f"result.rank{rank}.json"
+        if path.exists():
+            docs.append(json.loads(path.read_text()))
+    return docs
+
+
+def _pick(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Prefer rank 0's document, but surface another rank's error if rank 0 looks fine."""
+    if not docs:
+        return None
+    main = next((d for d in docs if d.get("rank") == 0), docs[0])
+    failed = [d for d in docs if d.get("status") == "error"]
+    if main.get("status") != "error" and failed:
+        main = dict(main, status="error", error=failed[0]["error"])
+    return main
+
+
+def run_phase_job(spec: RunSpec, run_folder: Path, phase: str, executor: Any = None,
+                  timeout_s: float = PHASE_TIMEOUT_S) -> dict[str, Any]:
+    """Submit one phase with tasks_per_node = dp, wait for it, and return rank 0's document."""
+    folder = run_folder / "submitit" / phase
+    ex = executor(folder) if callable(executor) else executor or local_executor(folder)
+    ex.update_parameters(tasks_per_node=spec.dp, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
+    t0 = time.perf_counter()
+    job = ex.submit(run_phase, spec.to_dict(), str(run_folder), phase, free_port())
+    # submitit's own wait() polls once a second; a tighter poll keeps launch overhead honest.
+    while not job.done():
+        if time.perf_counter() - t0 > timeout_s:
+            job.cancel()
+            return _failed_doc(spec, phase, "launch", f"phase {phase} timed out after {timeout_s:.0f} s")
+        time.sleep(POLL_S)
+    try:
+        doc = _pick(list(job.results()))
+    except Exception as exc:  # noqa: BLE001 - a dead task: fall back to what the ranks wrote
+        doc = _pick(_rank_files(run_folder, phase, spec.dp))
+        if doc is None:
+            doc = _failed_doc(spec, phase, "launch", f"{type(exc).__name__}: {exc}", str(exc))
+    assert doc is not None
+    doc.setdefault("info", {})["launch_wall_seconds"] = round(time.perf_counter() - t0, 4)
+    doc["info"]["submitit"] = {"folder": str(folder), "job_id": str(job.job_id)}
+    return doc
+
+
+def run_parity(spec: RunSpec, run_folder: Path, executor: Any = None,
+               timeout_s: float = PHASE_TIMEOUT_S) -> dict[str, Any]:
+    """Run train_and_save then resume (if a checkpoint was written) and evaluate them."""
+    run_folder = Path(run_folder)
+    run_folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    baseline = run_phase_job(spec, run_folder, "train_and_save", executor, timeout_s)
+    resumed = None
+    if baseline.get("status") == "ok":
+        resumed = run_phase_job(spec, run_folder, "resume", executor, timeout_s)
+    result = evaluate(spec.to_dict(), baseline, resumed)
+    result["run_folder"] = str(run_folder)
+    result["timing"] = {
+        "total_seconds": round(time.perf_counter() - t0, 4),
+        "train_and_save_seconds": baseline["info"].get("launch_wall_seconds"),
+        "resume_seconds": None if resumed is None else resumed["info"].get("launch_wall_seconds"),
+    }
+    write_json(run_folder / "result.json", result)
+    return result
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def format_step_table(result: dict[str, Any]) -> str:
+    """Render the per-step comparison and the verdict as a plain-text table."""
+    lines = [f"{'step':>5} {'loss baseline':>14} {'loss resumed':>14} {'d loss':>10} "
+             f"{'lr baseline':>12} {'lr resumed':>12} {'d lr':>10}  match"]
+    for r in result.get("steps", []):
+        if not r.get("resumed_phase"):
+            continue
+        mark = "" if "exact" not in r else ("exact" if r["exact"] else ("tol" if r["within_tolerance"] else "DIFF"))
+        lines.append(f"{r['step']:>5} {_fmt(r['loss_baseline'], '14.8f')} {_fmt(r['loss_resumed'], '14.8f')} "
+                     f"{_fmt(r['loss_abs_delta'], '+10.2e')} {_fmt(r['lr_baseline'], '12.6e')} "
+                     f"{_fmt(r['lr_resumed'], '12.6e')} {_fmt(r['lr_abs_delta'], '+10.2e')}  {mark}")
+    lines.append("")
+    lines.append(f"verdict: {result.get('verdict')}")
+    lines.append(f"signatures: {', '.join(result.get('signatures') or []) or '-'}")
+    if result.get("advisories"):
+        lines.append(f"advisories: {', '.join(result['advisories'])}")
+    if result.get("worked_around"):
+        lines.append(f"worked around: {', '.join(result['worked_around'])}")
+    lines.append(f"first divergent step: {_fmt(result.get('first_divergent_step'), '')}")
+    for err in result.get("errors") or []:
+        lines.append(f"error in {err.get('stage')}: {err.get('type')}: {str(err.get('message'))[:300]}")
+    return "\n".join(lines)

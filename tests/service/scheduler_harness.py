@@ -1,0 +1,104 @@
+"""Helpers for tests that run the real scheduler (and API) as separate processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from models import Phase, Run
+from service.db import session_scope
+from service.environments import ensure_default_environment
+from service.runs import create_run, validate_spec
+from service.settings import get_settings
+
+PARITY = [sys.executable, "-m", "service.cli"]
+GOOD = ["realign-param-index", "restore-adam-step"]
+
+
+def service_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a scheduler/API subprocess: the test database and run folder."""
+    env = dict(os.environ)
+    env.update(
+        PARITY_SCHEDULER_POLL_SECONDS="0.5", PARITY_RETRY_BACKOFF_SECONDS="0",
+        PARITY_RUN_FOLDER=str(tmp_path / "runs"), **extra,
+    )
+    return env
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a `parity` subcommand with its output in log."""
+    handle = open(log, "ab")
+    return subprocess.Popen([*PARITY, *args], env=env, stdout=handle, stderr=handle, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Signal a process and wait for it."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+
+
+def queue(spec: dict[str, Any], labels: dict[str, str] | None = None) -> int:
+    """Queue a run directly through the service layer (committed) and return its id."""
+    with session_scope() as session:
+        env = ensure_default_environment(session, settings=get_settings())
+        run, _ = create_run(session, spec=validate_spec(spec), environment=env, labels=labels or {}, requester="t")
+        return run.id
+
+
+def run_row(run_id: int) -> Run:
+    """A fresh copy of the run row."""
+    with session_scope() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        session.expunge(run)
+        return run
+
+
+def phases(run_id: int) -> list[Phase]:
+    """All phase rows of a run, oldest first."""
+    with session_scope() as session:
+        rows = list(session.scalars(select(Phase).where(Phase.run_id == run_id).order_by(Phase.id)))
+        for row in rows:
+            session.expunge(row)
+        return rows
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.5,
+    alive: list[subprocess.Popen[bytes]] | None = None,
+) -> Any:
+    """Poll predicate until it returns something truthy; fail with `what` after timeout or if a
+    process in `alive` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in alive or []:
+            assert proc.poll() is None, f"{proc.args} exited with {proc.returncode} while waiting for {what}"
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def sacct_jobs(name: str) -> list[str]:
+    """Job ids Slurm accounting knows under a job name (allocations only)."""
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", f"--name={name}", "-o", "JobID", "-S", "now-1days"],
+        capture_output=True, text=True, check=True,
+    )
+    return [line for line in out.stdout.split() if line]
+
+
+def queued_jobs(name: str) -> list[str]:
+    """Job ids in the Slurm queue under a job name."""
+    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, check=True)
+    return out.stdout.split()

@@ -1,0 +1,86 @@
+"""The scheduler against real Slurm: restarts, cancellations, replicas. Real Megatron-Core jobs."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.service.scheduler_harness import (
+    GOOD, phases, queue, queued_jobs, run_row, sacct_jobs, service_env, start, stop, wait_for,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
+SMALL = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4, "workarounds": GOOD}
+
+
+def test_scheduler_killed_mid_run_resumes_without_double_submission(
+    committed_db: str, slurm: str, tmp_path: Path
+) -> None:
+    env = service_env(tmp_path, PARITY_EXECUTOR="slurm")
+    run_id = queue(SMALL)
+    first = start(["scheduler"], env, tmp_path / "scheduler-1.log")
+    try:
+        wait_for(lambda: run_row(run_id).state in ("train_running", "resume_submitted"), 120, "phase 1 running", alive=[first])
+    finally:
+        stop(first, signal.SIGKILL)  # no clean shutdown: the job keeps running in Slurm
+    second = start(["scheduler"], env, tmp_path / "scheduler-2.log")
+    try:
+        wait_for(lambda: run_row(run_id).finished_at, 300, "the verdict", alive=[second])
+    finally:
+        stop(second)
+    run = run_row(run_id)
+    assert run.state == "passed", (run.state, run.error_message, run.signatures)
+    rows = phases(run_id)
+    assert [(p.name, p.attempt, p.state) for p in rows] == [
+        ("train_and_save", 1, "succeeded"), ("resume", 1, "succeeded"),
+    ]
+    # accounting lags the job's end by a moment
+    wait_for(lambda: sacct_jobs(f"parity-{run_id}-resume"), 30, "accounting of the resume job")
+    assert sacct_jobs(f"parity-{run_id}-train_and_save") == [rows[0].job_id]
+    assert sacct_jobs(f"parity-{run_id}-resume") == [rows[1].job_id]
+
+
+def test_scancelled_job_is_retried_then_reported_as_error(committed_db: str, slurm: str, tmp_path: Path) -> None:
+    env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_MAX_INFRA_RETRIES="1")
+    run_id = queue(SMALL)
+    scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
+    try:
+        for attempt in (1, 2):
+            job_id = wait_for(
+                lambda a=attempt: next((p.job_id for p in phases(run_id) if p.attempt == a and p.job_id), None),
+                120, f"attempt {attempt} submitted", alive=[scheduler],
+            )
+            subprocess.run(["scancel", job_id], check=True)
+        wait_for(lambda: run_row(run_id).finished_at, 180, "the run to end", alive=[scheduler])
+    finally:
+        stop(scheduler)
+    run = run_row(run_id)
+    assert run.state == "error"
+    assert run.verdict is None  # an infrastructure failure is not a parity result
+    assert "CANCELLED" in (run.error_message or "")
+    assert [(p.attempt, p.state) for p in phases(run_id)] == [(1, "infra_failed"), (2, "infra_failed")]
+
+
+def test_two_replicas_submit_each_of_50_runs_exactly_once(committed_db: str, slurm: str, tmp_path: Path) -> None:
+    # Jobs are submitted held (sbatch --hold) so the test measures submission, not training.
+    env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_SLURM_EXTRA_ARGS="hold")
+    run_ids = [queue({**SMALL, "seed": i}) for i in range(50)]
+    replicas = [start(["scheduler"], env, tmp_path / f"replica-{i}.log") for i in range(2)]
+    try:
+        wait_for(lambda: all(any(p.job_id for p in phases(r)) for r in run_ids), 240, "50 submissions", poll=1, alive=replicas)
+    finally:
+        for proc in replicas:
+            stop(proc)
+    all_phases = [p for r in run_ids for p in phases(r)]
+    try:
+        assert len(all_phases) == 50
+        assert len({p.job_id for p in all_phases}) == 50
+        for run_id in run_ids:
+            assert queued_jobs(f"parity-{run_id}-train_and_save") == [
+                p.job_id for p in phases(run_id)
+            ], f"run {run_id} should have exactly one job in the Slurm queue"
+    finally:
+        subprocess.run(["scancel", *[p.job_id for p in all_phases if p.job_id]], check=False)
