@@ -88,7 +88,8 @@ class RankContext:
             yield
         finally:
             timer.cancel()
-            self.doc.setdefault("stage_seconds", {})[name] = round(time.perf_counter() - t0, 4)
+            seconds = self.doc.setdefault("stage_seconds", {})
+            seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - t0, 4)
 
     def run(self, name: str, fn: Callable[[], T], timeout_s: float, agree: bool = False) -> T:
         """Run one stage; on failure raise PhaseAbort (after all ranks agree, when `agree`)."""

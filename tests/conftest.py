@@ -123,7 +123,7 @@ def slurm_unavailable_reason() -> str | None:
         out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"sinfo failed: {exc}"
-    if out.returncode != 0 or not any(s.strip("*~#") in {"idle", "mix", "alloc"} for s in out.stdout.split()):
+    if out.returncode != 0 or not any(s.strip("*~#") in {"idle", "mix", "alloc", "comp"} for s in out.stdout.split()):
         return f"no usable Slurm node: {(out.stdout + out.stderr).strip()}"
     return None
 

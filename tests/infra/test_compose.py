@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -272,3 +276,31 @@ def test_checker_reports_missing_dockerfile_target_and_unknown_subcommand() -> N
 def test_checker_reports_unconditioned_depends_on() -> None:
     problems = broken(lambda c: c["services"]["scheduler"].update(depends_on=["postgres"]))
     assert problems == ["scheduler: depends_on without conditions (only waits for the start)"]
+
+
+# ------------------------------------------------ the Slurm containers, run without Docker
+
+
+@pytest.mark.slurm
+def test_entrypoint_runs_a_working_cluster_in_namespaces(tmp_path: Path) -> None:
+    """munge-key, slurmdbd, slurmctld, slurmd and a submitting container, as compose wires them."""
+    needed = ["unshare", "ip", "mariadbd", "mariadb-install-db", "slurmctld", "slurmd", "slurmdbd", "munged"]
+    missing = [
+        tool for tool in needed if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists()
+    ]
+    if os.geteuid() != 0 or missing:
+        pytest.skip(f"needs root and {missing or needed} (scripts/slurm-up.sh installs the packages)")
+    script = REPO_ROOT / "tests" / "infra" / "compose_namespaces.sh"
+    result = subprocess.run(
+        ["unshare", "-mnup", "--fork", "--kill-child", "--mount-proc", str(script), str(tmp_path)],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(tmp_path.glob("*.log")))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out + logs
+    assert "results: [(0, 'slurmd'), (1, 'slurmd')]" in out, out + logs
+    assert "|COMPLETED|slurmd" in out, out + logs
+    assert "cluster: parity" in out, out + logs

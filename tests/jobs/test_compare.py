@@ -1,0 +1,165 @@
+"""Pure comparison: both sides of every detector, on synthetic phase documents (no Megatron)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jobs.compare import evaluate
+from jobs.local import format_step_table
+from jobs.signatures import SIGNATURES, classify_error, signature_table
+
+SPEC = {"config": "dense-bf16", "dp": 2, "steps": 6, "save_step": 3}
+LOSS = {1: 7.0, 2: 6.9, 3: 6.8, 4: 6.7, 5: 6.6, 6: 6.5}
+LR = {1: 0.0, 2: 3e-4, 3: 6e-4, 4: 1e-3, 5: 8e-4, 6: 3e-4}
+
+
+def _fp(value: float) -> dict[str, Any]:
+    return {"numel": 4, "sum": value, "abs_sum": abs(value), "sha1": f"h{value}"}
+
+
+def _state(step: float = 3.0, avg: float = 1.0) -> dict[str, Any]:
+    return {"w": {"param": _fp(0.5), "exp_avg": _fp(avg), "exp_avg_sq": _fp(2.0), "step": step}}
+
+
+def _doc(phase: str, steps: range, loss: dict | None = None, lr: dict | None = None, **extra: Any) -> dict:
+    loss, lr = loss or LOSS, lr or LR
+    doc = {"status": "ok", "phase": phase, "rank": 0, "spec": SPEC, "error": None, "info": {}, "probes": {},
+           "steps": [{"step": s, "loss": loss[s], "lr": lr[s], "grad_norm": 1.0, "num_zeros": None, "wall_s": 0.1}
+                     for s in steps]}
+    doc.update(extra)
+    return doc
+
+
+def _baseline(**kw: Any) -> dict:
+    probes = {"fingerprints_at_save": {"owned": [_state()], "slots": [_state()]}}
+    return _doc("train_and_save", range(1, 7), probes=kw.pop("probes", probes), **kw)
+
+
+def _resumed(step: float = 3.0, **kw: Any) -> dict:
+    probes = {"fingerprints_after_load": {"owned": [_state(step)]}}
+    return _doc("resume", range(4, 7), probes=kw.pop("probes", probes), **kw)
+
+
+def test_bit_identical_passes() -> None:
+    r = evaluate(SPEC, _baseline(), _resumed())
+    assert r["verdict"] == "pass" and r["signatures"] == []
+    assert r["first_divergent_step"] is None and r["lanes"]["exact"]["pass"]
+    assert [s["step"] for s in r["steps"] if s["resumed_phase"]] == [4, 5, 6]
+    json.dumps(r)
+    assert "verdict: pass" in format_step_table(r)
+
+
+def test_tiny_loss_difference_exact_vs_tolerance_lane() -> None:
+    loss = {**LOSS, **{5: LOSS[5] * (1 + 1e-7)}}
+    exact = evaluate(SPEC, _baseline(), _resumed(loss=loss))
+    assert exact["verdict"] == "fail" and exact["first_divergent_step"] == 5
+    assert exact["signatures"] == ["loss-divergence-unexplained"]
+    tol = evaluate({**SPEC, "tolerance": "default"}, _baseline(), _resumed(loss=loss))
+    assert tol["verdict"] == "pass" and tol["first_divergent_step"] == 5
+    assert tol["first_step_beyond_tolerance"] is None and not tol["lanes"]["exact"]["pass"]
+    row = next(s for s in tol["steps"] if s["step"] == 5)
+    assert row["loss_abs_delta"] > 0 and 0 < row["loss_rel_delta"] < 1e-5
+
+
+def test_loose_profile_allows_one_bad_step_but_not_two() -> None:
+    one = {**LOSS, **{5: LOSS[5] * 1.2}}
+    assert evaluate({**SPEC, "tolerance": "loose"}, _baseline(), _resumed(loss=one))["verdict"] == "pass"
+    two = {**one, **{6: LOSS[6] * 1.2}}
+    r = evaluate({**SPEC, "tolerance": "loose"}, _baseline(), _resumed(loss=two))
+    assert r["verdict"] == "fail" and r["lanes"]["tolerance"]["failing_steps"] == [5, 6]
+
+
+def test_lr_mismatch_is_its_own_signature() -> None:
+    lr = {**LR, **{4: 9e-4, 5: 7e-4}}
+    r = evaluate(SPEC, _baseline(), _resumed(lr=lr))
+    assert r["verdict"] == "fail" and "lr-schedule-mismatch" in r["signatures"]
+    assert r["first_divergent_step"] == 4 and r["evidence"]["lr-schedule-mismatch"]["first_step"] == 4
+
+
+def test_adam_step_not_restored_both_sides() -> None:
+    loss = {**LOSS, **{5: LOSS[5] + 5e-4, 6: LOSS[6] + 5e-4}}
+    bad = evaluate(SPEC, _baseline(), _resumed(step=1.0, loss=loss))
+    assert bad["verdict"] == "fail" and bad["signatures"] == ["adam-step-not-restored"]
+    assert bad["evidence"]["adam-step-not-restored"]["step"] == 4 and bad["first_divergent_step"] == 5
+    # Restored state is compared exactly even under the loose profile: a load is a copy.
+    assert evaluate({**SPEC, "tolerance": "loose"}, _baseline(), _resumed(step=1.0))["verdict"] == "fail"
+    assert evaluate(SPEC, _baseline(), _resumed(step=3.0))["verdict"] == "pass"
+
+
+def test_state_mismatch_from_slots_and_after_load() -> None:
+    probes = {"fingerprints_at_save": {"owned": [_state()], "slots": [_state(avg=-1.0)]}}
+    r = evaluate(SPEC, _baseline(probes=probes), _resumed())
+    assert r["verdict"] == "fail" and r["signatures"] == ["optimizer-state-mismatch"]
+    moved = {"fingerprints_after_load": {"owned": [_state(avg=9.0)]}}
+    assert evaluate(SPEC, _baseline(), _resumed(probes=moved))["signatures"] == ["optimizer-state-mismatch"]
+
+
+def _misaligned_probe(total: int) -> dict:
+    entry = {"param": "w", "dtype": "bfloat16", "group": 0, "index": 0, "expected_index": 1,
+             "expected_numel": 131072, "installed_numel": 512, "installed_param": "router"}
+    return {"applicable": True, "misaligned_total": total,
+            "per_rank": [{"applicable": True, "misaligned_total": total, "optimizers": [
+                {"optimizer": 0, "entries": 2, "misaligned_count": total, "misaligned": [entry] * total}]}]}
+
+
+SAVE_ASSERT = {"type": "AssertionError", "message": "(torch.Size([512]), 0, 131072)", "stage": "save",
+               "traceback": "File distrib_optimizer.py, in sharded_param_state_dp_reshardable\nAssertionError"}
+
+
+def test_save_crash_with_misalignment_is_fail_without_is_error() -> None:
+    probes = {"index_map": _misaligned_probe(2)}
+    crashed = _baseline(probes=probes, status="error", error=SAVE_ASSERT)
+    r = evaluate(SPEC, crashed, None)
+    assert r["verdict"] == "fail"
+    assert r["signatures"][:2] == ["checkpoint-save-crash", "optimizer-index-misalignment"]
+    assert r["evidence"]["optimizer-index-misalignment"]["per_rank"][0]["misaligned"][0]["installed_numel"] == 512
+    assert r["error"]["traceback"]
+    unexplained = evaluate(SPEC, _baseline(probes={"index_map": _misaligned_probe(0)}, status="error",
+                                           error=SAVE_ASSERT), None)
+    assert unexplained["verdict"] == "error" and unexplained["signatures"] == ["checkpoint-save-crash"]
+
+
+def test_worked_around_misalignment_does_not_fail() -> None:
+    probes = {"index_map": _misaligned_probe(2), "index_map_effective": _misaligned_probe(0),
+              "fingerprints_at_save": {"owned": [_state()], "slots": [_state()]}}
+    r = evaluate(SPEC, _baseline(probes=probes), _resumed())
+    assert r["verdict"] == "pass" and r["worked_around"] == ["optimizer-index-misalignment"]
+
+
+def test_known_load_crashes_are_fail_unknown_are_error() -> None:
+    key = {"type": "KeyError", "message": "'step'", "stage": "load", "traceback": "KeyError: 'step'"}
+    r = evaluate(SPEC, _baseline(), _resumed(status="error", error=key))
+    assert r["verdict"] == "fail" and "optimizer-step-key-missing" in r["signatures"]
+    other = {"type": "OSError", "message": "disk full", "stage": "load", "traceback": ""}
+    r = evaluate(SPEC, _baseline(), _resumed(status="error", error=other))
+    assert r["verdict"] == "error" and r["signatures"] == ["checkpoint-load-crash"]
+    assert classify_error({"type": "RuntimeError", "stage": "load", "traceback": "",
+                           "message": "a view of a leaf Variable that requires grad is being used"}) == [
+        "fp32-view-inplace-load", "checkpoint-load-crash"]
+
+
+def test_missing_documents_and_bad_spec_are_errors() -> None:
+    assert evaluate(SPEC, None, None)["verdict"] == "error"
+    assert evaluate(SPEC, _baseline(), None)["verdict"] == "error"
+    assert evaluate({**SPEC, "save_step": 9}, _baseline(), _resumed())["verdict"] == "error"
+    train_crash = {"type": "RuntimeError", "message": "boom", "stage": "train", "traceback": ""}
+    assert evaluate(SPEC, _baseline(status="error", error=train_crash), None)["verdict"] == "error"
+
+
+def test_latent_bucket_finding_is_an_advisory() -> None:
+    issue = {"param": "gate", "numel": 1, "expected": [64, 576], "param_to_index": [1, 513], "problems": ["x"]}
+    probes = {"fingerprints_at_save": {"owned": [_state()], "slots": [_state()]},
+              "buckets": {"applicable": True, "unaligned_total": 1,
+                          "per_rank": [{"buffers": [{"buffer": 1, "issues": [issue]}]}]}}
+    r = evaluate(SPEC, _baseline(probes=probes), _resumed())
+    assert r["verdict"] == "pass" and r["advisories"] == ["bucket-offset-unaligned"] and r["signatures"] == []
+    assert any(f["probe"] == "bucket_offsets" and not f["ok"] for f in r["probe_findings"])
+
+
+def test_signature_table_has_references() -> None:
+    table = {s["name"]: s for s in signature_table()}
+    for name in ("optimizer-index-misalignment", "optimizer-state-mismatch", "adam-step-not-restored",
+                 "lr-schedule-mismatch", "bucket-offset-unaligned", "checkpoint-save-crash", "checkpoint-load-crash"):
+        assert name in table and name in SIGNATURES
+    assert "https://github.com/NVIDIA/Megatron-LM/issues/2777" in table["optimizer-index-misalignment"]["references"]
