@@ -75,7 +75,10 @@ def build_load_state(tr: Trainee, sharding: str) -> dict[str, Any]:
         if len(opt.optimizer.state) == 0:
             opt._init_optimizer_states_with_dummy_values()
     msd = tr.sharded_model_state()
-    return {"model": msd, "optimizer": tr.optimizer.sharded_state_dict(msd, is_loading=True, metadata=_metadata(sharding))}
+    return {
+        "model": msd,
+        "optimizer": tr.optimizer.sharded_state_dict(msd, is_loading=True, metadata=_metadata(sharding)),
+    }
 
 
 def read(state: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -124,5 +127,9 @@ def folder_bytes(folder: Path) -> int:
 
 def describe(folder: Path) -> dict[str, Any]:
     """Return the checkpoint's path, size and file list for the result document."""
-    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
+    files = (
+        sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+        if folder.exists()
+        else []
+    )
     return {"path": os.fspath(folder), "bytes": folder_bytes(folder), "files": files}

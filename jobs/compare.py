@@ -31,8 +31,9 @@ def _close(a: float, b: float, rtol: float, atol: float) -> bool:
     return a == b or abs(b - a) <= atol + rtol * abs(a)
 
 
-def step_rows(spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None,
-              profile: ToleranceProfile) -> list[dict[str, Any]]:
+def step_rows(
+    spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None, profile: ToleranceProfile
+) -> list[dict[str, Any]]:
     """Join both runs per step (1..M) with loss/lr deltas and the exact/tolerance checks.
 
     `*_abs_delta` is resumed - baseline (signed); `*_rel_delta` is |delta| / |baseline|.
@@ -46,7 +47,9 @@ def step_rows(spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str,
         for key in ("loss", "lr", "grad_norm", "num_zeros", "wall_s"):
             row[f"{key}_baseline"], row[f"{key}_resumed"] = (b or {}).get(key), (r or {}).get(key)
         for key in ("loss", "lr"):
-            row[f"{key}_abs_delta"], row[f"{key}_rel_delta"] = _delta(row[f"{key}_baseline"], row[f"{key}_resumed"])
+            row[f"{key}_abs_delta"], row[f"{key}_rel_delta"] = _delta(
+                row[f"{key}_baseline"], row[f"{key}_resumed"]
+            )
         row["within_tolerance"] = None
         if b is not None and r is not None:
             row["exact"] = b["loss"] == r["loss"] and b["lr"] == r["lr"]
@@ -68,11 +71,18 @@ def lanes(spec: RunSpec, rows: list[dict[str, Any]], profile: ToleranceProfile) 
     return {
         "compared_steps": len(compared),
         "complete": complete,
-        "exact": {"pass": complete and not inexact, "mismatched_steps": inexact,
-                  "first_divergent_step": inexact[0] if inexact else None},
-        "tolerance": {"profile": profile.to_dict(), "pass": complete and len(beyond) <= allowed,
-                      "failing_steps": beyond, "allowed_failing_steps": allowed,
-                      "first_step_beyond_tolerance": beyond[0] if beyond else None},
+        "exact": {
+            "pass": complete and not inexact,
+            "mismatched_steps": inexact,
+            "first_divergent_step": inexact[0] if inexact else None,
+        },
+        "tolerance": {
+            "profile": profile.to_dict(),
+            "pass": complete and len(beyond) <= allowed,
+            "failing_steps": beyond,
+            "allowed_failing_steps": allowed,
+            "first_step_beyond_tolerance": beyond[0] if beyond else None,
+        },
         "lr_mismatched_steps": lr_off,
     }
 
@@ -80,8 +90,13 @@ def lanes(spec: RunSpec, rows: list[dict[str, Any]], profile: ToleranceProfile) 
 def _phase_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     if doc is None:
         return None
-    return {"status": doc.get("status"), "error": doc.get("error"), "info": doc.get("info", {}),
-            "stage_seconds": doc.get("stage_seconds", {}), "workarounds": doc.get("workarounds", {})}
+    return {
+        "status": doc.get("status"),
+        "error": doc.get("error"),
+        "info": doc.get("info", {}),
+        "stage_seconds": doc.get("stage_seconds", {}),
+        "workarounds": doc.get("workarounds", {}),
+    }
 
 
 def _error_verdict(errors: list[dict[str, Any]], causes: list[str]) -> tuple[str, list[str]]:
@@ -97,17 +112,31 @@ def _error_verdict(errors: list[dict[str, Any]], causes: list[str]) -> tuple[str
     return ("fail" if explained else "error"), names
 
 
-def evaluate(spec_dict: dict[str, Any], baseline_doc: dict[str, Any] | None,
-             resumed_doc: dict[str, Any] | None) -> dict[str, Any]:
+def evaluate(
+    spec_dict: dict[str, Any], baseline_doc: dict[str, Any] | None, resumed_doc: dict[str, Any] | None
+) -> dict[str, Any]:
     """Evaluate one parity run from its two phase documents (either may be None if not run)."""
     try:
         spec = RunSpec.from_dict(spec_dict)
     except SpecError as exc:
         err = {"type": "SpecError", "message": str(exc), "traceback": "", "stage": "spec"}
-        return {"verdict": "error", "signatures": [], "advisories": [], "worked_around": [], "evidence": {},
-                "errors": [err], "error": err, "probe_findings": [], "first_divergent_step": None,
-                "first_step_beyond_tolerance": None, "lanes": {}, "steps": [], "spec": spec_dict, "probes": {},
-                "phases": {}}
+        return {
+            "verdict": "error",
+            "signatures": [],
+            "advisories": [],
+            "worked_around": [],
+            "evidence": {},
+            "errors": [err],
+            "error": err,
+            "probe_findings": [],
+            "first_divergent_step": None,
+            "first_step_beyond_tolerance": None,
+            "lanes": {},
+            "steps": [],
+            "spec": spec_dict,
+            "probes": {},
+            "phases": {},
+        }
     profile = TOLERANCE_PROFILES[spec.tolerance]
     rows = step_rows(spec, baseline_doc, resumed_doc, profile)
     lane = lanes(spec, rows, profile)
@@ -115,11 +144,19 @@ def evaluate(spec_dict: dict[str, Any], baseline_doc: dict[str, Any] | None,
     worked_around = evidence.pop("_worked_around", [])
     causes = [n for n in evidence if SIGNATURES[n].kind == "cause"]
     advisories = [n for n in evidence if SIGNATURES[n].kind == "latent"]
-    errors = [d["error"] for d in (baseline_doc, resumed_doc) if d and d.get("status") == "error" and d.get("error")]
+    errors = [
+        d["error"] for d in (baseline_doc, resumed_doc) if d and d.get("status") == "error" and d.get("error")
+    ]
     if baseline_doc is None or (resumed_doc is None and not errors):
         verdict, signatures = "error", causes
-        errors = errors or [{"type": "MissingResult", "message": "a phase produced no document",
-                             "traceback": "", "stage": "launch"}]
+        errors = errors or [
+            {
+                "type": "MissingResult",
+                "message": "a phase produced no document",
+                "traceback": "",
+                "stage": "launch",
+            }
+        ]
     elif errors:
         verdict, crash_names = _error_verdict(errors, causes)
         signatures = crash_names + [c for c in causes if c not in crash_names]
@@ -143,6 +180,9 @@ def evaluate(spec_dict: dict[str, Any], baseline_doc: dict[str, Any] | None,
         "lanes": lane,
         "steps": rows,
         "spec": spec.to_dict(),
-        "probes": {"train_and_save": (baseline_doc or {}).get("probes"), "resume": (resumed_doc or {}).get("probes")},
+        "probes": {
+            "train_and_save": (baseline_doc or {}).get("probes"),
+            "resume": (resumed_doc or {}).get("probes"),
+        },
         "phases": {"train_and_save": _phase_summary(baseline_doc), "resume": _phase_summary(resumed_doc)},
     }

@@ -63,9 +63,7 @@ def init(master_port: int | None, timeout_s: float) -> DistInfo:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
     if not torch.distributed.is_initialized():
         # A finite timeout turns a peer that died mid-collective into an exception, not a hang.
-        torch.distributed.init_process_group(
-            backend=backend, timeout=datetime.timedelta(seconds=timeout_s)
-        )
+        torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, expert_model_parallel_size=1)
     return DistInfo(

@@ -46,8 +46,14 @@ def index_map_findings(doc: dict[str, Any] | None) -> tuple[dict[str, Any] | Non
     if effective["misaligned_total"] == 0:
         return None, worked_around
     per_rank = [
-        {"rank": r, "optimizer": o["optimizer"], "entries": o["entries"], "misaligned_count": o["misaligned_count"],
-         "group_dtype_order": o.get("group_dtype_order"), "misaligned": o["misaligned"][:MAX_ITEMS]}
+        {
+            "rank": r,
+            "optimizer": o["optimizer"],
+            "entries": o["entries"],
+            "misaligned_count": o["misaligned_count"],
+            "group_dtype_order": o.get("group_dtype_order"),
+            "misaligned": o["misaligned"][:MAX_ITEMS],
+        }
         for r, rank_report in enumerate(effective["per_rank"])
         for o in rank_report["optimizers"]
         if o["misaligned_count"]
@@ -65,8 +71,9 @@ def _per_rank_diffs(before: list[Any] | None, after: list[Any] | None) -> list[d
     return out
 
 
-def collect_evidence(spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None,
-                     lane: dict[str, Any]) -> dict[str, Any]:
+def collect_evidence(
+    spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None, lane: dict[str, Any]
+) -> dict[str, Any]:
     """Return {signature name: evidence} for every signature the probes support."""
     ev: dict[str, Any] = {}
     misaligned, worked_around = index_map_findings(baseline)
@@ -95,16 +102,24 @@ def collect_evidence(spec: RunSpec, baseline: dict[str, Any] | None, resumed: di
             "items": step_diffs[:3],
         }
     if lane["lr_mismatched_steps"]:
-        ev["lr-schedule-mismatch"] = {"steps": lane["lr_mismatched_steps"][:MAX_ITEMS],
-                                      "first_step": lane["lr_mismatched_steps"][0]}
+        ev["lr-schedule-mismatch"] = {
+            "steps": lane["lr_mismatched_steps"][:MAX_ITEMS],
+            "first_step": lane["lr_mismatched_steps"][0],
+        }
     groups = _probes(resumed).get("param_groups_after_load") or {}
     if groups and not groups.get("agree", True):
-        ev["layerwise-metadata-mismatch"] = {"disagreements": groups["disagreements"][:MAX_ITEMS],
-                                             "empty_rank_groups": groups.get("empty_rank_groups")}
+        ev["layerwise-metadata-mismatch"] = {
+            "disagreements": groups["disagreements"][:MAX_ITEMS],
+            "empty_rank_groups": groups.get("empty_rank_groups"),
+        }
     buckets = _probes(baseline).get("buckets") or _probes(resumed).get("buckets") or {}
     if buckets.get("unaligned_total"):
-        issues = [{"rank": r, "buffer": b["buffer"], **i} for r, rep in enumerate(buckets["per_rank"])
-                  for b in rep["buffers"] for i in b["issues"]]
+        issues = [
+            {"rank": r, "buffer": b["buffer"], **i}
+            for r, rep in enumerate(buckets["per_rank"])
+            for b in rep["buffers"]
+            for i in b["issues"]
+        ]
         ev["bucket-offset-unaligned"] = {"count": len(issues), "items": issues[:MAX_ITEMS]}
     if worked_around:
         ev["_worked_around"] = ["optimizer-index-misalignment"]
@@ -114,7 +129,9 @@ def collect_evidence(spec: RunSpec, baseline: dict[str, Any] | None, resumed: di
 MAX_FINDINGS = 200
 
 
-def _finding(phase: str, probe: str, ok: bool, param_name: str | None = None, **detail: Any) -> dict[str, Any]:
+def _finding(
+    phase: str, probe: str, ok: bool, param_name: str | None = None, **detail: Any
+) -> dict[str, Any]:
     return {"phase": phase, "probe": probe, "ok": ok, "param_name": param_name, "detail": detail}
 
 
@@ -127,27 +144,58 @@ def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | No
         imap = probes.get("index_map_effective") or probes.get("index_map")
         if imap and imap.get("applicable"):
             raw = probes.get("index_map") or imap
-            rows.append(_finding(phase, "index_map", imap["misaligned_total"] == 0,
-                                 misaligned_total=imap["misaligned_total"], raw_misaligned_total=raw["misaligned_total"]))
+            rows.append(
+                _finding(
+                    phase,
+                    "index_map",
+                    imap["misaligned_total"] == 0,
+                    misaligned_total=imap["misaligned_total"],
+                    raw_misaligned_total=raw["misaligned_total"],
+                )
+            )
             for rank, rep in enumerate(imap["per_rank"]):
                 for o in rep["optimizers"]:
-                    rows += [_finding(phase, "index_map", False, m["param"], rank=rank, **m) for m in o["misaligned"]]
+                    rows += [
+                        _finding(phase, "index_map", False, m["param"], rank=rank, **m)
+                        for m in o["misaligned"]
+                    ]
         buckets = probes.get("buckets")
         if buckets and buckets.get("applicable"):
-            rows.append(_finding(phase, "bucket_offsets", buckets["unaligned_total"] == 0,
-                                 unaligned_total=buckets["unaligned_total"]))
+            rows.append(
+                _finding(
+                    phase,
+                    "bucket_offsets",
+                    buckets["unaligned_total"] == 0,
+                    unaligned_total=buckets["unaligned_total"],
+                )
+            )
             for rank, rep in enumerate(buckets["per_rank"]):
                 for b in rep["buffers"]:
-                    rows += [_finding(phase, "bucket_offsets", False, i["param"], rank=rank, buffer=b["buffer"], **i)
-                             for i in b["issues"]]
+                    rows += [
+                        _finding(
+                            phase, "bucket_offsets", False, i["param"], rank=rank, buffer=b["buffer"], **i
+                        )
+                        for i in b["issues"]
+                    ]
         groups = probes.get("param_groups_after_load") or probes.get("param_groups_at_save")
         if groups:
-            rows.append(_finding(phase, "param_group_agreement", groups["agree"],
-                                 disagreements=groups["disagreements"], empty_rank_groups=groups["empty_rank_groups"]))
+            rows.append(
+                _finding(
+                    phase,
+                    "param_group_agreement",
+                    groups["agree"],
+                    disagreements=groups["disagreements"],
+                    empty_rank_groups=groups["empty_rank_groups"],
+                )
+            )
     if at_save.get("slots"):
         diffs = _per_rank_diffs(at_save.get("owned"), at_save.get("slots"))
-        rows.append(_finding("train_and_save", "checkpoint_slot_fingerprints", not diffs, differing=len(diffs)))
-        rows += [_finding("train_and_save", "checkpoint_slot_fingerprints", False, d["param"], **d) for d in diffs]
+        rows.append(
+            _finding("train_and_save", "checkpoint_slot_fingerprints", not diffs, differing=len(diffs))
+        )
+        rows += [
+            _finding("train_and_save", "checkpoint_slot_fingerprints", False, d["param"], **d) for d in diffs
+        ]
     after = _probes(resumed).get("fingerprints_after_load") or {}
     if at_save.get("owned") and after.get("owned"):
         diffs = _per_rank_diffs(at_save.get("owned"), after.get("owned"))

@@ -8,6 +8,7 @@ phase writes itself, or an error record with the tail of its log.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,9 +33,17 @@ def local_executor(folder: Path) -> Any:
 
 
 def _failed_doc(spec: RunSpec, phase: str, stage: str, message: str, tb: str = "") -> dict[str, Any]:
-    return {"status": "error", "phase": phase, "rank": 0, "spec": spec.to_dict(), "steps": [], "probes": {},
-            "workarounds": {}, "info": {},
-            "error": {"type": "PhaseFailed", "message": message[:2000], "traceback": tb[-8000:], "stage": stage}}
+    return {
+        "status": "error",
+        "phase": phase,
+        "rank": 0,
+        "spec": spec.to_dict(),
+        "steps": [],
+        "probes": {},
+        "workarounds": {},
+        "info": {},
+        "error": {"type": "PhaseFailed", "message": message[:2000], "traceback": tb[-8000:], "stage": stage},
+    }
 
 
 def _rank_files(run_folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
@@ -46,19 +55,31 @@ def _rank_files(run_folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
     return docs
 
 
+# Errors a rank sees because a peer died: the peer's own error is the root cause.
+_PEER_FAILURE = re.compile(
+    r"Connection closed by peer|Connection reset|Broken pipe|StageTimeout|timed out", re.I
+)
+
+
+def _is_secondary(error: dict[str, Any]) -> bool:
+    return bool(_PEER_FAILURE.search(f"{error.get('type', '')} {error.get('message', '')}"))
+
+
 def _pick(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Prefer rank 0's document, but surface another rank's error if rank 0 looks fine."""
+    """Return rank 0's document, carrying the root-cause error of whichever rank failed first."""
     if not docs:
         return None
     main = next((d for d in docs if d.get("rank") == 0), docs[0])
-    failed = [d for d in docs if d.get("status") == "error"]
-    if main.get("status") != "error" and failed:
-        main = dict(main, status="error", error=failed[0]["error"])
+    errors = [d["error"] for d in docs if d.get("status") == "error" and d.get("error")]
+    if errors:
+        root = next((e for e in errors if not _is_secondary(e)), errors[0])
+        main = dict(main, status="error", error=dict(root, rank_errors=errors))
     return main
 
 
-def run_phase_job(spec: RunSpec, run_folder: Path, phase: str, executor: Any = None,
-                  timeout_s: float = PHASE_TIMEOUT_S) -> dict[str, Any]:
+def run_phase_job(
+    spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
+) -> dict[str, Any]:
     """Submit one phase with tasks_per_node = dp, wait for it, and return rank 0's document."""
     folder = run_folder / "submitit" / phase
     ex = executor(folder) if callable(executor) else executor or local_executor(folder)
@@ -83,8 +104,9 @@ def run_phase_job(spec: RunSpec, run_folder: Path, phase: str, executor: Any = N
     return doc
 
 
-def run_parity(spec: RunSpec, run_folder: Path, executor: Any = None,
-               timeout_s: float = PHASE_TIMEOUT_S) -> dict[str, Any]:
+def run_parity(
+    spec: RunSpec, run_folder: Path, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
+) -> dict[str, Any]:
     """Run train_and_save then resume (if a checkpoint was written) and evaluate them."""
     run_folder = Path(run_folder)
     run_folder.mkdir(parents=True, exist_ok=True)
@@ -110,15 +132,23 @@ def _fmt(v: Any, spec: str) -> str:
 
 def format_step_table(result: dict[str, Any]) -> str:
     """Render the per-step comparison and the verdict as a plain-text table."""
-    lines = [f"{'step':>5} {'loss baseline':>14} {'loss resumed':>14} {'d loss':>10} "
-             f"{'lr baseline':>12} {'lr resumed':>12} {'d lr':>10}  match"]
+    lines = [
+        f"{'step':>5} {'loss baseline':>14} {'loss resumed':>14} {'d loss':>10} "
+        f"{'lr baseline':>12} {'lr resumed':>12} {'d lr':>10}  match"
+    ]
     for r in result.get("steps", []):
         if not r.get("resumed_phase"):
             continue
-        mark = "" if "exact" not in r else ("exact" if r["exact"] else ("tol" if r["within_tolerance"] else "DIFF"))
-        lines.append(f"{r['step']:>5} {_fmt(r['loss_baseline'], '14.8f')} {_fmt(r['loss_resumed'], '14.8f')} "
-                     f"{_fmt(r['loss_abs_delta'], '+10.2e')} {_fmt(r['lr_baseline'], '12.6e')} "
-                     f"{_fmt(r['lr_resumed'], '12.6e')} {_fmt(r['lr_abs_delta'], '+10.2e')}  {mark}")
+        mark = (
+            ""
+            if "exact" not in r
+            else ("exact" if r["exact"] else ("tol" if r["within_tolerance"] else "DIFF"))
+        )
+        lines.append(
+            f"{r['step']:>5} {_fmt(r['loss_baseline'], '14.8f')} {_fmt(r['loss_resumed'], '14.8f')} "
+            f"{_fmt(r['loss_abs_delta'], '+10.2e')} {_fmt(r['lr_baseline'], '12.6e')} "
+            f"{_fmt(r['lr_resumed'], '12.6e')} {_fmt(r['lr_abs_delta'], '+10.2e')}  {mark}"
+        )
     lines.append("")
     lines.append(f"verdict: {result.get('verdict')}")
     lines.append(f"signatures: {', '.join(result.get('signatures') or []) or '-'}")

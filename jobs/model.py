@@ -87,7 +87,8 @@ def _add_residual_gates(gpt: torch.nn.Module) -> None:
 
     def scale(module: torch.nn.Module, _inputs: Any, output: Any) -> Any:
         out, bias = output
-        return out * (1.0 + module.residual_gate).to(out.dtype), bias
+        gate: torch.Tensor = module.residual_gate  # type: ignore[assignment]
+        return out * (1.0 + gate).to(out.dtype), bias
 
     for name, module in gpt.named_modules():
         if name.endswith(".mlp"):

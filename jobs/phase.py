@@ -36,8 +36,9 @@ def _env_rank() -> int:
 
 def _setup_logging(folder: Path, rank: int) -> None:
     handler = logging.FileHandler(folder / f"rank{rank}.log")
-    handler.setFormatter(logging.Formatter("%(asctime)s rank%(rank)s %(levelname)s %(message)s".replace(
-        "%(rank)s", str(rank))))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s rank%(rank)s %(levelname)s %(message)s".replace("%(rank)s", str(rank)))
+    )
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
@@ -73,11 +74,22 @@ def _peak_memory() -> dict[str, Any]:
 
 
 def _new_doc(spec: dict[str, Any], phase: str, rank: int) -> dict[str, Any]:
-    return {"status": "running", "phase": phase, "rank": rank, "spec": spec, "steps": [], "probes": {},
-            "workarounds": {}, "info": {}, "error": None}
+    return {
+        "status": "running",
+        "phase": phase,
+        "rank": rank,
+        "spec": spec,
+        "steps": [],
+        "probes": {},
+        "workarounds": {},
+        "info": {},
+        "error": None,
+    }
 
 
-def run_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None) -> dict[str, Any]:
+def run_phase(
+    spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None
+) -> dict[str, Any]:
     """Run one phase on this rank and return its result document (never raises)."""
     t_start = time.time()
     rank = _env_rank()

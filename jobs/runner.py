@@ -6,6 +6,7 @@ Every probe runs locally on each rank and is gathered to all ranks with one coll
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,14 @@ from jobs.configs import get_config
 from jobs.probes import buckets, fingerprints, groups, index_map
 from jobs.spec import RunSpec
 from jobs.stages import RankContext
-from jobs.workarounds import LOAD_NO_GRAD, REALIGN, RESTORE_STEP, adam_steps, realign_param_index, restore_adam_step
+from jobs.workarounds import (
+    LOAD_NO_GRAD,
+    REALIGN,
+    RESTORE_STEP,
+    adam_steps,
+    realign_param_index,
+    restore_adam_step,
+)
 
 PROBE_TIMEOUT_S = 60.0
 STEP_TIMEOUT_S = 120.0
@@ -109,11 +117,15 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     _state_probe(ctx, tr, "after_load", with_slots=False)
 
 
-def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: Path, timeout_s: float) -> None:
+def _save(
+    ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: Path, timeout_s: float
+) -> None:
     # Evidence first: if the save crashes, the fingerprints still show what it would have written.
     _state_probe(ctx, tr, "at_save", with_slots=True)
     t0 = time.perf_counter()
-    state = ctx.run("save", lambda: checkpoint.build_save_state(tr, spec.sharding, step), timeout_s, agree=True)
+    state = ctx.run(
+        "save", lambda: checkpoint.build_save_state(tr, spec.sharding, step), timeout_s, agree=True
+    )
     t1 = time.perf_counter()
     in_process = checkpoint.use_in_process_results_queue()
     ctx.run("save", lambda: checkpoint.write(state, ckpt), timeout_s, agree=True)
@@ -148,15 +160,22 @@ def _one_step(tr: model.Trainee, step: int, world: int) -> dict[str, Any]:
     }
 
 
-def train(ctx: RankContext, tr: model.Trainee, spec: RunSpec, first: int, save_at: int | None, ckpt: Path,
-          save_timeout_s: float) -> None:
+def train(
+    ctx: RankContext,
+    tr: model.Trainee,
+    spec: RunSpec,
+    first: int,
+    save_at: int | None,
+    ckpt: Path,
+    save_timeout_s: float,
+) -> None:
     """Run steps first..M, recording each; save the checkpoint after step `save_at`."""
     if "_local_build" in ctx.doc["probes"]:
         _publish_build_probes(ctx)
     world = torch.distributed.get_world_size()
     t0 = time.perf_counter()
     for step in range(first, spec.steps + 1):
-        record = ctx.run("train", lambda s=step: _one_step(tr, s, world), STEP_TIMEOUT_S)
+        record = ctx.run("train", functools.partial(_one_step, tr, step, world), STEP_TIMEOUT_S)
         ctx.doc["steps"].append(record)
         if step == save_at:
             ctx.doc["info"]["train_seconds_before_save"] = round(time.perf_counter() - t0, 4)

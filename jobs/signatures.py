@@ -15,7 +15,9 @@ from typing import Any
 ISSUE_2777 = "https://github.com/NVIDIA/Megatron-LM/issues/2777"
 PR_5835 = "https://github.com/NVIDIA/Megatron-LM/pull/5835"
 PR_2872 = "https://github.com/NVIDIA/Megatron-LM/pull/2872"
-DISTRIB_OPTIMIZER = "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/optimizer/distrib_optimizer.py"
+DISTRIB_OPTIMIZER = (
+    "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/optimizer/distrib_optimizer.py"
+)
 PARAM_AND_GRAD_BUFFER = (
     "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/distributed/param_and_grad_buffer.py"
 )
@@ -48,56 +50,125 @@ class Signature:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the signature as plain data for the triage page."""
-        return {"name": self.name, "kind": self.kind, "title": self.title, "meaning": self.meaning,
-                "references": list(self.references)}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "title": self.title,
+            "meaning": self.meaning,
+            "references": list(self.references),
+        }
 
 
 _TABLE = (
-    Signature("optimizer-index-misalignment", "cause", "Optimizer index map points at other params' shards",
-              "DistributedOptimizer.model_param_group_index_map is in grad-buffer order while the group "
-              "is installed FP32-first; dp_reshardable save asserts, other formats raise size "
-              "mismatches, equal shard sizes silently attach state to the wrong params (Bug A).",
-              (ISSUE_2777, PR_5835, PR_2872)),
-    Signature("optimizer-state-mismatch", "cause", "Optimizer state differs from what was saved",
-              "A param's main weight, exp_avg or exp_avg_sq differs between the state it owns at save, "
-              "what the checkpoint records for it, and what it holds right after load.",
-              (ISSUE_2777, PR_5835)),
-    Signature("adam-step-not-restored", "cause", "Adam step not restored on load",
-              "After a dp_reshardable load on the torch-Adam path (no TE/Apex) every Adam `step` is the "
-              "dummy value from load priming instead of the checkpoint's N; the first resumed update "
-              "(step N+1) uses the wrong bias correction, so losses differ from step N+2 on.",
-              (DISTRIB_OPTIMIZER,)),
-    Signature("lr-schedule-mismatch", "cause", "Learning rate differs after resume",
-              "The resumed run applies a different learning rate than the uninterrupted run at some "
-              "step: the scheduler state was not restored.", ()),
-    Signature("layerwise-metadata-mismatch", "cause", "Param-group metadata disagrees across ranks",
-              "After load, ranks disagree on a param group's lr, weight decay or Adam step (Bug C: a "
-              "LayerWiseDistributedOptimizer rank owning no params wrote broken common metadata; "
-              "fixed in core_v0.16.0).", (LAYER_WISE,)),
-    Signature("loss-divergence-unexplained", "cause", "Loss diverged with no known cause",
-              "The resumed loss left the tolerance band but no probe found a cause.", ()),
-    Signature("bucket-offset-unaligned", "latent", "Bucket param offsets ignore 64-element padding",
-              "_ParamAndGradBucket.param_to_index is cumulative numel without the distributed "
-              "optimizer's 64-element start padding, so MXFP8 param all-gather copies wrong slices "
-              "(Bug B; fixed in core_v0.17.0). Not on this run's path.", (PARAM_AND_GRAD_BUFFER,)),
-    Signature("checkpoint-format-unsupported", "cause", "Checkpoint format cannot be saved",
-              "This build cannot write the requested optimizer sharding (0.16.1: "
-              "fully_sharded_model_space raises 'flattened_range is not supported').",
-              (DISTRIB_OPTIMIZER,), "save", None, r"flattened_range is not supported"),
-    Signature("optimizer-step-key-missing", "cause", "Checkpoint load misses Adam 'step'",
-              "fully_reshardable / dp_zero_gather_scatter save without the per-param Adam 'step' on the "
-              "torch-Adam path, and load raises KeyError: 'step'.",
-              (DISTRIB_OPTIMIZER,), "load", "KeyError", r"'step'"),
-    Signature("fp32-view-inplace-load", "cause", "Load writes in place into FP32 leaf-param views",
-              "FP32 params' optimizer shards are views of leaf params that require grad, so the "
-              "dp_reshardable load's copy_ raises unless it runs under torch.no_grad() (second fix of "
-              "PR #5835); hits every build with FP32 params in a DistributedOptimizer group.",
-              (PR_5835,), "load", "RuntimeError", r"view of a leaf Variable that requires grad"),
-    Signature("checkpoint-save-crash", "crash", "Checkpoint save crashed",
-              "The train_and_save phase raised while building or writing the step-N checkpoint.", (),
-              "save"),
-    Signature("checkpoint-load-crash", "crash", "Checkpoint load crashed",
-              "The resume phase raised while loading the step-N checkpoint.", (), "load"),
+    Signature(
+        "optimizer-index-misalignment",
+        "cause",
+        "Optimizer index map points at other params' shards",
+        "DistributedOptimizer.model_param_group_index_map is in grad-buffer order while the group "
+        "is installed FP32-first; dp_reshardable save asserts, other formats raise size "
+        "mismatches, equal shard sizes silently attach state to the wrong params (Bug A).",
+        (ISSUE_2777, PR_5835, PR_2872),
+    ),
+    Signature(
+        "optimizer-state-mismatch",
+        "cause",
+        "Optimizer state differs from what was saved",
+        "A param's main weight, exp_avg or exp_avg_sq differs between the state it owns at save, "
+        "what the checkpoint records for it, and what it holds right after load.",
+        (ISSUE_2777, PR_5835),
+    ),
+    Signature(
+        "adam-step-not-restored",
+        "cause",
+        "Adam step not restored on load",
+        "After a dp_reshardable load on the torch-Adam path (no TE/Apex) every Adam `step` is the "
+        "dummy value from load priming instead of the checkpoint's N; the first resumed update "
+        "(step N+1) uses the wrong bias correction, so losses differ from step N+2 on.",
+        (DISTRIB_OPTIMIZER,),
+    ),
+    Signature(
+        "lr-schedule-mismatch",
+        "cause",
+        "Learning rate differs after resume",
+        "The resumed run applies a different learning rate than the uninterrupted run at some "
+        "step: the scheduler state was not restored.",
+        (),
+    ),
+    Signature(
+        "layerwise-metadata-mismatch",
+        "cause",
+        "Param-group metadata disagrees across ranks",
+        "After load, ranks disagree on a param group's lr, weight decay or Adam step (Bug C: a "
+        "LayerWiseDistributedOptimizer rank owning no params wrote broken common metadata; "
+        "fixed in core_v0.16.0).",
+        (LAYER_WISE,),
+    ),
+    Signature(
+        "loss-divergence-unexplained",
+        "cause",
+        "Loss diverged with no known cause",
+        "The resumed loss left the tolerance band but no probe found a cause.",
+        (),
+    ),
+    Signature(
+        "bucket-offset-unaligned",
+        "latent",
+        "Bucket param offsets ignore 64-element padding",
+        "_ParamAndGradBucket.param_to_index is cumulative numel without the distributed "
+        "optimizer's 64-element start padding, so MXFP8 param all-gather copies wrong slices "
+        "(Bug B; fixed in core_v0.17.0). Not on this run's path.",
+        (PARAM_AND_GRAD_BUFFER,),
+    ),
+    Signature(
+        "checkpoint-format-unsupported",
+        "cause",
+        "Checkpoint format cannot be saved",
+        "This build cannot write the requested optimizer sharding (0.16.1: "
+        "fully_sharded_model_space raises 'flattened_range is not supported').",
+        (DISTRIB_OPTIMIZER,),
+        "save",
+        None,
+        r"flattened_range is not supported",
+    ),
+    Signature(
+        "optimizer-step-key-missing",
+        "cause",
+        "Checkpoint load misses Adam 'step'",
+        "fully_reshardable / dp_zero_gather_scatter save without the per-param Adam 'step' on the "
+        "torch-Adam path, and load raises KeyError: 'step'.",
+        (DISTRIB_OPTIMIZER,),
+        "load",
+        "KeyError",
+        r"'step'",
+    ),
+    Signature(
+        "fp32-view-inplace-load",
+        "cause",
+        "Load writes in place into FP32 leaf-param views",
+        "FP32 params' optimizer shards are views of leaf params that require grad, so the "
+        "dp_reshardable load's copy_ raises unless it runs under torch.no_grad() (second fix of "
+        "PR #5835); hits every build with FP32 params in a DistributedOptimizer group.",
+        (PR_5835,),
+        "load",
+        "RuntimeError",
+        r"view of a leaf Variable that requires grad",
+    ),
+    Signature(
+        "checkpoint-save-crash",
+        "crash",
+        "Checkpoint save crashed",
+        "The train_and_save phase raised while building or writing the step-N checkpoint.",
+        (),
+        "save",
+    ),
+    Signature(
+        "checkpoint-load-crash",
+        "crash",
+        "Checkpoint load crashed",
+        "The resume phase raised while loading the step-N checkpoint.",
+        (),
+        "load",
+    ),
 )
 
 SIGNATURES: dict[str, Signature] = {s.name: s for s in _TABLE}

@@ -14,7 +14,12 @@ from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
 
 MAX_DP = 8
 MAX_STEPS = 10_000
-SHARDING_TYPES = ("dp_reshardable", "fully_reshardable", "dp_zero_gather_scatter", "fully_sharded_model_space")
+SHARDING_TYPES = (
+    "dp_reshardable",
+    "fully_reshardable",
+    "dp_zero_gather_scatter",
+    "fully_sharded_model_space",
+)
 DEFAULT_SHARDING = "dp_reshardable"
 WORKAROUNDS = ("realign-param-index", "restore-adam-step", "load-no-grad")
 TOLERANCES = tuple(TOLERANCE_PROFILES)
@@ -61,8 +66,11 @@ class RunSpec:
         max_dp = min(MAX_DP, CONFIGS[self.config].max_dp)
         _int("dp", self.dp, 1)
         if self.dp > max_dp:
-            raise SpecError("dp", f"{self.dp} exceeds the maximum {max_dp} for config {self.config!r}",
-                            list(range(1, max_dp + 1)))
+            raise SpecError(
+                "dp",
+                f"{self.dp} exceeds the maximum {max_dp} for config {self.config!r}",
+                list(range(1, max_dp + 1)),
+            )
         _int("steps", self.steps, 2, MAX_STEPS)
         _int("save_step", self.save_step, 1)
         if self.save_step >= self.steps:
@@ -73,7 +81,9 @@ class RunSpec:
         if self.tolerance not in TOLERANCE_PROFILES:
             raise SpecError("tolerance", f"unknown tolerance profile {self.tolerance!r}", list(TOLERANCES))
         if isinstance(self.workarounds, str) or not isinstance(self.workarounds, (tuple, list)):
-            raise SpecError("workarounds", f"must be a list of names, got {self.workarounds!r}", list(WORKAROUNDS))
+            raise SpecError(
+                "workarounds", f"must be a list of names, got {self.workarounds!r}", list(WORKAROUNDS)
+            )
         for w in self.workarounds:
             if w not in WORKAROUNDS:
                 raise SpecError("workarounds", f"unknown workaround {w!r}", list(WORKAROUNDS))

@@ -68,8 +68,13 @@ class RankContext:
         msg = f"stage {stage!r} exceeded {seconds:.0f} s (hung collective or peer died)"
         log.error(msg)
         self.doc["status"] = "error"
-        self.doc["error"] = {"type": "StageTimeout", "message": msg, "traceback": "", "stage": stage,
-                             "rank": self.rank}
+        self.doc["error"] = {
+            "type": "StageTimeout",
+            "message": msg,
+            "traceback": "",
+            "stage": stage,
+            "rank": self.rank,
+        }
         try:
             write_json(self.result_path, self.doc)
         finally:
@@ -99,6 +104,9 @@ class RankContext:
             err: dict[str, Any] | None = None
             value: Any = None
             try:
+                # Test hook for one-sided failures: PARITY_INJECT_FAULT="stage:rank".
+                if os.environ.get("PARITY_INJECT_FAULT") == f"{name}:{self.rank}":
+                    raise RuntimeError(f"injected fault in stage {name} on rank {self.rank}")
                 value = fn()
             except Exception as exc:  # noqa: BLE001 - every failure becomes part of the document
                 err = error_record(exc, name, self.rank)

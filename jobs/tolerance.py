@@ -38,10 +38,19 @@ TOLERANCE_PROFILES: dict[str, ToleranceProfile] = {
     p.name: p
     for p in (
         ToleranceProfile("exact", "bit-identical loss and lr (deterministic CPU runs)", 0.0, 0.0, 0.0, 0.0),
-        ToleranceProfile("default", "loss rtol 1e-5 (GPU reduction-order noise), lr exact to 1e-12",
-                         1e-5, 0.0, 0.0, 1e-12),
-        ToleranceProfile("loose", "Megatron-LM functional test lane: loss within 5 % relative, "
-                         "max(1, n/100) steps may fail; lr within 1e-9", 0.05, 0.0, 1e-9, 0.0, 0.01),
+        ToleranceProfile(
+            "default", "loss rtol 1e-5 (GPU reduction-order noise), lr exact to 1e-12", 1e-5, 0.0, 0.0, 1e-12
+        ),
+        ToleranceProfile(
+            "loose",
+            "Megatron-LM functional test lane: loss within 5 % relative, "
+            "max(1, n/100) steps may fail; lr within 1e-9",
+            0.05,
+            0.0,
+            1e-9,
+            0.0,
+            0.01,
+        ),
     )
 }
 DEFAULT_TOLERANCE = "exact"

@@ -28,17 +28,26 @@ def realign_param_index(optimizer: Any) -> dict[str, Any]:
     reports = []
     for i, opt in enumerate(distributed_optimizers(optimizer)):
         old = opt.model_param_group_index_map
-        new = {p: (g, k) for g in range(len(opt.model_fp32_groups)) for k, p in enumerate(installed_order(opt, g))}
+        new = {
+            p: (g, k)
+            for g in range(len(opt.model_fp32_groups))
+            for k, p in enumerate(installed_order(opt, g))
+        }
         if set(new) != set(old):
             # Not the shape this fix understands: changing the map could make things worse.
-            reports.append({"optimizer": i, "corrected": 0, "entries": len(old),
-                            "skipped": "parameter sets of the map and the installed groups differ"})
+            reports.append(
+                {
+                    "optimizer": i,
+                    "corrected": 0,
+                    "entries": len(old),
+                    "skipped": "parameter sets of the map and the installed groups differ",
+                }
+            )
             continue
         corrected = sum(1 for p, pos in new.items() if old[p] != pos)
         opt.model_param_group_index_map = new
         reports.append({"optimizer": i, "corrected": corrected, "entries": len(new), "skipped": None})
-    return {"name": REALIGN, "optimizers": reports,
-            "corrected_total": sum(r["corrected"] for r in reports)}
+    return {"name": REALIGN, "optimizers": reports, "corrected_total": sum(r["corrected"] for r in reports)}
 
 
 def adam_steps(optimizer: Any) -> list[float]:
@@ -62,5 +71,10 @@ def restore_adam_step(optimizer: Any, checkpoint_step: float) -> dict[str, Any]:
             if "step" in state:
                 # A fresh tensor per param: torch Adam increments `step` in place.
                 state["step"] = torch.tensor(float(checkpoint_step), dtype=torch.float32)
-    return {"name": RESTORE_STEP, "checkpoint_step": checkpoint_step, "before": before,
-            "after": adam_steps(optimizer), "changed": changed}
+    return {
+        "name": RESTORE_STEP,
+        "checkpoint_step": checkpoint_step,
+        "before": before,
+        "after": adam_steps(optimizer),
+        "changed": changed,
+    }

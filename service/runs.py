@@ -43,7 +43,7 @@ def create_run(
     run = Run(
         config=spec.config,
         spec=spec_dict,
-        environment_id=environment.id,
+        environment=environment,
         labels=labels,
         requester=requester,
         idempotency_key=idempotency_key,
@@ -52,6 +52,11 @@ def create_run(
         signatures=[],
         summary={},
     )
+    if not idempotency_key:
+        session.add(run)
+        session.flush()
+        session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))
+        return run, True
     try:
         # a concurrent request with the same key loses the unique race here, not with a 500
         with session.begin_nested():

@@ -16,8 +16,12 @@ import torch
 ALIGNMENT = 64
 
 
-def check_bucket(bucket: Any, param_index_map: dict[Any, tuple[int, ...]], name_of: dict[Any, str],
-                 align: int | None = ALIGNMENT) -> list[dict[str, Any]]:
+def check_bucket(
+    bucket: Any,
+    param_index_map: dict[Any, tuple[int, ...]],
+    name_of: dict[Any, str],
+    align: int | None = ALIGNMENT,
+) -> list[dict[str, Any]]:
     """Return one issue record per param of `bucket` whose offsets or data slice are wrong."""
     issues = []
     params = list(getattr(bucket, "params_list", None) or bucket.params)

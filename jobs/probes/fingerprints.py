@@ -46,7 +46,9 @@ def _owned_pairs(opt: Any) -> list[tuple[Any, Any]]:
     if hasattr(opt, "model_param_group_index_map"):
         return list(own_shards(opt).items())
     pairs: list[tuple[Any, Any]] = []
-    for model_g, main_g in zip(getattr(opt, "float16_groups", []), getattr(opt, "fp32_from_float16_groups", [])):
+    for model_g, main_g in zip(
+        getattr(opt, "float16_groups", []), getattr(opt, "fp32_from_float16_groups", []), strict=True
+    ):
         pairs.extend(zip(model_g, main_g, strict=True))
     for group in getattr(opt, "fp32_from_fp32_groups", []):
         pairs.extend((p, p) for p in group)

@@ -16,7 +16,9 @@ def local_groups(optimizer: Any) -> list[dict[str, Any]]:
     for i, opt in enumerate(getattr(optimizer, "chained_optimizers", [optimizer])):
         inner = opt.optimizer
         for g, group in enumerate(inner.param_groups):
-            steps = sorted({float(inner.state[p]["step"]) for p in group["params"] if "step" in inner.state.get(p, {})})
+            steps = sorted(
+                {float(inner.state[p]["step"]) for p in group["params"] if "step" in inner.state.get(p, {})}
+            )
             out.append(
                 {
                     "optimizer": i,
@@ -44,10 +46,12 @@ def check_agreement(per_rank: list[list[dict[str, Any]]]) -> dict[str, Any]:
         for key in ("lr", "weight_decay"):
             values = sorted({row[key] for row in rows if row is not None})
             if len(values) > 1:
-                disagreements.append({"optimizer": ref["optimizer"], "group": ref["group"], "key": key,
-                                      "values": values})
+                disagreements.append(
+                    {"optimizer": ref["optimizer"], "group": ref["group"], "key": key, "values": values}
+                )
         steps = sorted({s for row in rows if row is not None for s in row["steps"]})
         if len(steps) > 1:
-            disagreements.append({"optimizer": ref["optimizer"], "group": ref["group"], "key": "step",
-                                  "values": steps})
+            disagreements.append(
+                {"optimizer": ref["optimizer"], "group": ref["group"], "key": "step", "values": steps}
+            )
     return {"empty_rank_groups": empty, "disagreements": disagreements, "agree": not disagreements}

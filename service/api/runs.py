@@ -81,7 +81,8 @@ def create_run(
     response.headers["Location"] = f"/api/v1/runs/{run.id}"
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
-    return run_out(run_service.get_run(session, run_id=run.id), settings)
+        run = run_service.get_run(session, run_id=run.id)
+    return run_out(run, settings)
 
 
 def _parse_labels(label: list[str]) -> dict[str, str]:

@@ -16,18 +16,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     from jobs.spec import DEFAULT_SHARDING, SHARDING_TYPES, TOLERANCES, WORKAROUNDS
     from jobs.tolerance import DEFAULT_TOLERANCE
 
-    p = subparsers.add_parser("run-local", help="run one parity check locally (train+save, resume, compare)",
-                              description="Exit code: 0 pass, 1 fail, 2 error or invalid spec.")
+    p = subparsers.add_parser(
+        "run-local",
+        help="run one parity check locally (train+save, resume, compare)",
+        description="Exit code: 0 pass, 1 fail, 2 error or invalid spec.",
+    )
     p.add_argument("--config", required=True, help="named model config (see `parity configs`)")
     p.add_argument("--dp", type=int, required=True, help="data-parallel size (ranks)")
     p.add_argument("--steps", type=int, required=True, help="total steps M")
     p.add_argument("--save-step", type=int, required=True, help="checkpoint step N (1 <= N < M)")
     p.add_argument("--sharding", default=DEFAULT_SHARDING, help=f"one of {', '.join(SHARDING_TYPES)}")
-    p.add_argument("--workaround", action="append", default=[], dest="workarounds",
-                   help=f"opt-in workaround (repeatable): {', '.join(WORKAROUNDS)}")
+    p.add_argument(
+        "--workaround",
+        action="append",
+        default=[],
+        dest="workarounds",
+        help=f"opt-in workaround (repeatable): {', '.join(WORKAROUNDS)}",
+    )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--tolerance", default=DEFAULT_TOLERANCE, help=f"one of {', '.join(TOLERANCES)}")
-    p.add_argument("--run-folder", type=Path, default=None, help="where logs and checkpoints go (default: temp)")
+    p.add_argument(
+        "--run-folder", type=Path, default=None, help="where logs and checkpoints go (default: temp)"
+    )
     p.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
     p.set_defaults(func=handle)
 
@@ -37,9 +47,16 @@ def handle(args: argparse.Namespace) -> int:
     from jobs.spec import RunSpec, SpecError
 
     try:
-        spec = RunSpec(config=args.config, dp=args.dp, steps=args.steps, save_step=args.save_step,
-                       sharding=args.sharding, seed=args.seed, tolerance=args.tolerance,
-                       workarounds=tuple(args.workarounds))
+        spec = RunSpec(
+            config=args.config,
+            dp=args.dp,
+            steps=args.steps,
+            save_step=args.save_step,
+            sharding=args.sharding,
+            seed=args.seed,
+            tolerance=args.tolerance,
+            workarounds=tuple(args.workarounds),
+        )
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the REST API and dashboard")
     p.add_argument("--host", help="bind address (default PARITY_API_HOST)")
     p.add_argument("--port", type=int, help="port (default PARITY_API_PORT)")
+    p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     p.add_argument("--migrate", action="store_true", help="run `db upgrade` first (implied for embedded Postgres)")
     p.set_defaults(func=run)
 
@@ -22,5 +23,11 @@ def run(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     ready_database(migrate=args.migrate or not settings.database_url)
-    uvicorn.run(create_app(), host=args.host or settings.api_host, port=args.port or settings.api_port)
+    host, port = args.host or settings.api_host, args.port or settings.api_port
+    if args.workers > 1:
+        # workers re-create the app in their own processes; they share the database, nothing else
+        uvicorn.run("service.app:create_app", factory=True, host=host, port=port, workers=args.workers,
+                    log_level="warning")
+    else:
+        uvicorn.run(create_app(), host=host, port=port)
     return 0

@@ -14,7 +14,9 @@ def _buffer(numels: list[int], padded_index: bool) -> tuple[SimpleNamespace, dic
 
     `padded_index` False reproduces core_v0.16.x: param_to_index is cumulative numel without padding.
     """
-    params = [torch.nn.Parameter(torch.arange(n, dtype=torch.float32) + 1000 * i) for i, n in enumerate(numels)]
+    params = [
+        torch.nn.Parameter(torch.arange(n, dtype=torch.float32) + 1000 * i) for i, n in enumerate(numels)
+    ]
     index_map, start = {}, 0
     for p in params:
         start = -(-start // 64) * 64
@@ -29,7 +31,9 @@ def _buffer(numels: list[int], padded_index: bool) -> tuple[SimpleNamespace, dic
         cumulative[p] = (offset, offset + p.numel())
         offset += p.numel()
     bucket = SimpleNamespace(
-        params_list=params, offset=0, param_data=data,
+        params_list=params,
+        offset=0,
+        param_data=data,
         param_to_index={p: index_map[p][:2] for p in params} if padded_index else cumulative,
     )
     names = {p: f"p{i}" for i, p in enumerate(params)}

@@ -32,8 +32,9 @@ def _run(argv: list[str]) -> int:
         ["--config", "dense-bf16", "--dp", "2", "--steps", "4", "--save-step", "2", "--workaround", "magic"],
     ],
 )
-def test_bad_spec_exits_2_before_launch(argv: list[str], capsys: pytest.CaptureFixture[str],
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_spec_exits_2_before_launch(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import jobs.local
 
     def refuse(*a: object, **k: object) -> None:

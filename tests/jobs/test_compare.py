@@ -24,9 +24,19 @@ def _state(step: float = 3.0, avg: float = 1.0) -> dict[str, Any]:
 
 def _doc(phase: str, steps: range, loss: dict | None = None, lr: dict | None = None, **extra: Any) -> dict:
     loss, lr = loss or LOSS, lr or LR
-    doc = {"status": "ok", "phase": phase, "rank": 0, "spec": SPEC, "error": None, "info": {}, "probes": {},
-           "steps": [{"step": s, "loss": loss[s], "lr": lr[s], "grad_norm": 1.0, "num_zeros": None, "wall_s": 0.1}
-                     for s in steps]}
+    doc = {
+        "status": "ok",
+        "phase": phase,
+        "rank": 0,
+        "spec": SPEC,
+        "error": None,
+        "info": {},
+        "probes": {},
+        "steps": [
+            {"step": s, "loss": loss[s], "lr": lr[s], "grad_norm": 1.0, "num_zeros": None, "wall_s": 0.1}
+            for s in steps
+        ],
+    }
     doc.update(extra)
     return doc
 
@@ -96,15 +106,37 @@ def test_state_mismatch_from_slots_and_after_load() -> None:
 
 
 def _misaligned_probe(total: int) -> dict:
-    entry = {"param": "w", "dtype": "bfloat16", "group": 0, "index": 0, "expected_index": 1,
-             "expected_numel": 131072, "installed_numel": 512, "installed_param": "router"}
-    return {"applicable": True, "misaligned_total": total,
-            "per_rank": [{"applicable": True, "misaligned_total": total, "optimizers": [
-                {"optimizer": 0, "entries": 2, "misaligned_count": total, "misaligned": [entry] * total}]}]}
+    entry = {
+        "param": "w",
+        "dtype": "bfloat16",
+        "group": 0,
+        "index": 0,
+        "expected_index": 1,
+        "expected_numel": 131072,
+        "installed_numel": 512,
+        "installed_param": "router",
+    }
+    return {
+        "applicable": True,
+        "misaligned_total": total,
+        "per_rank": [
+            {
+                "applicable": True,
+                "misaligned_total": total,
+                "optimizers": [
+                    {"optimizer": 0, "entries": 2, "misaligned_count": total, "misaligned": [entry] * total}
+                ],
+            }
+        ],
+    }
 
 
-SAVE_ASSERT = {"type": "AssertionError", "message": "(torch.Size([512]), 0, 131072)", "stage": "save",
-               "traceback": "File distrib_optimizer.py, in sharded_param_state_dp_reshardable\nAssertionError"}
+SAVE_ASSERT = {
+    "type": "AssertionError",
+    "message": "(torch.Size([512]), 0, 131072)",
+    "stage": "save",
+    "traceback": "File distrib_optimizer.py, in sharded_param_state_dp_reshardable\nAssertionError",
+}
 
 
 def test_save_crash_with_misalignment_is_fail_without_is_error() -> None:
@@ -113,16 +145,23 @@ def test_save_crash_with_misalignment_is_fail_without_is_error() -> None:
     r = evaluate(SPEC, crashed, None)
     assert r["verdict"] == "fail"
     assert r["signatures"][:2] == ["checkpoint-save-crash", "optimizer-index-misalignment"]
-    assert r["evidence"]["optimizer-index-misalignment"]["per_rank"][0]["misaligned"][0]["installed_numel"] == 512
+    assert (
+        r["evidence"]["optimizer-index-misalignment"]["per_rank"][0]["misaligned"][0]["installed_numel"]
+        == 512
+    )
     assert r["error"]["traceback"]
-    unexplained = evaluate(SPEC, _baseline(probes={"index_map": _misaligned_probe(0)}, status="error",
-                                           error=SAVE_ASSERT), None)
+    unexplained = evaluate(
+        SPEC, _baseline(probes={"index_map": _misaligned_probe(0)}, status="error", error=SAVE_ASSERT), None
+    )
     assert unexplained["verdict"] == "error" and unexplained["signatures"] == ["checkpoint-save-crash"]
 
 
 def test_worked_around_misalignment_does_not_fail() -> None:
-    probes = {"index_map": _misaligned_probe(2), "index_map_effective": _misaligned_probe(0),
-              "fingerprints_at_save": {"owned": [_state()], "slots": [_state()]}}
+    probes = {
+        "index_map": _misaligned_probe(2),
+        "index_map_effective": _misaligned_probe(0),
+        "fingerprints_at_save": {"owned": [_state()], "slots": [_state()]},
+    }
     r = evaluate(SPEC, _baseline(probes=probes), _resumed())
     assert r["verdict"] == "pass" and r["worked_around"] == ["optimizer-index-misalignment"]
 
@@ -134,9 +173,14 @@ def test_known_load_crashes_are_fail_unknown_are_error() -> None:
     other = {"type": "OSError", "message": "disk full", "stage": "load", "traceback": ""}
     r = evaluate(SPEC, _baseline(), _resumed(status="error", error=other))
     assert r["verdict"] == "error" and r["signatures"] == ["checkpoint-load-crash"]
-    assert classify_error({"type": "RuntimeError", "stage": "load", "traceback": "",
-                           "message": "a view of a leaf Variable that requires grad is being used"}) == [
-        "fp32-view-inplace-load", "checkpoint-load-crash"]
+    assert classify_error(
+        {
+            "type": "RuntimeError",
+            "stage": "load",
+            "traceback": "",
+            "message": "a view of a leaf Variable that requires grad is being used",
+        }
+    ) == ["fp32-view-inplace-load", "checkpoint-load-crash"]
 
 
 def test_missing_documents_and_bad_spec_are_errors() -> None:
@@ -148,10 +192,21 @@ def test_missing_documents_and_bad_spec_are_errors() -> None:
 
 
 def test_latent_bucket_finding_is_an_advisory() -> None:
-    issue = {"param": "gate", "numel": 1, "expected": [64, 576], "param_to_index": [1, 513], "problems": ["x"]}
-    probes = {"fingerprints_at_save": {"owned": [_state()], "slots": [_state()]},
-              "buckets": {"applicable": True, "unaligned_total": 1,
-                          "per_rank": [{"buffers": [{"buffer": 1, "issues": [issue]}]}]}}
+    issue = {
+        "param": "gate",
+        "numel": 1,
+        "expected": [64, 576],
+        "param_to_index": [1, 513],
+        "problems": ["x"],
+    }
+    probes = {
+        "fingerprints_at_save": {"owned": [_state()], "slots": [_state()]},
+        "buckets": {
+            "applicable": True,
+            "unaligned_total": 1,
+            "per_rank": [{"buffers": [{"buffer": 1, "issues": [issue]}]}],
+        },
+    }
     r = evaluate(SPEC, _baseline(probes=probes), _resumed())
     assert r["verdict"] == "pass" and r["advisories"] == ["bucket-offset-unaligned"] and r["signatures"] == []
     assert any(f["probe"] == "bucket_offsets" and not f["ok"] for f in r["probe_findings"])
@@ -159,7 +214,17 @@ def test_latent_bucket_finding_is_an_advisory() -> None:
 
 def test_signature_table_has_references() -> None:
     table = {s["name"]: s for s in signature_table()}
-    for name in ("optimizer-index-misalignment", "optimizer-state-mismatch", "adam-step-not-restored",
-                 "lr-schedule-mismatch", "bucket-offset-unaligned", "checkpoint-save-crash", "checkpoint-load-crash"):
+    for name in (
+        "optimizer-index-misalignment",
+        "optimizer-state-mismatch",
+        "adam-step-not-restored",
+        "lr-schedule-mismatch",
+        "bucket-offset-unaligned",
+        "checkpoint-save-crash",
+        "checkpoint-load-crash",
+    ):
         assert name in table and name in SIGNATURES
-    assert "https://github.com/NVIDIA/Megatron-LM/issues/2777" in table["optimizer-index-misalignment"]["references"]
+    assert (
+        "https://github.com/NVIDIA/Megatron-LM/issues/2777"
+        in table["optimizer-index-misalignment"]["references"]
+    )

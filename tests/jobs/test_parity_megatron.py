@@ -22,7 +22,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "known_good_dp1": {"config": "moe-fp32-router", "dp": 1, "workarounds": FIX},
     "gates_good": {"config": "moe-fp32-router-gates", "dp": 2, "workarounds": FIX},
     "silent": {"config": "equal-shards-fp32-head", "dp": 2},
-    "silent_loads": {"config": "equal-shards-fp32-head", "dp": 2, "workarounds": ("load-no-grad", "restore-adam-step")},
+    "silent_loads": {
+        "config": "equal-shards-fp32-head",
+        "dp": 2,
+        "workarounds": ("load-no-grad", "restore-adam-step"),
+    },
     "silent_good": {"config": "equal-shards-fp32-head", "dp": 2, "workarounds": FIX},
     "dense": {"config": "dense-bf16", "dp": 2},
     "dense_fixed": {"config": "dense-bf16", "dp": 2, "workarounds": ("restore-adam-step",)},
@@ -57,7 +61,9 @@ def test_known_bad_fails_with_misalignment_and_evidence(results: dict) -> None:
     json.dumps(r)
 
 
-@pytest.mark.parametrize("name", ["known_good_dp2", "known_good_dp1", "gates_good", "silent_good", "dense_fixed"])
+@pytest.mark.parametrize(
+    "name", ["known_good_dp2", "known_good_dp1", "gates_good", "silent_good", "dense_fixed"]
+)
 def test_workarounds_make_resume_bit_identical(results: dict, name: str) -> None:
     r = results[name]
     assert r["verdict"] == "pass", (r["signatures"], r["errors"])
@@ -84,8 +90,9 @@ def test_silent_case_saves_without_raising_and_still_fails(results: dict) -> Non
     assert r["verdict"] == "fail"
     assert {"optimizer-index-misalignment", "optimizer-state-mismatch"} <= set(r["signatures"])
     slots = r["evidence"]["optimizer-state-mismatch"]["checkpoint_slot_differs_from_owner"]
-    assert slots["count"] > 0 and all(i["before"]["numel"] == i["after"]["numel"] for i in slots["items"]
-                                      if isinstance(i["before"], dict))
+    assert slots["count"] > 0 and all(
+        i["before"]["numel"] == i["after"]["numel"] for i in slots["items"] if isinstance(i["before"], dict)
+    )
 
 
 def test_silent_case_fails_even_when_loss_parity_is_exact(results: dict) -> None:

@@ -1,0 +1,1 @@
+"""The HTML dashboard: parity matrix, run list, run and triage pages, config history, logs."""

@@ -1,0 +1,60 @@
+"""Failure paths with real ranks: a one-sided crash comes back as a document, not a hang."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.local import run_parity
+from jobs.spec import RunSpec
+from service.commands import run_local
+
+pytestmark = pytest.mark.megatron
+
+
+@pytest.mark.parametrize("stage", ["save", "train"])
+def test_one_sided_crash_returns_a_document(
+    stage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PARITY_INJECT_FAULT", f"{stage}:1")
+    spec = RunSpec(config="dense-bf16", dp=2, steps=4, save_step=2)
+    t0 = time.perf_counter()
+    r = run_parity(spec, tmp_path)
+    assert time.perf_counter() - t0 < 120
+    assert r["verdict"] == "error"
+    assert r["error"]["stage"] == stage and "injected fault" in r["error"]["message"]
+    if stage == "save":
+        assert r["signatures"] == ["checkpoint-save-crash"]
+        assert r["error"]["rank"] == 1  # rank 0 agreed on rank 1's failure instead of entering the save
+
+
+def test_run_local_json_prints_one_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    run_local.register(parser.add_subparsers())
+    args = parser.parse_args(
+        [
+            "run-local",
+            "--config",
+            "dense-bf16",
+            "--dp",
+            "1",
+            "--steps",
+            "4",
+            "--save-step",
+            "2",
+            "--workaround",
+            "restore-adam-step",
+            "--run-folder",
+            str(tmp_path),
+            "--json",
+        ]
+    )
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(out)
+    assert out.count("\n") == 1 and doc["verdict"] == "pass" and doc["spec"]["dp"] == 1
+    assert (tmp_path / "result.json").exists() and (tmp_path / "checkpoint" / "step2").is_dir()
