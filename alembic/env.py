@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from alembic import context
 from sqlalchemy import create_engine
 
 import models
+from alembic import context
 
 config = context.config
 target_metadata = models.Base.metadata

@@ -17,6 +17,8 @@ NODE_CPUS=${CLUSTER_NODE_CPUS:-2}
 NODE_MEMORY_MB=${CLUSTER_NODE_MEMORY_MB:-4000}
 PARTITION=${CLUSTER_PARTITION:-debug}
 KEY=/etc/munge/munge.key
+# Slurm reads this file and no other, whatever the environment says (slurmdbd.conf sits beside it)
+export SLURM_CONF=/etc/slurm/slurm.conf
 
 log() { printf '[entrypoint %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from jobs.compare import evaluate
@@ -53,12 +53,12 @@ def store_result(session: Session, run: Run, result: dict[str, Any]) -> None:
     steps = result.get("steps") or []
     if steps:
         session.execute(
-            StepMetric.__table__.insert(),
+            insert(StepMetric),
             [{"run_id": run.id, **{k: v for k, v in s.items() if k in METRIC_COLUMNS}} for s in steps],
         )
     findings = list(probe_findings(result))
     if findings:
-        session.execute(ProbeFinding.__table__.insert(), [{"run_id": run.id, **f} for f in findings])
+        session.execute(insert(ProbeFinding), [{"run_id": run.id, **f} for f in findings])
     run.verdict = result["verdict"]
     run.signatures = list(result.get("signatures") or [])
     run.first_divergent_step = result.get("first_divergent_step")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -29,7 +29,7 @@ from service.settings import Settings
 from service.state import RunState
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
-ERRORS = {code: {"model": ErrorOut} for code in (401, 403, 404, 409, 422)}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (401, 403, 404, 409, 422)}
 
 
 def run_links(run_id: int, settings: Settings) -> RunLinks:

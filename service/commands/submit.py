@@ -56,14 +56,15 @@ def build_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def step_table(metrics: dict[str, Any]) -> str:
     """Resumed steps as a fixed-width table."""
-    lines = [f"{'step':>5} {'loss baseline':>15} {'loss resumed':>15} {'|Δloss|':>10} {'lr baseline':>12} {'lr resumed':>12}"]
+    header = ("step", "loss baseline", "loss resumed", "|Δloss|", "lr baseline", "lr resumed")
+    lines = ["{:>5} {:>15} {:>15} {:>10} {:>12} {:>12}".format(*header)]
     for s in metrics["steps"]:
         if s["loss_resumed"] is None:
             continue
-        delta = s["loss_abs_delta"]
+        delta = abs(s["loss_abs_delta"]) if s["loss_abs_delta"] is not None else float("nan")
         lines.append(
             f"{s['step']:>5} {s['loss_baseline']:>15.8f} {s['loss_resumed']:>15.8f} "
-            f"{(abs(delta) if delta is not None else float('nan')):>10.2e} {s['lr_baseline']:>12.4e} {s['lr_resumed']:>12.4e}"
+            f"{delta:>10.2e} {s['lr_baseline']:>12.4e} {s['lr_resumed']:>12.4e}"
         )
     return "\n".join(lines)
 

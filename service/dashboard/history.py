@@ -44,6 +44,7 @@ def history(session: Session, config: str, environment: str | None = None, limit
         "environment": environment,
         "environments": sorted({r.environment for r in rows}),
         "rows": rows,
+        "recent": rows[::-1][:50],
         "chart": chart,
         "counts": {v: sum(r.verdict == v for r in rows) for v in ("pass", "fail", "error")},
     }

@@ -33,8 +33,8 @@ class PageError(Exception):
 
 
 def when(value: datetime | None) -> str:
-    """Format a timestamp as UTC to the minute."""
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if value else "—"
+    """Format a timestamp as UTC to the second."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
 
 
 def age(value: datetime | None, now: datetime | None = None) -> str:
@@ -80,7 +80,6 @@ def _environment() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         # every template is HTML; escape by default whatever the file name says
         autoescape=True,
-        undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )

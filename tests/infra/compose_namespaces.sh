@@ -6,6 +6,9 @@
 # /run (so each runs its own munged, as in Docker). The last container plays the scheduler: it
 # submits a 2-task job through submitit with the Python in $PYTHON and prints the results.
 set -euo pipefail
+# nothing may point at the host's own Slurm (its SLURM_CONF names its pid files and state folder)
+unset SLURM_CONF
+for var in $(compgen -e); do [[ $var == SLURM_* ]] && unset "$var"; done
 
 WORK=$1
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -52,7 +55,7 @@ container scheduler "$EP" bash -c '
   for _ in $(seq 100); do scontrol ping | grep -q UP && break; sleep 0.3; done
   for _ in $(seq 100); do sinfo -h -n slurmd -o %t | grep -Eq "^(idle|mix|alloc)" && break; sleep 0.3; done
   sinfo -h -o "sinfo: %P %a %D %t %N"
-  "$0" - "$1" <<PY
+  timeout 120 "$0" - "$1" <<PY
 import socket, sys
 import submitit
 def rank_and_host():

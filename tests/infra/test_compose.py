@@ -293,7 +293,7 @@ def test_entrypoint_runs_a_working_cluster_in_namespaces(tmp_path: Path) -> None
     script = REPO_ROOT / "tests" / "infra" / "compose_namespaces.sh"
     result = subprocess.run(
         ["unshare", "-mnup", "--fork", "--kill-child", "--mount-proc", str(script), str(tmp_path)],
-        env={**os.environ, "PYTHON": sys.executable},
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "PYTHON": sys.executable},
         capture_output=True,
         text=True,
         timeout=240,

@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, inspect, make_url
 
 from models import Base
 from service.migrate import downgrade, upgrade
-from tests.conftest import _admin_conninfo, SERVER_URL
+from tests.conftest import SERVER_URL, _admin_conninfo
 
 
 def test_upgrade_downgrade_upgrade_and_no_pending_diff() -> None:

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from tests.service.scheduler_harness import (
-    GOOD, phases, queue, queued_jobs, run_row, sacct_jobs, service_env, start, stop, wait_for,
+    GOOD,
+    phases,
+    queue,
+    queued_jobs,
+    run_row,
+    sacct_jobs,
+    service_env,
+    start,
+    stop,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
@@ -23,7 +32,8 @@ def test_scheduler_killed_mid_run_resumes_without_double_submission(
     run_id = queue(SMALL)
     first = start(["scheduler"], env, tmp_path / "scheduler-1.log")
     try:
-        wait_for(lambda: run_row(run_id).state in ("train_running", "resume_submitted"), 120, "phase 1 running", alive=[first])
+        wait_for(lambda: run_row(run_id).state in ("train_running", "resume_submitted"), 120, "phase 1 running",
+                 alive=[first])
     finally:
         stop(first, signal.SIGKILL)  # no clean shutdown: the job keeps running in Slurm
     second = start(["scheduler"], env, tmp_path / "scheduler-2.log")
@@ -70,7 +80,8 @@ def test_two_replicas_submit_each_of_50_runs_exactly_once(committed_db: str, slu
     run_ids = [queue({**SMALL, "seed": i}) for i in range(50)]
     replicas = [start(["scheduler"], env, tmp_path / f"replica-{i}.log") for i in range(2)]
     try:
-        wait_for(lambda: all(any(p.job_id for p in phases(r)) for r in run_ids), 240, "50 submissions", poll=1, alive=replicas)
+        wait_for(lambda: all(any(p.job_id for p in phases(r)) for r in run_ids), 240, "50 submissions", poll=1,
+                 alive=replicas)
     finally:
         for proc in replicas:
             stop(proc)

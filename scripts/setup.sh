@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv and install the project with its dev tools (idempotent; torch is pinned to the CPU 2.13.0).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# torch 2.13.0 comes from the machine's wheel folder when it has one (PyPI otherwise).
+[[ -d /opt/wheels ]] && export PIP_FIND_LINKS=${PIP_FIND_LINKS:-/opt/wheels}
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+[[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+echo "setup: $(.venv/bin/python --version), torch $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))'), megatron-core $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("megatron-core"))')"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up and run the whole test suite against real Postgres, real Slurm, real Megatron-Core and a
+# real headless Chromium. Extra arguments go to pytest (e.g. scripts/test.sh -k scheduler).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+say() { printf '\n== [%s +%ds] %s\n' "$(date +%H:%M:%S)" $(( $(date +%s) - T0 )) "$*"; }
+
+say "python environment"
+scripts/setup.sh
+say "chromium (browser tests)"
+if ! command -v chromium >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+chromium --version
+say "postgres"
+scripts/postgres-up.sh
+say "slurm"
+scripts/slurm-up.sh
+# shellcheck disable=SC1091 # written by slurm-up.sh; exports SLURM_CONF for sbatch, sacct and submitit
+source "${PARITY_SLURM_DIR:-/var/tmp/parity-slurm}/env.sh"
+sinfo
+say "pytest"
+# Here nothing may be skipped for want of infrastructure: missing Slurm or Chromium is a failure.
+export PARITY_REQUIRE_SLURM=1 PARITY_REQUIRE_BROWSER=1
+.venv/bin/python -m pytest -q "$@"
+say "tests done"
