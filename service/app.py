@@ -7,6 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from service.api import meta, runs
+from service.dashboard import routes as dashboard
 from service.errors import DomainError
 
 
@@ -40,10 +41,5 @@ def create_app() -> FastAPI:
     app.include_router(runs.router)
     app.include_router(meta.router)
     app.include_router(meta.metrics_router)
-    try:
-        from service.dashboard import routes as dashboard
-    except ImportError:  # dashboard not built yet
-        pass
-    else:
-        dashboard.mount(app)
+    dashboard.mount(app)
     return app

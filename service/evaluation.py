@@ -9,7 +9,7 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from jobs.compare import evaluate
-from models import Phase, ProbeFinding, Run, StepMetric
+from models import Environment, Phase, ProbeFinding, Run, StepMetric
 from service import regressions
 from service.state import RunState, transition
 
@@ -42,8 +42,24 @@ def evaluate_one(session: Session) -> bool:
         result = {"verdict": "error", "signatures": [], "steps": [], "probes": [],
                   "error": {"type": type(exc).__name__, "message": str(exc)}}
     store_result(session, run, result)
+    record_packages(session, run, docs)
     transition(session, run, VERDICT_STATE[result["verdict"]], f"verdict {result['verdict']}")
     return True
+
+
+PACKAGE_KEYS = ("torch", "megatron_core", "python", "device", "backend")
+
+
+def record_packages(session: Session, run: Run, docs: dict[str, dict[str, Any]]) -> None:
+    """Keep the environment's package versions as the jobs last reported them (triage diffs these)."""
+    info = next((d.get("info") or {} for d in docs.values() if (d.get("info") or {}).get("torch")), {})
+    if not info:
+        return
+    packages = {key: info[key] for key in PACKAGE_KEYS if key in info}
+    run.summary = {**run.summary, "packages": packages}
+    env = session.get(Environment, run.environment_id)
+    if env is not None and env.packages != packages:
+        env.packages = packages
 
 
 def store_result(session: Session, run: Run, result: dict[str, Any]) -> None:

@@ -104,5 +104,6 @@ def excerpts(phase: Phase, run_folder: Path, limit: int = 4) -> list[Excerpt]:
             continue
         kind, window = failure_window(lines)
         found.append(Excerpt(path=link_path(raw, run_folder), kind=kind, lines=window, truncated=cut))
-    found.sort(key=lambda e: {"traceback": 0, "error": 1, "tail": 2}[e.kind])
+    # tracebacks first, then error lines, then plain tails; stderr before stdout within each
+    found.sort(key=lambda e: ({"traceback": 0, "error": 1, "tail": 2}[e.kind], not e.path.endswith(".err")))
     return found[:limit]

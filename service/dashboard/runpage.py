@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,9 +61,10 @@ def steps_of(session: Session, run_id: int) -> list[Step]:
 
 
 def log_floor(values: list[float | None]) -> float:
-    """A positive stand-in for exact zero on a log axis: a decade below the smallest nonzero value."""
+    """A power of ten standing in for exact zero on a log axis, a decade or more below every nonzero value."""
     nonzero = [v for v in values if v]
-    return min(1e-12, min(nonzero) / 10) if nonzero else 1e-12
+    exponent = min(-12, math.floor(math.log10(min(nonzero))) - 1) if nonzero else -12
+    return float(10.0**exponent)
 
 
 def chart_data(run: Run, steps: list[Step]) -> dict[str, Any]:

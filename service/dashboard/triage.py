@@ -37,13 +37,17 @@ def diff(good: dict[str, Any], this: dict[str, Any]) -> list[Change]:
 
 
 def packages(run: Run) -> dict[str, Any]:
-    """Package versions a run ran with: the environment's record, overlaid with what its phases saw."""
-    out: dict[str, Any] = dict(run.environment.packages or {})
+    """Software a run ran with: what its phases recorded, else the environment's package record.
+
+    The environment row is shared by both runs of a comparison and only holds its latest record,
+    so the versions the phases themselves reported are what tells two runs apart.
+    """
     phases = (run.summary or {}).get("phases") or {}
+    out: dict[str, Any] = {}
     for name in ("resume", "train_and_save"):  # train_and_save wins: it always ran
         info = (phases.get(name) or {}).get("info") or {}
-        out.update({k: info[k] for k in VERSION_KEYS if k in info})
-    return out
+        out.update({k.replace("_", "-"): info[k] for k in VERSION_KEYS if k in info})
+    return out or dict(run.environment.packages or {})
 
 
 def explained(run: Run) -> list[dict[str, Any]]:

@@ -132,9 +132,7 @@ def compose_problems(compose: dict[str, Any], root: Path) -> list[str]:
 
     run_folders = {environment(svc).get("PARITY_RUN_FOLDER") for svc in services.values()} - {None}
     if len(run_folders) != 1:
-        problems.append(
-            f"PARITY_RUN_FOLDER must be one path everywhere, found {sorted(map(str, run_folders))}"
-        )
+        problems.append(f"PARITY_RUN_FOLDER must be one path everywhere, found {sorted(map(str, run_folders))}")
     else:
         (run_folder,) = run_folders
         sources = set()
@@ -182,11 +180,7 @@ def test_app_services_use_postgres_and_slurm() -> None:
 def test_slurm_settings_are_identical_in_every_slurm_container() -> None:
     services = load_compose()["services"]
     slurm_envs = [
-        {
-            k: v
-            for k, v in environment(svc).items()
-            if k.startswith("CLUSTER_") and not k.startswith("CLUSTER_DB_")
-        }
+        {k: v for k, v in environment(svc).items() if k.startswith("CLUSTER_") and not k.startswith("CLUSTER_DB_")}
         for name, svc in services.items()
         if name in {"slurmdbd", "slurmctld", "slurmd", "api", "scheduler"}
     ]
@@ -211,9 +205,7 @@ def test_commands_are_real_cli_subcommands() -> None:
                 return knows(action.choices[words[0]], words[1:])
         return False
 
-    used = {
-        sub for svc in load_compose()["services"].values() for sub in parity_subcommands(command_text(svc))
-    }
+    used = {sub for svc in load_compose()["services"].values() for sub in parity_subcommands(command_text(svc))}
     assert used == KNOWN_SUBCOMMANDS
     assert all(knows(parser, sub.split()) for sub in used), used
 
@@ -285,9 +277,7 @@ def test_checker_reports_unconditioned_depends_on() -> None:
 def test_entrypoint_runs_a_working_cluster_in_namespaces(tmp_path: Path) -> None:
     """munge-key, slurmdbd, slurmctld, slurmd and a submitting container, as compose wires them."""
     needed = ["unshare", "ip", "mariadbd", "mariadb-install-db", "slurmctld", "slurmd", "slurmdbd", "munged"]
-    missing = [
-        tool for tool in needed if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists()
-    ]
+    missing = [tool for tool in needed if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists()]
     if os.geteuid() != 0 or missing:
         pytest.skip(f"needs root and {missing or needed} (scripts/slurm-up.sh installs the packages)")
     script = REPO_ROOT / "tests" / "infra" / "compose_namespaces.sh"

@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+SHELL_FILES = sorted(
+    str(p.relative_to(ROOT)) for p in [*SCRIPTS.glob("*.sh"), *(ROOT / "docker").glob("*.sh"), *ROOT.glob(".ci/run*")]
+)
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in SCRIPTS.glob("*.sh")))
+@pytest.mark.parametrize("script", SHELL_FILES)
 def test_script_is_valid_bash(script: str) -> None:
-    result = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True)
+    result = subprocess.run(["bash", "-n", str(ROOT / script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

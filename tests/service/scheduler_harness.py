@@ -15,12 +15,17 @@ from sqlalchemy import select
 
 from models import Phase, Run
 from service.db import session_scope
-from service.environments import ensure_default_environment
+from service.environments import create_environment, ensure_default_environment, get_environment
 from service.runs import create_run, validate_spec
 from service.settings import get_settings
 
 PARITY = [sys.executable, "-m", "service.cli"]
 GOOD = ["realign-param-index", "restore-adam-step"]
+
+
+def slurm_now() -> str:
+    """The current time in the form sacct -S takes (run ids repeat across test sessions; times don't)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def service_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -46,10 +51,20 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
         proc.wait(timeout=60)
 
 
-def queue(spec: dict[str, Any], labels: dict[str, str] | None = None) -> int:
+def register_environment(name: str, python: str) -> str:
+    """Register an environment (committed) and return its name."""
+    with session_scope() as session:
+        create_environment(session, name=name, python=python)
+    return name
+
+
+def queue(spec: dict[str, Any], labels: dict[str, str] | None = None, environment: str | None = None) -> int:
     """Queue a run directly through the service layer (committed) and return its id."""
     with session_scope() as session:
-        env = ensure_default_environment(session, settings=get_settings())
+        if environment:
+            env = get_environment(session, name=environment)
+        else:
+            env = ensure_default_environment(session, settings=get_settings())
         run, _ = create_run(session, spec=validate_spec(spec), environment=env, labels=labels or {}, requester="t")
         return run.id
 
@@ -89,10 +104,10 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def sacct_jobs(name: str) -> list[str]:
-    """Job ids Slurm accounting knows under a job name (allocations only)."""
+def sacct_jobs(name: str, since: str) -> list[str]:
+    """Job ids Slurm accounting knows under a job name, submitted since `since` (allocations only)."""
     out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", f"--name={name}", "-o", "JobID", "-S", "now-1days"],
+        ["sacct", "-n", "-X", "-P", f"--name={name}", "-o", "JobID", "-S", since],
         capture_output=True, text=True, check=True,
     )
     return [line for line in out.stdout.split() if line]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,11 @@ from tests.service.scheduler_harness import (
     phases,
     queue,
     queued_jobs,
+    register_environment,
     run_row,
     sacct_jobs,
     service_env,
+    slurm_now,
     start,
     stop,
     wait_for,
@@ -29,7 +32,13 @@ def test_scheduler_killed_mid_run_resumes_without_double_submission(
     committed_db: str, slurm: str, tmp_path: Path
 ) -> None:
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm")
-    run_id = queue(SMALL)
+    # the run's environment names its own Python: a wrapper that leaves a mark, then runs ours
+    marker = tmp_path / "wrapper-used"
+    wrapper = tmp_path / "env-python"
+    wrapper.write_text(f'#!/bin/sh\necho "$$" >> {marker}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    since = slurm_now()
+    run_id = queue(SMALL, environment=register_environment("wrapped", str(wrapper)))
     first = start(["scheduler"], env, tmp_path / "scheduler-1.log")
     try:
         wait_for(lambda: run_row(run_id).state in ("train_running", "resume_submitted"), 120, "phase 1 running",
@@ -48,9 +57,11 @@ def test_scheduler_killed_mid_run_resumes_without_double_submission(
         ("train_and_save", 1, "succeeded"), ("resume", 1, "succeeded"),
     ]
     # accounting lags the job's end by a moment
-    wait_for(lambda: sacct_jobs(f"parity-{run_id}-resume"), 30, "accounting of the resume job")
-    assert sacct_jobs(f"parity-{run_id}-train_and_save") == [rows[0].job_id]
-    assert sacct_jobs(f"parity-{run_id}-resume") == [rows[1].job_id]
+    wait_for(lambda: sacct_jobs(f"parity-{run_id}-resume", since), 30, "accounting of the resume job")
+    assert sacct_jobs(f"parity-{run_id}-train_and_save", since) == [rows[0].job_id]
+    assert sacct_jobs(f"parity-{run_id}-resume", since) == [rows[1].job_id]
+    assert len(marker.read_text().split()) == 4  # 2 phases × 2 ranks ran under the environment's Python
+    assert run.summary["packages"]["megatron_core"] == "0.16.1"
 
 
 def test_scancelled_job_is_retried_then_reported_as_error(committed_db: str, slurm: str, tmp_path: Path) -> None:

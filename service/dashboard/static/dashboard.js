@@ -13,10 +13,22 @@
   function prec(digits) {
     return function (u, v) { return v == null ? "—" : Number(v).toPrecision(digits); };
   }
+  function decades(u, splits) {
+    // only powers of ten get a tick, a grid line and a label; thin them to about six
+    var keep = splits.filter(function (v) { var e = Math.log10(v); return Math.abs(e - Math.round(e)) < 1e-6; });
+    var every = Math.max(1, Math.ceil(keep.length / 6));
+    return splits.map(function (v) {
+      var i = keep.indexOf(v);
+      return i >= 0 && (keep.length - 1 - i) % every === 0 ? v : null;
+    });
+  }
   function logTicks(floor) {
-    // exact zeros are plotted on the floor, so label the floor "0"
+    // exact zeros are plotted on the floor, so the floor is labelled "0"
     return function (u, splits) {
-      return splits.map(function (v) { return v <= floor * 1.0001 ? "0" : Number(v).toExponential(0); });
+      return splits.map(function (v) {
+        if (v == null) return null;
+        return v <= floor * 1.0001 ? "0" : "1e" + Math.round(Math.log10(v));
+      });
     };
   }
   function line(label, color, value, extra) {
@@ -59,7 +71,7 @@
     delta: function (d, el) {
       var bottom = function (u) { return u.scales.y.min; };
       return [base(el, { scales: { x: { time: false }, y: { distr: 3, log: 10 } }, plugins: [markers(d.markers)],
-        axes: [{ label: "step" }, { label: "|Δloss|", size: 70, values: logTicks(d.floor) }],
+        axes: [{ label: "step" }, { label: "|Δloss|", size: 70, filter: decades, values: logTicks(d.floor) }],
         series: [{ label: "step" },
                  line("tolerance", COLORS.tol, sci(2), { fill: COLORS.band, fillTo: bottom, width: 1 }),
                  line("|Δloss|", COLORS.delta, sci(3), { points: { show: true, size: 4 } })] }),
@@ -76,7 +88,7 @@
     },
     history: function (d, el) {
       return [base(el, { scales: { y: { distr: 3, log: 10 } },
-        axes: [{}, { label: "worst |Δloss|", size: 70, values: logTicks(d.floor) }],
+        axes: [{}, { label: "worst |Δloss|", size: 70, filter: decades, values: logTicks(d.floor) }],
         series: [{ label: "finished" }, line("worst |Δloss|", COLORS.worst, sci(3), { spanGaps: true, width: 1 }),
                  dots("pass", COLORS.pass, sci(3)), dots("fail", COLORS.fail, sci(3)),
                  dots("error", COLORS.error, sci(3))] }),
