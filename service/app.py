@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from service.api import meta, runs
 from service.dashboard import routes as dashboard
@@ -29,6 +30,15 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+def _database_down(_: Request, exc: Exception) -> JSONResponse:
+    # nothing was written (the request's transaction rolled back); the client may retry as is
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return JSONResponse(
+        {"error": "database_unavailable", "detail": f"database: {reason[:300]}", "field": None},
+        status_code=503, headers={"Retry-After": "10"},
+    )
+
+
 def create_app() -> FastAPI:
     """Build the app; the database is resolved lazily on the first request that needs it."""
     app = FastAPI(
@@ -38,6 +48,8 @@ def create_app() -> FastAPI:
     )
     app.add_exception_handler(DomainError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(OperationalError, _database_down)
+    app.add_exception_handler(InterfaceError, _database_down)
     app.include_router(runs.router)
     app.include_router(meta.router)
     app.include_router(meta.metrics_router)

@@ -75,7 +75,8 @@ def latest_cells(session: Session) -> list[Cell]:
     return [
         Cell(run_id=r.id, config=r.config, environment=r.name, verdict=r.verdict, regression=r.regression,
              finished_at=r.finished_at, max_abs_loss_delta=r.max_abs_loss_delta, signatures=list(r.signatures or []),
-             failing_since_run_id=r.failing_since_run_id, counts={"pass": r.n_pass, "fail": r.n_fail, "error": r.n_error})
+             failing_since_run_id=r.failing_since_run_id,
+             counts={"pass": r.n_pass, "fail": r.n_fail, "error": r.n_error})
         for r in rows
     ]
 

@@ -42,8 +42,10 @@ def packages(run: Run) -> dict[str, Any]:
     The environment row is shared by both runs of a comparison and only holds its latest record,
     so the versions the phases themselves reported are what tells two runs apart.
     """
-    phases = (run.summary or {}).get("phases") or {}
-    out: dict[str, Any] = {}
+    summary = run.summary or {}
+    phases = summary.get("phases") or {}
+    # the evaluator's per-run record first, then the phases' own reports
+    out: dict[str, Any] = {k.replace("_", "-"): v for k, v in (summary.get("packages") or {}).items()}
     for name in ("resume", "train_and_save"):  # train_and_save wins: it always ran
         info = (phases.get(name) or {}).get("info") or {}
         out.update({k.replace("_", "-"): info[k] for k in VERSION_KEYS if k in info})

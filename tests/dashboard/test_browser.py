@@ -58,7 +58,10 @@ def test_runs_list_filters_sorts_and_links(page, server, seeded):
     page.click("#filters button[type=submit]")
     page.wait_for_load_state("load")
     assert [r.get_attribute("data-run-id") for r in page.locator("#runs tbody tr").all()] == [str(seeded.good)]
-    page.goto("/runs?sort=delta&dir=desc")
+    page.goto("/runs")
+    page.click("#runs thead a:has-text('max |Δloss|')")  # sortable header: largest delta first
+    page.wait_for_load_state("load")
+    assert "sort=delta" in page.url
     assert page.locator("#runs tbody tr").first.get_attribute("data-run-id") == str(seeded.regressed)
     assert page.errors == []
     page.goto("/runs")
@@ -118,3 +121,23 @@ def test_script_label_is_text(page, server, seeded):
         _open(page, path, f"xss-{path.strip('/').replace('/', '-')}")
         assert page.evaluate("() => window.__xss") is None
         assert page.get_by_text(f"branch={XSS}").count() >= 1
+
+
+def test_signatures_page(page, server):
+    _open(page, "/signatures", "signatures")
+    assert page.locator("#signature-table tbody tr").count() >= 10
+    _follow_links(page, server, set())
+
+
+def test_pages_read_without_javascript(browser, server, seeded):
+    context = browser.new_context(base_url=server, java_script_enabled=False, viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(f"/runs/{seeded.regressed}")
+        assert page.locator("#steps tbody tr").count() == STEPS // 2
+        assert page.locator("#chart-loss .nojs").is_visible()
+        screenshot(page, "run-nojs")
+        page.goto("/runs?verdict=fail")
+        assert page.locator("#runs tbody tr").count() == 1
+    finally:
+        context.close()

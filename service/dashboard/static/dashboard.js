@@ -19,7 +19,7 @@
     var every = Math.max(1, Math.ceil(keep.length / 6));
     return splits.map(function (v) {
       var i = keep.indexOf(v);
-      return i >= 0 && (keep.length - 1 - i) % every === 0 ? v : null;
+      return i >= 0 && i % every === 0 ? v : null;  // anchored at the bottom, where "0" sits
     });
   }
   function logTicks(floor) {
@@ -71,7 +71,8 @@
     delta: function (d, el) {
       var bottom = function (u) { return u.scales.y.min; };
       return [base(el, { scales: { x: { time: false }, y: { distr: 3, log: 10 } }, plugins: [markers(d.markers)],
-        axes: [{ label: "step" }, { label: "|Δloss|", size: 70, filter: decades, values: logTicks(d.floor) }],
+        axes: [{ label: "step" }, { label: "|Δloss|", size: 70, filter: decades, grid: { filter: decades },
+                                  ticks: { filter: decades }, values: logTicks(d.floor) }],
         series: [{ label: "step" },
                  line("tolerance", COLORS.tol, sci(2), { fill: COLORS.band, fillTo: bottom, width: 1 }),
                  line("|Δloss|", COLORS.delta, sci(3), { points: { show: true, size: 4 } })] }),
@@ -88,7 +89,8 @@
     },
     history: function (d, el) {
       return [base(el, { scales: { y: { distr: 3, log: 10 } },
-        axes: [{}, { label: "worst |Δloss|", size: 70, filter: decades, values: logTicks(d.floor) }],
+        axes: [{}, { label: "worst |Δloss|", size: 70, filter: decades, grid: { filter: decades },
+                                  ticks: { filter: decades }, values: logTicks(d.floor) }],
         series: [{ label: "finished" }, line("worst |Δloss|", COLORS.worst, sci(3), { spanGaps: true, width: 1 }),
                  dots("pass", COLORS.pass, sci(3)), dots("fail", COLORS.fail, sci(3)),
                  dots("error", COLORS.error, sci(3))] }),
