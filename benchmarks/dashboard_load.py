@@ -30,7 +30,8 @@ CONFIGS = ["moe-fp32-router", "moe-fp32-router-gates", "dense-bf16", "equal-shar
 
 SEED_SQL = """
 INSERT INTO environments (name, python, description, packages, created_at)
-SELECT e, '/opt/' || e || '/bin/python', 'bench', jsonb_build_object('torch', '2.13.0', 'megatron_core', '0.16.1'), now()
+SELECT e, '/opt/' || e || '/bin/python', 'bench',
+       jsonb_build_object('torch', '2.13.0', 'megatron_core', '0.16.1'), now()
 FROM unnest(ARRAY['default', 'mcore-main', 'mcore-0.15']) AS e;
 
 INSERT INTO runs (config, spec, environment_id, labels, state, state_version, updated_at, cancel_requested,
@@ -38,9 +39,11 @@ INSERT INTO runs (config, spec, environment_id, labels, state, state_version, up
                   first_divergent_step, first_step_beyond_tolerance, last_good_run_id, failing_since_run_id)
 SELECT c.config,
        jsonb_build_object('config', c.config, 'dp', 2, 'steps', %(steps)s, 'save_step', %(save)s,
-                          'sharding', 'dp_reshardable', 'seed', 1234, 'tolerance', 'default', 'workarounds', '[]'::jsonb),
+                          'sharding', 'dp_reshardable', 'seed', 1234, 'tolerance', 'default',
+                          'workarounds', '[]'::jsonb),
        1 + (i / 5) %% 3,
-       jsonb_build_object('branch', CASE WHEN i %% 4 = 0 THEN 'release' ELSE 'main' END, 'commit', left(md5(i::text), 10)),
+       jsonb_build_object('branch', CASE WHEN i %% 4 = 0 THEN 'release' ELSE 'main' END,
+                          'commit', left(md5(i::text), 10)),
        CASE v.verdict WHEN 'pass' THEN 'passed' WHEN 'fail' THEN 'failed' ELSE 'error' END, 6, now(), false,
        v.verdict,
        CASE v.verdict WHEN 'fail' THEN '["optimizer-index-misalignment"]'::jsonb
@@ -125,7 +128,7 @@ def time_pages(pages: dict[str, list[str]], requests: int) -> bool:
                 assert response.status_code == 200, (urls[i % len(urls)], response.status_code)
             p50, p95 = statistics.median(latencies), percentile(latencies, 0.95)
             ok &= p95 < TARGET_MS
-            print(f"{name:<34} n={requests:<4} p50 {p50:7.1f} ms  p95 {p95:7.1f} ms  "
+            print(f"{name:<36} n={requests:<4} p50 {p50:7.1f} ms  p95 {p95:7.1f} ms  "
                   f"{'ok' if p95 < TARGET_MS else 'SLOW'}")
     return ok
 

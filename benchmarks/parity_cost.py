@@ -55,16 +55,11 @@ def measure(spec: RunSpec, root: Path, index: int) -> dict[str, Any]:
     if base["status"] != "ok" or result["verdict"] != "pass":
         raise SystemExit(f"benchmark run did not pass: base {base['status']}, full {result['verdict']}")
     peak = {
-        "uninterrupted": [
-            d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "train", spec.dp)
-        ],
+        "uninterrupted": [d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "train", spec.dp)],
         "train_and_save": [
-            d["info"]["peak_memory"]["max_rss_bytes"]
-            for d in _rank_docs(full_folder, "train_and_save", spec.dp)
+            d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(full_folder, "train_and_save", spec.dp)
         ],
-        "resume": [
-            d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(full_folder, "resume", spec.dp)
-        ],
+        "resume": [d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(full_folder, "resume", spec.dp)],
     }
     return {
         "uninterrupted_s": round(t_base, 3),
@@ -73,8 +68,7 @@ def measure(spec: RunSpec, root: Path, index: int) -> dict[str, Any]:
         "breakdown": {
             "uninterrupted": _breakdown(base),
             "train_and_save": _breakdown(
-                _rank_docs(full_folder, "train_and_save", 1)[0]
-                | {"info": result["phases"]["train_and_save"]["info"]}
+                _rank_docs(full_folder, "train_and_save", 1)[0] | {"info": result["phases"]["train_and_save"]["info"]}
             ),
             "resume": _breakdown(
                 _rank_docs(full_folder, "resume", 1)[0] | {"info": result["phases"]["resume"]["info"]}
@@ -94,9 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    spec = RunSpec(
-        config=args.config, dp=args.dp, steps=args.steps, save_step=args.save_step, workarounds=WORKAROUNDS
-    )
+    spec = RunSpec(config=args.config, dp=args.dp, steps=args.steps, save_step=args.save_step, workarounds=WORKAROUNDS)
     with tempfile.TemporaryDirectory(prefix="parity-bench-") as tmp:
         root = Path(tmp)
         measure(spec, root, -1)  # warm-up: page cache, .pyc files
@@ -112,10 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(summary, sys.stdout, indent=1)
         print()
         return 0
-    print(
-        f"config {spec.config} dp={spec.dp} M={spec.steps} N={spec.save_step}, "
-        f"{args.repeat} runs after 1 warm-up"
-    )
+    print(f"config {spec.config} dp={spec.dp} M={spec.steps} N={spec.save_step}, {args.repeat} runs after 1 warm-up")
     print(f"uninterrupted launch (M steps):  median {summary['uninterrupted_s_median']:.2f} s")
     print(f"full parity check (2 launches): median {summary['full_check_s_median']:.2f} s")
     print(f"ratio: median {summary['ratio_median']:.2f}  (runs: {', '.join(str(r['ratio']) for r in runs)})")
@@ -127,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             f"+ start/teardown {b['outside_process_s']:.2f}; stages: {stages}"
         )
     for name, values in last["peak_rss_bytes_per_rank"].items():
-        print(
-            f"  peak RSS {name:15s} "
-            + ", ".join(f"rank{r} {v / 2**20:.0f} MiB" for r, v in enumerate(values))
-        )
+        print(f"  peak RSS {name:15s} " + ", ".join(f"rank{r} {v / 2**20:.0f} MiB" for r, v in enumerate(values)))
     return 0
 
 

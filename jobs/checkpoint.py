@@ -127,9 +127,5 @@ def folder_bytes(folder: Path) -> int:
 
 def describe(folder: Path) -> dict[str, Any]:
     """Return the checkpoint's path, size and file list for the result document."""
-    files = (
-        sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-        if folder.exists()
-        else []
-    )
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
     return {"path": os.fspath(folder), "bytes": folder_bytes(folder), "files": files}

@@ -47,9 +47,7 @@ def step_rows(
         for key in ("loss", "lr", "grad_norm", "num_zeros", "wall_s"):
             row[f"{key}_baseline"], row[f"{key}_resumed"] = (b or {}).get(key), (r or {}).get(key)
         for key in ("loss", "lr"):
-            row[f"{key}_abs_delta"], row[f"{key}_rel_delta"] = _delta(
-                row[f"{key}_baseline"], row[f"{key}_resumed"]
-            )
+            row[f"{key}_abs_delta"], row[f"{key}_rel_delta"] = _delta(row[f"{key}_baseline"], row[f"{key}_resumed"])
         row["within_tolerance"] = None
         if b is not None and r is not None:
             row["exact"] = b["loss"] == r["loss"] and b["lr"] == r["lr"]
@@ -144,9 +142,7 @@ def evaluate(
     worked_around = evidence.pop("_worked_around", [])
     causes = [n for n in evidence if SIGNATURES[n].kind == "cause"]
     advisories = [n for n in evidence if SIGNATURES[n].kind == "latent"]
-    errors = [
-        d["error"] for d in (baseline_doc, resumed_doc) if d and d.get("status") == "error" and d.get("error")
-    ]
+    errors = [d["error"] for d in (baseline_doc, resumed_doc) if d and d.get("status") == "error" and d.get("error")]
     if baseline_doc is None or (resumed_doc is None and not errors):
         verdict, signatures = "error", causes
         errors = errors or [

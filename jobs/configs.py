@@ -74,8 +74,7 @@ CONFIGS: dict[str, ModelConfig] = {
     for c in (
         ModelConfig(
             name="moe-fp32-router",
-            description="GPT, 2 MoE layers, hidden 128, 4 experts top-2, bf16, routers kept FP32 "
-            "(~0.9M params)",
+            description="GPT, 2 MoE layers, hidden 128, 4 experts top-2, bf16, routers kept FP32 (~0.9M params)",
             why="Bug A trigger (NVIDIA/Megatron-LM#2777): the embedding's bf16 grad buffer precedes the "
             "routers' FP32 buffer, so model_param_group_index_map disagrees with the installed FP32-first "
             "order; dp_reshardable save asserts.",

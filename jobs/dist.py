@@ -26,7 +26,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _under_submitit() -> bool:
+def under_submitit() -> bool:
+    """Return True inside a submitit task (local or Slurm)."""
     return any(k in os.environ for k in ("SUBMITIT_LOCAL_JOB_ID", "SUBMITIT_EXECUTOR", "SLURM_JOB_ID"))
 
 
@@ -35,7 +36,7 @@ def export_env(master_port: int | None) -> None:
     if master_port is not None:
         # submitit's helper reads MASTER_PORT back from the environment when it is set.
         os.environ["MASTER_PORT"] = str(master_port)
-    if _under_submitit():
+    if under_submitit():
         from submitit.helpers import TorchDistributedEnvironment
 
         env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)

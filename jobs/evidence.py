@@ -129,9 +129,7 @@ def collect_evidence(
 MAX_FINDINGS = 200
 
 
-def _finding(
-    phase: str, probe: str, ok: bool, param_name: str | None = None, **detail: Any
-) -> dict[str, Any]:
+def _finding(phase: str, probe: str, ok: bool, param_name: str | None = None, **detail: Any) -> dict[str, Any]:
     return {"phase": phase, "probe": probe, "ok": ok, "param_name": param_name, "detail": detail}
 
 
@@ -155,10 +153,7 @@ def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | No
             )
             for rank, rep in enumerate(imap["per_rank"]):
                 for o in rep["optimizers"]:
-                    rows += [
-                        _finding(phase, "index_map", False, m["param"], rank=rank, **m)
-                        for m in o["misaligned"]
-                    ]
+                    rows += [_finding(phase, "index_map", False, m["param"], rank=rank, **m) for m in o["misaligned"]]
         buckets = probes.get("buckets")
         if buckets and buckets.get("applicable"):
             rows.append(
@@ -172,9 +167,7 @@ def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | No
             for rank, rep in enumerate(buckets["per_rank"]):
                 for b in rep["buffers"]:
                     rows += [
-                        _finding(
-                            phase, "bucket_offsets", False, i["param"], rank=rank, buffer=b["buffer"], **i
-                        )
+                        _finding(phase, "bucket_offsets", False, i["param"], rank=rank, buffer=b["buffer"], **i)
                         for i in b["issues"]
                     ]
         groups = probes.get("param_groups_after_load") or probes.get("param_groups_at_save")
@@ -190,12 +183,8 @@ def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | No
             )
     if at_save.get("slots"):
         diffs = _per_rank_diffs(at_save.get("owned"), at_save.get("slots"))
-        rows.append(
-            _finding("train_and_save", "checkpoint_slot_fingerprints", not diffs, differing=len(diffs))
-        )
-        rows += [
-            _finding("train_and_save", "checkpoint_slot_fingerprints", False, d["param"], **d) for d in diffs
-        ]
+        rows.append(_finding("train_and_save", "checkpoint_slot_fingerprints", not diffs, differing=len(diffs)))
+        rows += [_finding("train_and_save", "checkpoint_slot_fingerprints", False, d["param"], **d) for d in diffs]
     after = _probes(resumed).get("fingerprints_after_load") or {}
     if at_save.get("owned") and after.get("owned"):
         diffs = _per_rank_diffs(at_save.get("owned"), after.get("owned"))

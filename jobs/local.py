@@ -56,9 +56,7 @@ def _rank_files(run_folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
 
 
 # Errors a rank sees because a peer died: the peer's own error is the root cause.
-_PEER_FAILURE = re.compile(
-    r"Connection closed by peer|Connection reset|Broken pipe|StageTimeout|timed out", re.I
-)
+_PEER_FAILURE = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|StageTimeout|timed out", re.I)
 
 
 def _is_secondary(error: dict[str, Any]) -> bool:
@@ -139,11 +137,7 @@ def format_step_table(result: dict[str, Any]) -> str:
     for r in result.get("steps", []):
         if not r.get("resumed_phase"):
             continue
-        mark = (
-            ""
-            if "exact" not in r
-            else ("exact" if r["exact"] else ("tol" if r["within_tolerance"] else "DIFF"))
-        )
+        mark = "" if "exact" not in r else ("exact" if r["exact"] else ("tol" if r["within_tolerance"] else "DIFF"))
         lines.append(
             f"{r['step']:>5} {_fmt(r['loss_baseline'], '14.8f')} {_fmt(r['loss_resumed'], '14.8f')} "
             f"{_fmt(r['loss_abs_delta'], '+10.2e')} {_fmt(r['lr_baseline'], '12.6e')} "

@@ -8,6 +8,7 @@ document. Keep the module importable without torch: the service pickles a refere
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import platform
@@ -87,9 +88,7 @@ def _new_doc(spec: dict[str, Any], phase: str, rank: int) -> dict[str, Any]:
     }
 
 
-def run_phase(
-    spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None
-) -> dict[str, Any]:
+def run_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None) -> dict[str, Any]:
     """Run one phase on this rank and return its result document (never raises)."""
     t_start = time.time()
     rank = _env_rank()
@@ -115,9 +114,33 @@ def run_phase(
         doc["info"]["peak_memory"] = _peak_memory()
     except Exception:  # noqa: BLE001 - torch may have failed to import
         pass
-    write_json(ctx.result_path, doc)
     _shutdown(ctx)
+    doc["info"]["fast_exit"] = _arm_fast_exit()
+    write_json(ctx.result_path, doc)
     return doc
+
+
+def _arm_fast_exit() -> bool:
+    """Under submitit, skip interpreter teardown once the task has written its result.
+
+    Tearing down torch + Megatron module state takes ~1 s per process and does nothing the OS
+    does not do at exit. The handler is registered last, so it runs first at exit, after
+    submitit has pickled the result; it never applies in-process (tests, torchrun).
+    PARITY_FAST_EXIT=0 turns it off.
+    """
+    from jobs.dist import under_submitit
+
+    if not under_submitit() or os.environ.get("PARITY_FAST_EXIT", "1") != "1":
+        return False
+
+    def fast_exit() -> None:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    atexit.register(fast_exit)
+    return True
 
 
 def _shutdown(ctx: RankContext) -> None:
@@ -161,6 +184,7 @@ def _main(argv: list[str]) -> int:
     """Run a phase under torchrun: python -m jobs.phase SPEC_JSON RUN_FOLDER PHASE."""
     import json
 
+    os.environ["PARITY_FAST_EXIT"] = "0"  # the exit code below must survive
     doc = run_phase(json.loads(argv[0]), argv[1], argv[2])
     return 0 if doc["status"] == "ok" else 1
 

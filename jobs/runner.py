@@ -117,15 +117,11 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     _state_probe(ctx, tr, "after_load", with_slots=False)
 
 
-def _save(
-    ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: Path, timeout_s: float
-) -> None:
+def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: Path, timeout_s: float) -> None:
     # Evidence first: if the save crashes, the fingerprints still show what it would have written.
     _state_probe(ctx, tr, "at_save", with_slots=True)
     t0 = time.perf_counter()
-    state = ctx.run(
-        "save", lambda: checkpoint.build_save_state(tr, spec.sharding, step), timeout_s, agree=True
-    )
+    state = ctx.run("save", lambda: checkpoint.build_save_state(tr, spec.sharding, step), timeout_s, agree=True)
     t1 = time.perf_counter()
     in_process = checkpoint.use_in_process_results_queue()
     ctx.run("save", lambda: checkpoint.write(state, ckpt), timeout_s, agree=True)

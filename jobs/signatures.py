@@ -15,9 +15,7 @@ from typing import Any
 ISSUE_2777 = "https://github.com/NVIDIA/Megatron-LM/issues/2777"
 PR_5835 = "https://github.com/NVIDIA/Megatron-LM/pull/5835"
 PR_2872 = "https://github.com/NVIDIA/Megatron-LM/pull/2872"
-DISTRIB_OPTIMIZER = (
-    "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/optimizer/distrib_optimizer.py"
-)
+DISTRIB_OPTIMIZER = "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/optimizer/distrib_optimizer.py"
 PARAM_AND_GRAD_BUFFER = (
     "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/distributed/param_and_grad_buffer.py"
 )

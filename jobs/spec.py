@@ -81,9 +81,7 @@ class RunSpec:
         if self.tolerance not in TOLERANCE_PROFILES:
             raise SpecError("tolerance", f"unknown tolerance profile {self.tolerance!r}", list(TOLERANCES))
         if isinstance(self.workarounds, str) or not isinstance(self.workarounds, (tuple, list)):
-            raise SpecError(
-                "workarounds", f"must be a list of names, got {self.workarounds!r}", list(WORKAROUNDS)
-            )
+            raise SpecError("workarounds", f"must be a list of names, got {self.workarounds!r}", list(WORKAROUNDS))
         for w in self.workarounds:
             if w not in WORKAROUNDS:
                 raise SpecError("workarounds", f"unknown workaround {w!r}", list(WORKAROUNDS))

@@ -43,8 +43,7 @@ TOLERANCE_PROFILES: dict[str, ToleranceProfile] = {
         ),
         ToleranceProfile(
             "loose",
-            "Megatron-LM functional test lane: loss within 5 % relative, "
-            "max(1, n/100) steps may fail; lr within 1e-9",
+            "Megatron-LM functional test lane: loss within 5 % relative, max(1, n/100) steps may fail; lr within 1e-9",
             0.05,
             0.0,
             1e-9,

@@ -28,11 +28,7 @@ def realign_param_index(optimizer: Any) -> dict[str, Any]:
     reports = []
     for i, opt in enumerate(distributed_optimizers(optimizer)):
         old = opt.model_param_group_index_map
-        new = {
-            p: (g, k)
-            for g in range(len(opt.model_fp32_groups))
-            for k, p in enumerate(installed_order(opt, g))
-        }
+        new = {p: (g, k) for g in range(len(opt.model_fp32_groups)) for k, p in enumerate(installed_order(opt, g))}
         if set(new) != set(old):
             # Not the shape this fix understands: changing the map could make things worse.
             reports.append(

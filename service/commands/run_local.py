@@ -35,9 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--tolerance", default=DEFAULT_TOLERANCE, help=f"one of {', '.join(TOLERANCES)}")
-    p.add_argument(
-        "--run-folder", type=Path, default=None, help="where logs and checkpoints go (default: temp)"
-    )
+    p.add_argument("--run-folder", type=Path, default=None, help="where logs and checkpoints go (default: temp)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
     p.set_defaults(func=handle)
 

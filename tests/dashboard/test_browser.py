@@ -141,3 +141,9 @@ def test_pages_read_without_javascript(browser, server, seeded):
         assert page.locator("#runs tbody tr").count() == 1
     finally:
         context.close()
+
+
+def test_queued_run_without_metrics_renders_cleanly(page, server, seeded):
+    _open(page, f"/runs/{seeded.queued}", "run-queued")
+    assert page.evaluate("() => Object.keys(window.parityCharts)") == []
+    assert page.locator("#chart-loss .nojs").is_visible()

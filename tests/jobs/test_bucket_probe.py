@@ -14,9 +14,7 @@ def _buffer(numels: list[int], padded_index: bool) -> tuple[SimpleNamespace, dic
 
     `padded_index` False reproduces core_v0.16.x: param_to_index is cumulative numel without padding.
     """
-    params = [
-        torch.nn.Parameter(torch.arange(n, dtype=torch.float32) + 1000 * i) for i, n in enumerate(numels)
-    ]
+    params = [torch.nn.Parameter(torch.arange(n, dtype=torch.float32) + 1000 * i) for i, n in enumerate(numels)]
     index_map, start = {}, 0
     for p in params:
         start = -(-start // 64) * 64

@@ -33,8 +33,7 @@ def _doc(phase: str, steps: range, loss: dict | None = None, lr: dict | None = N
         "info": {},
         "probes": {},
         "steps": [
-            {"step": s, "loss": loss[s], "lr": lr[s], "grad_norm": 1.0, "num_zeros": None, "wall_s": 0.1}
-            for s in steps
+            {"step": s, "loss": loss[s], "lr": lr[s], "grad_norm": 1.0, "num_zeros": None, "wall_s": 0.1} for s in steps
         ],
     }
     doc.update(extra)
@@ -145,10 +144,7 @@ def test_save_crash_with_misalignment_is_fail_without_is_error() -> None:
     r = evaluate(SPEC, crashed, None)
     assert r["verdict"] == "fail"
     assert r["signatures"][:2] == ["checkpoint-save-crash", "optimizer-index-misalignment"]
-    assert (
-        r["evidence"]["optimizer-index-misalignment"]["per_rank"][0]["misaligned"][0]["installed_numel"]
-        == 512
-    )
+    assert r["evidence"]["optimizer-index-misalignment"]["per_rank"][0]["misaligned"][0]["installed_numel"] == 512
     assert r["error"]["traceback"]
     unexplained = evaluate(
         SPEC, _baseline(probes={"index_map": _misaligned_probe(0)}, status="error", error=SAVE_ASSERT), None
@@ -224,7 +220,4 @@ def test_signature_table_has_references() -> None:
         "checkpoint-load-crash",
     ):
         assert name in table and name in SIGNATURES
-    assert (
-        "https://github.com/NVIDIA/Megatron-LM/issues/2777"
-        in table["optimizer-index-misalignment"]["references"]
-    )
+    assert "https://github.com/NVIDIA/Megatron-LM/issues/2777" in table["optimizer-index-misalignment"]["references"]

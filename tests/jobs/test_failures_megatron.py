@@ -17,9 +17,7 @@ pytestmark = pytest.mark.megatron
 
 
 @pytest.mark.parametrize("stage", ["save", "train"])
-def test_one_sided_crash_returns_a_document(
-    stage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_one_sided_crash_returns_a_document(stage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARITY_INJECT_FAULT", f"{stage}:1")
     spec = RunSpec(config="dense-bf16", dp=2, steps=4, save_step=2)
     t0 = time.perf_counter()

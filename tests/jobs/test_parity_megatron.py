@@ -61,9 +61,7 @@ def test_known_bad_fails_with_misalignment_and_evidence(results: dict) -> None:
     json.dumps(r)
 
 
-@pytest.mark.parametrize(
-    "name", ["known_good_dp2", "known_good_dp1", "gates_good", "silent_good", "dense_fixed"]
-)
+@pytest.mark.parametrize("name", ["known_good_dp2", "known_good_dp1", "gates_good", "silent_good", "dense_fixed"])
 def test_workarounds_make_resume_bit_identical(results: dict, name: str) -> None:
     r = results[name]
     assert r["verdict"] == "pass", (r["signatures"], r["errors"])

@@ -1,0 +1,27 @@
+"""The README's main command: `parity demo` on embedded defaults ends in verdicts and dashboard URLs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.megatron
+
+
+def test_demo_on_embedded_defaults_ends_in_verdicts(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARITY_")}
+    env.update(PARITY_DATA_DIR=str(tmp_path / "data"), PARITY_EXECUTOR="local", PARITY_API_PORT="0")
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "demo", "--steps", "8", "--save-step", "4"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "verdict: pass" in out
+    assert "verdict: fail" in out and "optimizer-index-misalignment" in out and "REGRESSION" in out
+    assert "/runs/2/triage" in out and "dashboard: http://127.0.0.1:" in out
+    assert (tmp_path / "data" / "pgdata" / "PG_VERSION").exists()  # the embedded server was used
