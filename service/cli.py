@@ -14,14 +14,12 @@ COMMANDS = ("serve", "scheduler", "db", "token", "submit", "demo", "run_local", 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
     import importlib
-    import importlib.util
 
     parser = argparse.ArgumentParser(prog="parity", description="Megatron-Core resume-parity service")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        if importlib.util.find_spec(f"service.commands.{name}"):  # TEMP until run_local/configs land
-            importlib.import_module(f"service.commands.{name}").register(sub)
+        importlib.import_module(f"service.commands.{name}").register(sub)
     return parser
 
 
