@@ -37,9 +37,7 @@ def _env_rank() -> int:
 
 def _setup_logging(folder: Path, rank: int) -> None:
     handler = logging.FileHandler(folder / f"rank{rank}.log")
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s rank%(rank)s %(levelname)s %(message)s".replace("%(rank)s", str(rank)))
-    )
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
@@ -154,18 +152,20 @@ def _shutdown(ctx: RankContext) -> None:
 
 
 def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_port: int | None) -> None:
-    from jobs import runner
+    from jobs import dist
 
     doc = ctx.doc
 
     def imports() -> None:
+        # torch first, so rank 0's rendezvous server is listening while everyone imports Megatron.
+        dist.start_rendezvous(master_port, COLLECTIVE_TIMEOUT_S)
         from jobs import cpu_shim
 
         cpu_shim.install()
         import megatron.core  # noqa: F401 - import cost is part of what the stage measures
 
     ctx.run("import", imports, STAGE_TIMEOUT_S["import"])
-    from jobs import dist
+    from jobs import runner
 
     info = ctx.run("init", lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S), STAGE_TIMEOUT_S["init"])
     ctx.distributed = True
