@@ -108,3 +108,31 @@ def test_two_replicas_submit_each_of_50_runs_exactly_once(committed_db: str, slu
             ], f"run {run_id} should have exactly one job in the Slurm queue"
     finally:
         subprocess.run(["scancel", *[p.job_id for p in all_phases if p.job_id]], check=False)
+
+
+def test_cancel_through_the_api_stops_the_slurm_job(committed_db: str, slurm: str, tmp_path: Path) -> None:
+    from service.db import session_scope
+    from service.runs import cancel_run
+
+    env = service_env(tmp_path, PARITY_EXECUTOR="slurm")
+    since = slurm_now()
+    run_id = queue(SMALL)
+    scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
+    try:
+        wait_for(lambda: run_row(run_id).state == "train_running", 120, "phase 1 running", alive=[scheduler])
+        with session_scope() as session:
+            cancel_run(session, run_id=run_id)
+        wait_for(lambda: run_row(run_id).finished_at, 60, "the cancellation", alive=[scheduler])
+    finally:
+        stop(scheduler)
+    run = run_row(run_id)
+    assert run.state == "cancelled" and run.verdict is None
+    assert [(p.name, p.state) for p in phases(run_id)] == [("train_and_save", "cancelled")]
+    job_id = phases(run_id)[0].job_id
+    wait_for(lambda: _sacct_state(job_id, since).startswith("CANCELLED"), 30, "Slurm to record the cancel")
+
+
+def _sacct_state(job_id: str | None, since: str) -> str:
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State", "-S", since],
+                         capture_output=True, text=True)
+    return out.stdout.strip()
