@@ -8,6 +8,7 @@ and returned a document (even one describing a crash) is a parity answer and is 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -64,7 +65,14 @@ def _close(phase: Phase, state: str, job: launcher.PhaseJob, reason: str | None 
         phase.started_at = phase.submitted_at
     if phase.started_at:
         phase.duration_s = (phase.ended_at - phase.started_at).total_seconds()
-    phase.log_paths = launcher.log_paths(job)
+    phase.log_paths = phase_logs(phase, job)
+
+
+def phase_logs(phase: Phase, job: launcher.PhaseJob) -> list[str]:
+    """The job's own per-rank logs (where a caught traceback lands) first, then submitit's stdout/stderr."""
+    rank_dir = Path(phase.folder or ".").parent / phase.name
+    own = [rank_dir / f"rank{rank}.log" for rank in range(job.tasks)]
+    return [str(p) for p in own if p.is_file()] + launcher.log_paths(job)
 
 
 def _finished(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, settings: Settings) -> None:

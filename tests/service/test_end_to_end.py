@@ -60,6 +60,9 @@ def test_known_good_passes_and_known_bad_fails_as_a_regression(
         runs = httpx.get(f"{url}/api/v1/runs").json()["items"]
         bad_run, good_run = runs[0], runs[1]
         assert bad_run["regression"] is True and bad_run["last_good_run_id"] == good_run["id"]
+        triage = httpx.get(bad_run["links"]["triage"])
+        assert triage.status_code == 200
+        assert "rank0.log" in triage.text and "AssertionError" in triage.text  # the traceback, one click away
         metrics = httpx.get(f"{url}/api/v1/runs/{good_run['id']}/metrics").json()
         resumed = [s for s in metrics["steps"] if s["loss_resumed"] is not None]
         assert [s["step"] for s in resumed] == [5, 6, 7, 8]
