@@ -6,6 +6,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api import meta, runs
 from service.dashboard import routes as dashboard
@@ -24,9 +25,11 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
     detail = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+    # only the plain parts: pydantic's ctx may hold exception objects that JSON cannot carry
+    errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg")), "type": str(e.get("type"))}
+              for e in exc.errors()]
     return JSONResponse(
-        {"error": "invalid_request", "detail": detail, "field": field, "errors": exc.errors()},
-        status_code=422,
+        {"error": "invalid_request", "detail": detail, "field": field, "errors": errors}, status_code=422
     )
 
 
@@ -39,6 +42,17 @@ def _database_down(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+
+
+def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    # framework-raised errors (malformed JSON body, unknown path, wrong method) in the same shape
+    assert isinstance(exc, StarletteHTTPException)
+    code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    return JSONResponse({"error": code, "detail": str(exc.detail), "field": None}, status_code=exc.status_code,
+                        headers=getattr(exc, "headers", None))
+
+
 def create_app() -> FastAPI:
     """Build the app; the database is resolved lazily on the first request that needs it."""
     app = FastAPI(
@@ -48,6 +62,7 @@ def create_app() -> FastAPI:
     )
     app.add_exception_handler(DomainError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(InterfaceError, _database_down)
     app.include_router(runs.router)

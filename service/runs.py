@@ -36,7 +36,7 @@ def create_run(
 ) -> tuple[Run, bool]:
     """Queue a run; with an idempotency key seen before, return that run instead. -> (run, created)."""
     spec_dict = spec.to_dict()
-    if idempotency_key:
+    if idempotency_key is not None:
         existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
         if existing is not None:
             return _same_request(existing, spec_dict, environment), False
@@ -52,7 +52,7 @@ def create_run(
         signatures=[],
         summary={},
     )
-    if not idempotency_key:
+    if idempotency_key is None:
         session.add(run)
         session.flush()
         session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))

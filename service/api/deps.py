@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Header
+from fastapi import Depends, Header, Path
 from sqlalchemy.orm import Session
 
 from models import ApiToken
@@ -20,6 +20,9 @@ def get_session() -> Iterator[Session]:
         yield session
 
 
+# ids are Postgres integers: anything larger cannot name a row (and must not reach the database)
+RunId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+RowId = RunId
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 

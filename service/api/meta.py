@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from sqlalchemy import func, select, text
 
@@ -14,13 +14,13 @@ from jobs.configs import list_configs
 from models import Phase, Run, SchedulerHeartbeat
 from models.base import utcnow
 from service.api.deps import AdminToken, ReadAccess, SessionDep, SettingsDep
-from service.api.schemas import EnvironmentIn, EnvironmentOut, ErrorOut
+from service.api.schemas import ERROR_RESPONSES, EnvironmentIn, EnvironmentOut
 from service.db import session_scope
 from service.environments import create_environment, ensure_default_environment, list_environments
 from service.slurm import pick_executor, slurm_status
 from service.state import IN_FLIGHT, RunState
 
-router = APIRouter(prefix="/api/v1", tags=["meta"])
+router = APIRouter(prefix="/api/v1", tags=["meta"], responses=ERROR_RESPONSES)
 HEARTBEAT_STALE = timedelta(seconds=60)
 
 
@@ -37,9 +37,7 @@ def environments(session: SessionDep, settings: SettingsDep, _: ReadAccess) -> l
     return [EnvironmentOut.model_validate(e) for e in list_environments(session)]
 
 
-@router.post(
-    "/environments", status_code=201, response_model=EnvironmentOut, responses={409: {"model": ErrorOut}}
-)
+@router.post("/environments", status_code=201, response_model=EnvironmentOut)
 def add_environment(body: EnvironmentIn, session: SessionDep, _: AdminToken) -> EnvironmentOut:
     """Register an environment: the Python that runs job phases for another Megatron-Core build."""
     env = create_environment(session, name=body.name, python=body.python, description=body.description)
@@ -75,7 +73,7 @@ def metrics_alias(session: SessionDep) -> Response:
 metrics_router = APIRouter()
 
 
-@metrics_router.get("/metrics", tags=["meta"])
+@metrics_router.get("/metrics", tags=["meta"], response_class=PlainTextResponse)
 def prometheus_metrics(session: SessionDep) -> Response:
     """Prometheus text: queue depth, runs by state and verdict, phase durations."""
     registry = CollectorRegistry()

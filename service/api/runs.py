@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -11,9 +11,9 @@ from sqlalchemy import select
 
 from models import ProbeFinding, Run, StepMetric
 from service import runs as run_service
-from service.api.deps import ReadAccess, SessionDep, SettingsDep, SubmitToken
+from service.api.deps import ReadAccess, RunId, SessionDep, SettingsDep, SubmitToken
 from service.api.schemas import (
-    ErrorOut,
+    ERROR_RESPONSES,
     PhaseOut,
     ProbeFindingOut,
     RunCreate,
@@ -28,8 +28,7 @@ from service.errors import InvalidSpec
 from service.settings import Settings
 from service.state import RunState
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (401, 403, 404, 409, 422)}
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=ERROR_RESPONSES)
 
 
 def run_links(run_id: int, settings: Settings) -> RunLinks:
@@ -55,14 +54,14 @@ def run_out(run: Run, settings: Settings, *, with_phases: bool = False) -> RunOu
     return RunOut(**fields)
 
 
-@router.post("", status_code=202, response_model=RunOut, responses=ERRORS)
+@router.post("", status_code=202, response_model=RunOut)
 def create_run(
     body: RunCreate,
     session: SessionDep,
     settings: SettingsDep,
     token: SubmitToken,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> RunOut:
     """Queue a parity run. A repeated Idempotency-Key returns the run it created first."""
     spec = run_service.validate_spec(body.spec)
@@ -95,7 +94,7 @@ def _parse_labels(label: list[str]) -> dict[str, str]:
     return out
 
 
-@router.get("", response_model=RunPage, responses=ERRORS)
+@router.get("", response_model=RunPage)
 def list_runs(
     request: Request,
     session: SessionDep,
@@ -133,14 +132,14 @@ def list_runs(
     )
 
 
-@router.get("/{run_id}", response_model=RunOut, responses=ERRORS)
-def get_run(run_id: int, session: SessionDep, settings: SettingsDep, _: ReadAccess) -> RunOut:
+@router.get("/{run_id}", response_model=RunOut)
+def get_run(run_id: RunId, session: SessionDep, settings: SettingsDep, _: ReadAccess) -> RunOut:
     """One run with its phases, verdict, signatures and links."""
     return run_out(run_service.get_run(session, run_id=run_id, with_phases=True), settings, with_phases=True)
 
 
-@router.get("/{run_id}/metrics", response_model=RunMetrics, responses=ERRORS)
-def get_metrics(run_id: int, session: SessionDep, _: ReadAccess) -> RunMetrics:
+@router.get("/{run_id}/metrics", response_model=RunMetrics)
+def get_metrics(run_id: RunId, session: SessionDep, _: ReadAccess) -> RunMetrics:
     """Per-step metrics of the baseline and resumed runs with deltas, and probe findings."""
     run_service.get_run(session, run_id=run_id)
     steps = session.scalars(select(StepMetric).where(StepMetric.run_id == run_id).order_by(StepMetric.step))
@@ -152,14 +151,14 @@ def get_metrics(run_id: int, session: SessionDep, _: ReadAccess) -> RunMetrics:
     )
 
 
-@router.post("/{run_id}/cancel", response_model=RunOut, responses=ERRORS)
-def cancel_run(run_id: int, session: SessionDep, settings: SettingsDep, _: SubmitToken) -> RunOut:
+@router.post("/{run_id}/cancel", response_model=RunOut)
+def cancel_run(run_id: RunId, session: SessionDep, settings: SettingsDep, _: SubmitToken) -> RunOut:
     """Cancel a queued run, or ask the scheduler to cancel a running one."""
     run = run_service.cancel_run(session, run_id=run_id)
     return run_out(run, settings)
 
 
-@router.post("/{run_id}/rerun", status_code=202, response_model=RunOut, responses=ERRORS)
-def rerun(run_id: int, session: SessionDep, settings: SettingsDep, token: SubmitToken) -> RunOut:
+@router.post("/{run_id}/rerun", status_code=202, response_model=RunOut)
+def rerun(run_id: RunId, session: SessionDep, settings: SettingsDep, token: SubmitToken) -> RunOut:
     """Queue a fresh run with the same spec, environment and labels."""
     return run_out(run_service.rerun(session, run_id=run_id, requester=token.name), settings)

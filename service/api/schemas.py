@@ -153,3 +153,10 @@ class ErrorOut(BaseModel):
     error: str = Field(description="Stable error code")
     detail: str = Field(description="What went wrong, naming the field")
     field: str | None = None
+    errors: list[dict[str, Any]] | None = Field(default=None, description="Every validation problem (422 only)")
+
+
+# Every route can answer with the one error shape; documenting it keeps the OpenAPI document true.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 422, 503)
+}

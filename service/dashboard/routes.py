@@ -10,7 +10,7 @@ from fastapi.staticfiles import StaticFiles
 
 from jobs.signatures import SIGNATURES
 from models import Phase
-from service.api.deps import ReadAccess, SessionDep, SettingsDep
+from service.api.deps import ReadAccess, RowId, RunId, SessionDep, SettingsDep
 from service.dashboard import history as history_q
 from service.dashboard import logs as logs_q
 from service.dashboard import overview as overview_q
@@ -46,14 +46,14 @@ def runs(request: Request, session: SessionDep, _: ReadAccess) -> Response:
 
 
 @router.get("/runs/{run_id}")
-def run(request: Request, run_id: int, session: SessionDep, settings: SettingsDep, _: ReadAccess) -> Response:
+def run(request: Request, run_id: RunId, session: SessionDep, settings: SettingsDep, _: ReadAccess) -> Response:
     """One run: charts, per-step table, probe findings, phases, events."""
     context = runpage.run_page(session, run_id, settings.resolved_run_folder)
     return render(request, "run.html", context)
 
 
 @router.get("/runs/{run_id}/triage")
-def triage(request: Request, run_id: int, session: SessionDep, settings: SettingsDep, _: ReadAccess) -> Response:
+def triage(request: Request, run_id: RunId, session: SessionDep, settings: SettingsDep, _: ReadAccess) -> Response:
     """What on-call needs for a failed or errored run."""
     context = triage_q.triage(session, run_id, run_folder=settings.resolved_run_folder, base_url=settings.base_url)
     return render(request, "triage.html", context)
@@ -61,7 +61,7 @@ def triage(request: Request, run_id: int, session: SessionDep, settings: Setting
 
 @router.get("/runs/{run_id}/phases/{phase_id}/log")
 def phase_log(
-    request: Request, run_id: int, phase_id: int, session: SessionDep, settings: SettingsDep, _: ReadAccess,
+    request: Request, run_id: RunId, phase_id: RowId, session: SessionDep, settings: SettingsDep, _: ReadAccess,
     path: str = "", raw: bool = False, lines: int = LOG_LINES,
 ) -> Response:
     """One log file of a phase (its tail), only from inside the run folder."""

@@ -133,3 +133,15 @@ def test_reads_can_require_a_token(client: TestClient, make_token, monkeypatch) 
     get_settings.cache_clear()
     assert client.get("/api/v1/runs").status_code == 401
     assert client.get("/api/v1/runs", headers=make_token("read")).status_code == 200
+
+
+def test_edge_inputs_get_clear_4xx_not_500(client: TestClient, make_token) -> None:
+    headers = make_token("submit")
+    empty_key = _post(client, {**headers, "Idempotency-Key": ""})
+    assert empty_key.status_code == 422 and empty_key.json()["field"] == "header.idempotency-key"
+    for path in ("/api/v1/runs/99999999999", "/api/v1/runs/99999999999/metrics", "/runs/99999999999"):
+        assert client.get(path).status_code == 422
+    bad_json = client.post("/api/v1/runs", content=b"{not json", headers={**headers, "Content-Type": "application/json"})
+    assert bad_json.status_code == 422 and bad_json.json()["error"] == "invalid_request"
+    weird_label = _post(client, headers, labels={"bad key!": "x"})
+    assert weird_label.status_code == 422 and "label key" in weird_label.json()["detail"]
