@@ -141,7 +141,8 @@ def test_edge_inputs_get_clear_4xx_not_500(client: TestClient, make_token) -> No
     assert empty_key.status_code == 422 and empty_key.json()["field"] == "header.idempotency-key"
     for path in ("/api/v1/runs/99999999999", "/api/v1/runs/99999999999/metrics", "/runs/99999999999"):
         assert client.get(path).status_code == 422
-    bad_json = client.post("/api/v1/runs", content=b"{not json", headers={**headers, "Content-Type": "application/json"})
+    json_headers = {**headers, "Content-Type": "application/json"}
+    bad_json = client.post("/api/v1/runs", content=b"{not json", headers=json_headers)
     assert bad_json.status_code == 422 and bad_json.json()["error"] == "invalid_request"
     weird_label = _post(client, headers, labels={"bad key!": "x"})
     assert weird_label.status_code == 422 and "label key" in weird_label.json()["detail"]
