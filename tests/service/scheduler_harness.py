@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlalchemy import select
 
 from models import Phase, Run
@@ -26,6 +28,21 @@ GOOD = ["realign-param-index", "restore-adam-step"]
 def slurm_now() -> str:
     """The current time in the form sacct -S takes (run ids repeat across test sessions; times don't)."""
     return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def free_port() -> int:
+    """A port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def api_up(url: str) -> bool:
+    """Whether a `parity serve` at url answers its health check."""
+    try:
+        return httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def service_env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -10,15 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.scheduler_harness import GOOD, PARITY, service_env, start, stop, wait_for
+from tests.service.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _submit(env: dict[str, str], url: str, token: str, junit: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -33,7 +27,7 @@ def _submit(env: dict[str, str], url: str, token: str, junit: Path, *extra: str)
 def test_known_good_passes_and_known_bad_fails_as_a_regression(
     committed_db: str, slurm: str, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_PUBLIC_URL=url)
     token = subprocess.run(
@@ -43,7 +37,7 @@ def test_known_good_passes_and_known_bad_fails_as_a_regression(
     api = start(["serve", "--port", str(port)], env, tmp_path / "api.log")
     scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
     try:
-        wait_for(lambda: _healthy(url), 60, "the API", alive=[api])
+        wait_for(lambda: api_up(url), 60, "the API", alive=[api])
         good_args = [arg for w in GOOD for arg in ("--workaround", w)]
         good = _submit(env, url, token, tmp_path / "good.xml", *good_args)
         assert good.returncode == 0, good.stdout + good.stderr
@@ -78,9 +72,3 @@ def test_known_good_passes_and_known_bad_fails_as_a_regression(
         stop(scheduler)
         stop(api)
 
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

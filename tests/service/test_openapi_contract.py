@@ -4,29 +4,24 @@ get a 500, an undocumented status or content type, or a body that breaks the doc
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import httpx
-
-from tests.service.scheduler_harness import PARITY, service_env, start, stop, wait_for
+from tests.service.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 
 
 def test_api_matches_its_openapi_document(committed_db: str, tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = service_env(tmp_path, PARITY_EXECUTOR="local")
     token = subprocess.run([*PARITY, "token", "create", "--name", "contract", "--scope", "admin"],
                            env=env, capture_output=True, text=True, check=True).stdout.strip()
     api = start(["serve", "--port", str(port)], env, tmp_path / "api.log")
     try:
-        wait_for(lambda: _up(url), 60, "the API", alive=[api])
+        wait_for(lambda: api_up(url), 60, "the API", alive=[api])
         cli = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or "schemathesis"
         done = subprocess.run(
             [cli, "run", f"{url}/openapi.json", "-H", f"Authorization: Bearer {token}", "--max-examples", "25",
@@ -37,9 +32,3 @@ def test_api_matches_its_openapi_document(committed_db: str, tmp_path: Path) -> 
     finally:
         stop(api)
 
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

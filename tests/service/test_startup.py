@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.service.scheduler_harness import free_port
 
 PARITY = [sys.executable, "-m", "service.cli"]
 
@@ -21,11 +22,6 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env.update(PARITY_DATA_DIR=str(tmp_path / "data"), PARITY_EXECUTOR="local", **extra)
     return env
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _serve(tmp_path: Path, port: int) -> subprocess.Popen[bytes]:
@@ -51,7 +47,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def test_embedded_postgres_is_real_and_persists_across_restart(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     first = _serve(tmp_path, port)
     try:
         health = _wait_health(port, first)
