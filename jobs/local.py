@@ -7,8 +7,6 @@ phase writes itself, or an error record with the tail of its log.
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 from jobs.compare import evaluate
 from jobs.dist import free_port
+from jobs.documents import merge_rank_documents, read_rank_documents
 from jobs.phase import run_phase
 from jobs.spec import RunSpec
 from jobs.stages import write_json
@@ -46,35 +45,6 @@ def _failed_doc(spec: RunSpec, phase: str, stage: str, message: str, tb: str = "
     }
 
 
-def _rank_files(run_folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
-    docs = []
-    for rank in range(dp):
-        path = run_folder / phase / f"result.rank{rank}.json"
-        if path.exists():
-            docs.append(json.loads(path.read_text()))
-    return docs
-
-
-# Errors a rank sees because a peer died: the peer's own error is the root cause.
-_PEER_FAILURE = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|StageTimeout|timed out", re.I)
-
-
-def _is_secondary(error: dict[str, Any]) -> bool:
-    return bool(_PEER_FAILURE.search(f"{error.get('type', '')} {error.get('message', '')}"))
-
-
-def _pick(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Return rank 0's document, carrying the root-cause error of whichever rank failed first."""
-    if not docs:
-        return None
-    main = next((d for d in docs if d.get("rank") == 0), docs[0])
-    errors = [d["error"] for d in docs if d.get("status") == "error" and d.get("error")]
-    if errors:
-        root = next((e for e in errors if not _is_secondary(e)), errors[0])
-        main = dict(main, status="error", error=dict(root, rank_errors=errors))
-    return main
-
-
 def run_phase_job(
     spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
 ) -> dict[str, Any]:
@@ -91,9 +61,9 @@ def run_phase_job(
             return _failed_doc(spec, phase, "launch", f"phase {phase} timed out after {timeout_s:.0f} s")
         time.sleep(POLL_S)
     try:
-        doc = _pick(list(job.results()))
+        doc = merge_rank_documents(list(job.results()))
     except Exception as exc:  # noqa: BLE001 - a dead task: fall back to what the ranks wrote
-        doc = _pick(_rank_files(run_folder, phase, spec.dp))
+        doc = merge_rank_documents(read_rank_documents(run_folder, phase, spec.dp))
         if doc is None:
             doc = _failed_doc(spec, phase, "launch", f"{type(exc).__name__}: {exc}", str(exc))
     assert doc is not None

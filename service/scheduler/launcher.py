@@ -12,6 +12,7 @@ import psutil
 import submitit
 from submitit.core.core import Job
 
+from jobs.documents import merge_rank_documents
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -132,12 +133,22 @@ def _kind(raw: str) -> str:
 
 
 def fetch_result(job: PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
-    """(rank 0's result document, None) or (None, the error text of a job that raised or vanished)."""
-    handle = _job(job).task(0)
-    try:
-        return handle.result(), None
-    except Exception as exc:  # submitit wraps the remote traceback in the exception text
-        return None, f"{type(exc).__name__}: {exc}"[-8000:]
+    """(the phase's document, None) or (None, the error of a job whose ranks all raised or vanished).
+
+    Every rank's document is read: when one rank fails, its own error is the root cause, not the
+    "connection reset" its peers saw.
+    """
+    handle = _job(job)
+    docs, errors = [], []
+    for task in range(job.tasks):
+        try:
+            docs.append(handle.task(task).result())
+        except Exception as exc:  # submitit wraps the remote traceback in the exception text
+            errors.append(f"rank {task}: {type(exc).__name__}: {exc}"[-8000:])
+    merged = merge_rank_documents([d for d in docs if isinstance(d, dict)])
+    if merged is not None:
+        return merged, None
+    return None, "\n".join(errors) or "no rank returned a result"
 
 
 def cancel(job: PhaseJob) -> None:

@@ -76,6 +76,10 @@ def run_forever(settings: Settings, stop: threading.Event | None = None) -> None
             failures += 1
             delay = min(30.0, settings.scheduler_poll_seconds * 2**failures)
             log.warning("database unavailable (%s); retrying in %.0fs", str(exc).splitlines()[0], delay)
+        except Exception:  # a bug in one step must not stop every other run; its transaction rolled back
+            failures += 1
+            delay = min(30.0, settings.scheduler_poll_seconds * 2**failures)
+            log.exception("scheduler step failed; retrying in %.0fs", delay)
         stop.wait(delay)
     log.info("scheduler %s stopped", name)
 

@@ -16,13 +16,12 @@ from sqlalchemy.orm import Session
 from models import Phase, Run
 from models.base import utcnow
 from service.scheduler import launcher
-from service.scheduler.submitter import PHASES, new_phase
+from service.scheduler.submitter import PHASES, SUBMITTED_STATE, new_phase, retry_or_give_up
 from service.settings import Settings
 from service.state import RunState, transition
 
 log = logging.getLogger(__name__)
 RUNNING_STATE = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
-SUBMITTED_STATE = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
 
 
 def _job(phase: Phase, run: Run) -> launcher.PhaseJob:
@@ -50,10 +49,9 @@ def reconcile(session: Session, *, settings: Settings) -> int:
             phase.state, phase.started_at = "running", utcnow()
             if run.state == SUBMITTED_STATE[phase.name]:
                 transition(session, run, RUNNING_STATE[phase.name], f"{phase.executor} job {phase.job_id} running")
-        elif status.kind == "done":
+        elif status.kind in ("done", "failed"):
+            # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so
             _finished(session, phase, run, job, settings)
-        elif status.kind == "failed":
-            _job_raised(session, phase, run, job)
         elif status.kind == "infra":
             _infra_failure(session, phase, run, status.raw, settings)
     return len(rows)
@@ -98,10 +96,8 @@ def _doc_error(doc: dict) -> str:
     return f"{err.get('stage', '?')}: {err.get('type', '?')}: {err.get('message', '')}"[:2000]
 
 
-def _job_raised(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, error: str | None = None) -> None:
-    """The job's Python raised outside the phase's own error handling: an error, not retried."""
-    if error is None:
-        _, error = launcher.fetch_result(job)
+def _job_raised(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, error: str | None) -> None:
+    """The job ended without rank 0's document (it raised, or the rank died): an error, not retried."""
     _close(phase, "failed", job, error or "job failed without a result")
     phase.info = {"status": "error", "error": {"stage": "job", "type": "JobFailed", "message": error or ""}}
     run.error_message = f"{phase.name} job {phase.job_id} failed: {(error or '')[-1500:]}"
@@ -111,20 +107,7 @@ def _job_raised(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob
 def _infra_failure(session: Session, phase: Phase, run: Run, raw: str, settings: Settings) -> None:
     job = _job(phase, run)
     _close(phase, "infra_failed", job, f"{phase.executor} state {raw}")
-    if phase.attempt <= settings.max_infra_retries:
-        delay = settings.retry_backoff_seconds * (2 ** (phase.attempt - 1))
-        new_phase(session, run=run, name=phase.name, attempt=phase.attempt + 1, settings=settings, delay_s=delay)
-        transition(
-            session, run, SUBMITTED_STATE[phase.name],
-            f"{phase.name} job {phase.job_id} ended {raw}; retry {phase.attempt}/{settings.max_infra_retries} "
-            f"in {delay:.0f}s",
-        )
-        return
-    run.error_message = (
-        f"{phase.name} job {phase.job_id} ended {raw} on {phase.attempt} attempt(s); "
-        "infrastructure failure, not a parity result"
-    )
-    transition(session, run, RunState.ERROR, run.error_message)
+    retry_or_give_up(session, phase=phase, run=run, what=f"job {phase.job_id} ended {raw}", settings=settings)
 
 
 def _cancel(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob) -> None:

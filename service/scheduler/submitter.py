@@ -23,6 +23,7 @@ from service.state import RunState, transition
 
 log = logging.getLogger(__name__)
 PHASES = ("train_and_save", "resume")
+SUBMITTED_STATE = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
 
 
 def run_dir(settings: Settings, run_id: int) -> Path:
@@ -45,6 +46,22 @@ def new_phase(session: Session, *, run: Run, name: str, attempt: int, settings: 
     session.add(phase)
     session.flush()
     return phase
+
+
+def retry_or_give_up(session: Session, *, phase: Phase, run: Run, what: str, settings: Settings) -> None:
+    """After an infrastructure failure of a phase: queue the next attempt with backoff, or end in error."""
+    if phase.attempt <= settings.max_infra_retries:
+        delay = settings.retry_backoff_seconds * (2 ** (phase.attempt - 1))
+        new_phase(session, run=run, name=phase.name, attempt=phase.attempt + 1, settings=settings, delay_s=delay)
+        transition(
+            session, run, SUBMITTED_STATE[phase.name],
+            f"{phase.name}: {what}; retry {phase.attempt}/{settings.max_infra_retries} in {delay:.0f}s",
+        )
+        return
+    run.error_message = (
+        f"{phase.name}: {what} on {phase.attempt} attempt(s); infrastructure failure, not a parity result"
+    )
+    transition(session, run, RunState.ERROR, run.error_message)
 
 
 def claim_queued(session: Session, *, settings: Settings, limit: int = 20) -> int:
@@ -80,11 +97,18 @@ def launch_one(session: Session, *, settings: Settings) -> bool:
     if job_id is None:
         env = session.get(Environment, run.environment_id)
         assert env is not None
-        job = launcher.submit_phase(
-            executor=phase.executor, folder=folder, python=env.python, tasks=int(run.spec["dp"]),
-            settings=settings, name=f"parity-{run.id}-{phase.name}", function=run_phase,
-            args=(run.spec, str(run_dir(settings, run.id)), phase.name),
-        )
+        try:
+            job = launcher.submit_phase(
+                executor=phase.executor, folder=folder, python=env.python, tasks=int(run.spec["dp"]),
+                settings=settings, name=f"parity-{run.id}-{phase.name}", function=run_phase,
+                args=(run.spec, str(run_dir(settings, run.id)), phase.name),
+            )
+        except Exception as exc:  # sbatch refused or the executor broke: the infrastructure, not the code
+            reason = " ".join(str(exc).split())[-1500:] or type(exc).__name__
+            log.warning("submitting phase %s of run %s failed: %s", phase.name, run.id, reason)
+            phase.state, phase.ended_at, phase.exit_reason = "infra_failed", now, f"submission failed: {reason}"
+            retry_or_give_up(session, phase=phase, run=run, what=f"submission failed ({reason})", settings=settings)
+            return True
         job_id = job.job_id
     else:
         log.info("phase %s of run %s already submitted as job %s; adopting it", phase.name, run.id, job_id)

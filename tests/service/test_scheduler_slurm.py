@@ -136,3 +136,35 @@ def _sacct_state(job_id: str | None, since: str) -> str:
     out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State", "-S", since],
                          capture_output=True, text=True)
     return out.stdout.strip()
+
+
+def test_refused_submission_is_retried_then_reported(committed_db: str, slurm: str, tmp_path: Path) -> None:
+    env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_MAX_INFRA_RETRIES="1",
+                      PARITY_SLURM_PARTITION="no-such-partition")
+    run_id = queue(SMALL)
+    scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
+    try:
+        wait_for(lambda: run_row(run_id).finished_at, 60, "the run to end", alive=[scheduler])
+    finally:
+        stop(scheduler)
+    run = run_row(run_id)
+    assert run.state == "error" and run.verdict is None
+    assert "submission failed" in (run.error_message or "") and "partition" in (run.error_message or "").lower()
+    rows = phases(run_id)
+    assert [(p.attempt, p.state, p.job_id) for p in rows] == [(1, "infra_failed", None), (2, "infra_failed", None)]
+
+
+def test_a_failing_rank_ends_the_run_in_error_without_hanging(committed_db: str, slurm: str, tmp_path: Path) -> None:
+    # rank 1 fails in training; rank 0 must not wait forever in a collective, and the run reports why
+    env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_INJECT_FAULT="train:1")
+    run_id = queue(SMALL)
+    scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
+    try:
+        wait_for(lambda: run_row(run_id).finished_at, 240, "the run to end", alive=[scheduler])
+    finally:
+        stop(scheduler)
+    run = run_row(run_id)
+    assert run.state == "error", (run.state, run.signatures)
+    assert [(p.name, p.attempt) for p in phases(run_id)] == [("train_and_save", 1)]  # not retried
+    error = run.summary["error"]
+    assert error["stage"] == "train" and error["rank"] == 1

@@ -1,0 +1,38 @@
+"""Per-rank result documents of one phase, and the one document that speaks for the phase."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+
+def read_rank_documents(run_folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
+    """The result.rank{r}.json documents the ranks of a phase wrote (those that exist)."""
+    docs = []
+    for rank in range(dp):
+        path = run_folder / phase / f"result.rank{rank}.json"
+        if path.exists():
+            docs.append(json.loads(path.read_text()))
+    return docs
+
+
+# Errors a rank sees because a peer died: the peer's own error is the root cause.
+_PEER_FAILURE = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|StageTimeout|timed out", re.I)
+
+
+def _is_secondary(error: dict[str, Any]) -> bool:
+    return bool(_PEER_FAILURE.search(f"{error.get('type', '')} {error.get('message', '')}"))
+
+
+def merge_rank_documents(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Return rank 0's document, carrying the root-cause error of whichever rank failed first."""
+    if not docs:
+        return None
+    main = next((d for d in docs if d.get("rank") == 0), docs[0])
+    errors = [d["error"] for d in docs if d.get("status") == "error" and d.get("error")]
+    if errors:
+        root = next((e for e in errors if not _is_secondary(e)), errors[0])
+        main = dict(main, status="error", error=dict(root, rank_errors=errors))
+    return main
