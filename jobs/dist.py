@@ -26,6 +26,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+LOWEST_MASTER_PORT = 20_000
+
+
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def job_master_port(job_id: str) -> int:
+    """A rendezvous port every rank of a job derives alike, below the kernel's ephemeral range.
+
+    submitit draws one from 20000-60000, which overlaps the ports the kernel hands to outgoing
+    connections (32768-60999 here): a busy host then fails rank 0 with EADDRINUSE now and then.
+    Consecutive job ids get consecutive ports, so concurrent jobs on one node do not collide.
+    """
+    span = max(1, _ephemeral_floor() - LOWEST_MASTER_PORT)
+    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
+    return LOWEST_MASTER_PORT + int(digits) % span
+
+
 def under_submitit() -> bool:
     """Return True inside a submitit task (local or Slurm)."""
     return any(k in os.environ for k in ("SUBMITIT_LOCAL_JOB_ID", "SUBMITIT_EXECUTOR", "SLURM_JOB_ID"))
@@ -36,6 +59,9 @@ def export_env(master_port: int | None) -> None:
     if master_port is not None:
         # submitit's helper reads MASTER_PORT back from the environment when it is set.
         os.environ["MASTER_PORT"] = str(master_port)
+    elif under_submitit() and "MASTER_PORT" not in os.environ:
+        job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "0"
+        os.environ["MASTER_PORT"] = str(job_master_port(job_id))
     if under_submitit():
         from submitit.helpers import TorchDistributedEnvironment
 

@@ -71,3 +71,4 @@ def test_allowed_values_and_configs_are_plain_data() -> None:
     names = {c["name"] for c in configs}
     assert {"moe-fp32-router", "moe-fp32-router-gates", "dense-bf16", "equal-shards-fp32-head"} <= names
     assert all(c["description"] and c["why"] and c["parameters"] for c in configs)
+

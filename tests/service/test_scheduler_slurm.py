@@ -107,7 +107,10 @@ def test_two_replicas_submit_each_of_50_runs_exactly_once(committed_db: str, slu
                 p.job_id for p in phases(run_id)
             ], f"run {run_id} should have exactly one job in the Slurm queue"
     finally:
-        subprocess.run(["scancel", *[p.job_id for p in all_phases if p.job_id]], check=False)
+        job_ids = [p.job_id for p in all_phases if p.job_id]
+        subprocess.run(["scancel", *job_ids], check=False)
+        # leave the node idle for the next test: held jobs linger a few seconds while being cancelled
+        wait_for(lambda: not _in_queue(job_ids), 90, "the held jobs to leave the queue")
 
 
 def test_cancel_through_the_api_stops_the_slurm_job(committed_db: str, slurm: str, tmp_path: Path) -> None:
@@ -168,3 +171,8 @@ def test_a_failing_rank_ends_the_run_in_error_without_hanging(committed_db: str,
     assert [(p.name, p.attempt) for p in phases(run_id)] == [("train_and_save", 1)]  # not retried
     error = run.summary["error"]
     assert error["stage"] == "train" and error["rank"] == 1
+
+
+def _in_queue(job_ids: list[str]) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True)
+    return sorted(set(out.stdout.split()) & set(job_ids))
