@@ -22,9 +22,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 INFRA_STATES = frozenset(
     {"CANCELLED", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "LOST"}
 )
-ACTIVE_STATES = frozenset(
-    {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING", "UNKNOWN", "READY"}
-)
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,10 @@ def submit_phase(
     folder.mkdir(parents=True, exist_ok=True)
     timeout = settings.phase_timeout_min if executor == "local" else settings.slurm_time_limit_min
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
-    pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    current = os.environ.get("PYTHONPATH", "")
+    pythonpath = current if str(REPO_ROOT) in current.split(os.pathsep) else os.pathsep.join(
+        filter(None, [str(REPO_ROOT), current])
+    )
     ex: submitit.Executor
     if executor == "slurm":
         ex = submitit.SlurmExecutor(folder=folder, python=python, max_num_timeout=0)
