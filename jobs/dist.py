@@ -78,6 +78,20 @@ def export_env(master_port: int | None) -> None:
 _store: Any = None
 
 
+def _tcp_store(*, is_master: bool, timeout_s: float) -> Any:
+    """The job's TCPStore at MASTER_ADDR:MASTER_PORT (served by rank 0, joined by the others)."""
+    import torch
+
+    return torch.distributed.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=is_master,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
 def start_rendezvous(master_port: int | None, timeout_s: float) -> None:
     """Export the env and, on rank 0, start the TCPStore server now (before the slow imports).
 
@@ -85,18 +99,10 @@ def start_rendezvous(master_port: int | None, timeout_s: float) -> None:
     there first is refused and retries with backoff, which cost 0.5-0.8 s per launch here.
     """
     global _store
-    import torch
 
     export_env(master_port)
     if int(os.environ["RANK"]) == 0 and _store is None:
-        _store = torch.distributed.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            int(os.environ["WORLD_SIZE"]),
-            is_master=True,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+        _store = _tcp_store(is_master=True, timeout_s=timeout_s)
 
 
 def init(master_port: int | None, timeout_s: float) -> DistInfo:
@@ -106,13 +112,7 @@ def init(master_port: int | None, timeout_s: float) -> DistInfo:
     from megatron.core import parallel_state
 
     if _store is None and int(os.environ.get("RANK", "-1")) > 0:
-        _store = torch.distributed.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            int(os.environ["WORLD_SIZE"]),
-            is_master=False,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        _store = _tcp_store(is_master=False, timeout_s=timeout_s)
     if _store is None:
         export_env(master_port)
     backend = "nccl" if torch.cuda.is_available() else "gloo"

@@ -30,6 +30,16 @@ def slurm_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def run_to_end(env: dict[str, str], run_id: int, log: Path, timeout: float) -> Run:
+    """Run one scheduler until run_id has finished, stop it, and return the run's row."""
+    scheduler = start(["scheduler"], env, log)
+    try:
+        wait_for(lambda: run_row(run_id).finished_at, timeout, "the run to end", alive=[scheduler])
+    finally:
+        stop(scheduler)
+    return run_row(run_id)
+
+
 def free_port() -> int:
     """A port nothing listens on right now."""
     with socket.socket() as s:

@@ -16,6 +16,7 @@ from tests.service.scheduler_harness import (
     queued_jobs,
     register_environment,
     run_row,
+    run_to_end,
     sacct_jobs,
     service_env,
     slurm_now,
@@ -145,12 +146,7 @@ def test_refused_submission_is_retried_then_reported(committed_db: str, slurm: s
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_MAX_INFRA_RETRIES="1",
                       PARITY_SLURM_PARTITION="no-such-partition")
     run_id = queue(SMALL)
-    scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
-    try:
-        wait_for(lambda: run_row(run_id).finished_at, 60, "the run to end", alive=[scheduler])
-    finally:
-        stop(scheduler)
-    run = run_row(run_id)
+    run = run_to_end(env, run_id, tmp_path / "scheduler.log", timeout=60)
     assert run.state == "error" and run.verdict is None
     assert "submission failed" in (run.error_message or "") and "partition" in (run.error_message or "").lower()
     rows = phases(run_id)
@@ -161,12 +157,7 @@ def test_a_failing_rank_ends_the_run_in_error_without_hanging(committed_db: str,
     # rank 1 fails in training; rank 0 must not wait forever in a collective, and the run reports why
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_INJECT_FAULT="train:1")
     run_id = queue(SMALL)
-    scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
-    try:
-        wait_for(lambda: run_row(run_id).finished_at, 240, "the run to end", alive=[scheduler])
-    finally:
-        stop(scheduler)
-    run = run_row(run_id)
+    run = run_to_end(env, run_id, tmp_path / "scheduler.log", timeout=240)
     assert run.state == "error", (run.state, run.signatures)
     assert [(p.name, p.attempt) for p in phases(run_id)] == [("train_and_save", 1)]  # not retried
     error = run.summary["error"]
