@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs.local import run_parity, run_phase_job
+from jobs.launch.local import run_parity, run_phase_job
 from jobs.spec import RunSpec
 
 WORKAROUNDS = ("realign-param-index", "restore-adam-step")

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from jobs.compare import evaluate
+from jobs.verdict.compare import evaluate
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
 from service import regressions
 from service.state import RunState, transition

@@ -14,7 +14,7 @@ EXIT = {"pass": 0, "fail": 1, "error": 2}
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `run-local` subcommand."""
     from jobs.spec import DEFAULT_SHARDING, SHARDING_TYPES, TOLERANCES, WORKAROUNDS
-    from jobs.tolerance import DEFAULT_TOLERANCE
+    from jobs.verdict.tolerance import DEFAULT_TOLERANCE
 
     p = subparsers.add_parser(
         "run-local",
@@ -58,7 +58,7 @@ def handle(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)
         return 2
-    from jobs.local import format_step_table, run_parity
+    from jobs.launch.local import format_step_table, run_parity
 
     folder = args.run_folder or Path(tempfile.mkdtemp(prefix="parity-run-"))
     print(f"parity run-local: run folder {folder}", file=sys.stderr)

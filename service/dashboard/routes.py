@@ -8,7 +8,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from jobs.signatures import SIGNATURES
+from jobs.verdict.signatures import SIGNATURES
 from models import Phase
 from service.api.deps import ReadAccess, RowId, RunId, SessionDep, SettingsDep
 from service.dashboard import history as history_q

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.signatures import SIGNATURES
+from jobs.verdict.signatures import SIGNATURES
 from models import Run
 from service.dashboard.commands import local_command, submit_command
 from service.dashboard.logs import Excerpt, excerpts

@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from jobs.phase import run_phase
+from jobs.rank.entry import run_phase
 from models import Environment, Phase, Run
 from models.base import utcnow
 from service.scheduler import launcher

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from jobs.probes.buckets import check_buffer
+from jobs.rank.probes.buckets import check_buffer
 
 
 def _buffer(numels: list[int], padded_index: bool) -> tuple[SimpleNamespace, dict]:

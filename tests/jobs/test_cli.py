@@ -35,12 +35,12 @@ def _run(argv: list[str]) -> int:
 def test_bad_spec_exits_2_before_launch(
     argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import jobs.local
+    import jobs.launch.local
 
     def refuse(*a: object, **k: object) -> None:
         raise AssertionError("nothing may be launched for a bad spec")
 
-    monkeypatch.setattr(jobs.local, "run_parity", refuse)
+    monkeypatch.setattr(jobs.launch.local, "run_parity", refuse)
     assert _run(["run-local", *argv, "--json"]) == 2
     out, err = capsys.readouterr()
     assert out == ""

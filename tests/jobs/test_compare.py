@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jobs.compare import evaluate
-from jobs.local import format_step_table
-from jobs.signatures import SIGNATURES, classify_error, signature_table
+from jobs.launch.local import format_step_table
+from jobs.verdict.compare import evaluate
+from jobs.verdict.signatures import SIGNATURES, classify_error, signature_table
 
 SPEC = {"config": "dense-bf16", "dp": 2, "steps": 6, "save_step": 3}
 LOSS = {1: 7.0, 2: 6.9, 3: 6.8, 4: 6.7, 5: 6.6, 6: 6.5}

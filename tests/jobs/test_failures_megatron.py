@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.local import run_parity
+from jobs.launch.local import run_parity
 from jobs.spec import RunSpec
 from service.commands import run_local
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jobs.local import run_parity
+from jobs.launch.local import run_parity
 from jobs.spec import RunSpec
 
 pytestmark = pytest.mark.megatron

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jobs.compare import evaluate
-from jobs.dist import free_port
 from jobs.documents import merge_rank_documents, read_rank_documents
-from jobs.phase import run_phase
+from jobs.rank.context import write_json
+from jobs.rank.dist import free_port
+from jobs.rank.entry import run_phase
 from jobs.spec import RunSpec
-from jobs.stages import write_json
+from jobs.verdict.compare import evaluate
 
 ExecutorFactory = Callable[[Path], Any]
 PHASE_TIMEOUT_S = 900.0

@@ -13,12 +13,11 @@ from typing import Any
 
 import torch
 
-from jobs import checkpoint, dist, model
 from jobs.configs import get_config
-from jobs.probes import buckets, fingerprints, groups, index_map
-from jobs.spec import RunSpec
-from jobs.stages import RankContext
-from jobs.workarounds import (
+from jobs.rank import checkpoint, dist, model
+from jobs.rank.context import RankContext
+from jobs.rank.probes import buckets, fingerprints, groups, index_map
+from jobs.rank.workarounds import (
     LOAD_NO_GRAD,
     REALIGN,
     RESTORE_STEP,
@@ -26,6 +25,7 @@ from jobs.workarounds import (
     realign_param_index,
     restore_adam_step,
 )
+from jobs.spec import RunSpec
 
 PROBE_TIMEOUT_S = 60.0
 STEP_TIMEOUT_S = 120.0

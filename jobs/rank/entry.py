@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobs.rank.context import PhaseAbort, RankContext, error_record, write_json
 from jobs.spec import RunSpec, SpecError
-from jobs.stages import PhaseAbort, RankContext, error_record, write_json
 
 PHASES = ("train_and_save", "resume", "train")
 COLLECTIVE_TIMEOUT_S = 90.0
 STAGE_TIMEOUT_S = {"import": 180.0, "init": 120.0, "build": 120.0, "save": 180.0, "load": 180.0}
-log = logging.getLogger("jobs.phase")
+log = logging.getLogger("jobs.rank.entry")
 
 
 def _env_rank() -> int:
@@ -47,7 +47,7 @@ def _environment(info: Any) -> dict[str, Any]:
     import megatron.core
     import torch
 
-    from jobs import cpu_shim
+    from jobs.rank import cpu_shim
 
     return {
         "torch": torch.__version__,
@@ -126,7 +126,7 @@ def _arm_fast_exit() -> bool:
     submitit has pickled the result; it never applies in-process (tests, torchrun).
     PARITY_FAST_EXIT=0 turns it off.
     """
-    from jobs.dist import under_submitit
+    from jobs.rank.dist import under_submitit
 
     if not under_submitit() or os.environ.get("PARITY_FAST_EXIT", "1") != "1":
         return False
@@ -143,29 +143,29 @@ def _arm_fast_exit() -> bool:
 
 def _shutdown(ctx: RankContext) -> None:
     if ctx.distributed:
-        from jobs import dist
+        from jobs.rank import dist
 
         dist.shutdown()
-    from jobs import cpu_shim
+    from jobs.rank import cpu_shim
 
     cpu_shim.uninstall()
 
 
 def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_port: int | None) -> None:
-    from jobs import dist
+    from jobs.rank import dist
 
     doc = ctx.doc
 
     def imports() -> None:
         # torch first, so rank 0's rendezvous server is listening while everyone imports Megatron.
         dist.start_rendezvous(master_port, COLLECTIVE_TIMEOUT_S)
-        from jobs import cpu_shim
+        from jobs.rank import cpu_shim
 
         cpu_shim.install()
         import megatron.core  # noqa: F401 - import cost is part of what the stage measures
 
     ctx.run("import", imports, STAGE_TIMEOUT_S["import"])
-    from jobs import runner
+    from jobs.rank import training as runner
 
     info = ctx.run("init", lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S), STAGE_TIMEOUT_S["init"])
     ctx.distributed = True
@@ -181,7 +181,7 @@ def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_p
 
 
 def _main(argv: list[str]) -> int:
-    """Run a phase under torchrun: python -m jobs.phase SPEC_JSON RUN_FOLDER PHASE."""
+    """Run a phase under torchrun: python -m jobs.rank.entry SPEC_JSON RUN_FOLDER PHASE."""
     import json
 
     os.environ["PARITY_FAST_EXIT"] = "0"  # the exit code below must survive

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-log = logging.getLogger("jobs.phase")
+log = logging.getLogger("jobs.rank.entry")
 
 
 class PhaseAbort(Exception):
@@ -98,7 +98,7 @@ class RankContext:
 
     def run(self, name: str, fn: Callable[[], T], timeout_s: float, agree: bool = False) -> T:
         """Run one stage; on failure raise PhaseAbort (after all ranks agree, when `agree`)."""
-        from jobs import dist
+        from jobs.rank import dist
 
         with self.stage_scope(name, timeout_s):
             err: dict[str, Any] | None = None

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from jobs.probes.index_map import distributed_optimizers, installed_order
+from jobs.rank.probes.index_map import distributed_optimizers, installed_order
 
 REALIGN = "realign-param-index"
 LOAD_NO_GRAD = "load-no-grad"

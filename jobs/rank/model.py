@@ -1,7 +1,7 @@
 """Build the model, DDP wrapper, optimizer and LR scheduler for a named config.
 
 Import only inside a rank process after torch.distributed and Megatron's parallel state are up
-(see jobs/dist.py). Data is synthetic and keyed by (seed, step, rank), so a resumed run sees the
+(see jobs/rank/dist.py). Data is synthetic and keyed by (seed, step, rank), so a resumed run sees the
 same batches as the uninterrupted one without any data-loader state.
 """
 

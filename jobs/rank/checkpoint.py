@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from jobs.model import Trainee
-from jobs.probes.index_map import distributed_optimizers
-from jobs.workarounds import adam_steps
+from jobs.rank.model import Trainee
+from jobs.rank.probes.index_map import distributed_optimizers
+from jobs.rank.workarounds import adam_steps
 
 
 def _metadata(sharding: str) -> dict[str, Any]:

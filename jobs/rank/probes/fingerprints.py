@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from jobs.probes.index_map import distributed_optimizers, own_shards
+from jobs.rank.probes.index_map import distributed_optimizers, own_shards
 
 STATE_KEYS = ("param", "exp_avg", "exp_avg_sq")
 

@@ -1,0 +1,1 @@
+"""How phases are launched: submitit executors driving the rank entry point."""
