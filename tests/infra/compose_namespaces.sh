@@ -32,8 +32,21 @@ mount --bind "$WORK/hosts" /etc/hosts
 # the scheduler container runs as an unprivileged user (as the image's `parity`), so its run folder
 # must be reachable by it: pytest's tmp_path sits under a root-only folder
 RUNS=$(mktemp -d /tmp/parity-compose-runs.XXXXXX)
-trap 'rm -rf "$RUNS"' EXIT
 chown nobody "$RUNS"
+# ... and so must the Python: a pyenv under root's 0700 home is re-exposed, in this mount namespace
+# only, by a world-readable tmpfs over /root holding a bind mount of just that one folder
+REAL_HOME=""
+PY_REAL=$(readlink -f "$PYTHON")
+if [[ $PY_REAL == /root/* ]]; then
+  top=${PY_REAL#/root/}; top=${top%%/*}
+  REAL_HOME=$(mktemp -d /tmp/parity-root-home.XXXXXX)
+  mount --bind /root "$REAL_HOME"
+  mount -t tmpfs -o mode=755 tmpfs /root
+  mkdir "/root/$top"
+  mount --bind "$REAL_HOME/$top" "/root/$top"
+fi
+# never rm -r a folder that may hold a bind mount of the real /root: unmount, then rmdir only
+trap 'rm -rf "$RUNS"; if [[ -n $REAL_HOME ]]; then umount -l /root; umount -l "$REAL_HOME"; rmdir "$REAL_HOME"; fi' EXIT
 
 # the mariadb service (the official image does this from MARIADB_* variables)
 mariadb-install-db --no-defaults --user=mysql --datadir=/var/lib/mysql --skip-test-db \
