@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs.launch.local import run_parity, run_phase_job
+from jobs.launch.local import launch_phase, run_parity
 from jobs.spec import RunSpec
 
 WORKAROUNDS = ("realign-param-index", "restore-adam-step")
@@ -47,7 +47,7 @@ def measure(spec: RunSpec, root: Path, index: int) -> dict[str, Any]:
     """Run one uninterrupted launch and one full parity check; return their figures."""
     base_folder, full_folder = root / f"base{index}", root / f"full{index}"
     t0 = time.perf_counter()
-    base = run_phase_job(spec, base_folder, "train")
+    base = launch_phase(spec, base_folder, "uninterrupted")
     t_base = time.perf_counter() - t0
     t0 = time.perf_counter()
     result = run_parity(spec, full_folder)
@@ -55,7 +55,9 @@ def measure(spec: RunSpec, root: Path, index: int) -> dict[str, Any]:
     if base["status"] != "ok" or result["verdict"] != "pass":
         raise SystemExit(f"benchmark run did not pass: base {base['status']}, full {result['verdict']}")
     peak = {
-        "uninterrupted": [d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "train", spec.dp)],
+        "uninterrupted": [
+            d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "uninterrupted", spec.dp)
+        ],
         "train_and_save": [
             d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(full_folder, "train_and_save", spec.dp)
         ],

@@ -15,7 +15,7 @@ from typing import Any
 from jobs.documents import merge_rank_documents, read_rank_documents
 from jobs.rank.context import write_json
 from jobs.rank.dist import free_port
-from jobs.rank.entry import run_phase
+from jobs.rank.entry import run_rank_phase
 from jobs.spec import RunSpec
 from jobs.verdict.compare import evaluate
 
@@ -45,7 +45,7 @@ def _failed_doc(spec: RunSpec, phase: str, stage: str, message: str, tb: str = "
     }
 
 
-def run_phase_job(
+def launch_phase(
     spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
 ) -> dict[str, Any]:
     """Submit one phase with tasks_per_node = dp, wait for it, and return rank 0's document."""
@@ -53,7 +53,7 @@ def run_phase_job(
     ex = executor(folder) if callable(executor) else executor or local_executor(folder)
     ex.update_parameters(tasks_per_node=spec.dp, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
     t0 = time.perf_counter()
-    job = ex.submit(run_phase, spec.to_dict(), str(run_folder), phase, free_port())
+    job = ex.submit(run_rank_phase, spec.to_dict(), str(run_folder), phase, free_port())
     # submitit's own wait() polls once a second; a tighter poll keeps launch overhead honest.
     while not job.done():
         if time.perf_counter() - t0 > timeout_s:
@@ -79,10 +79,10 @@ def run_parity(
     run_folder = Path(run_folder)
     run_folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    baseline = run_phase_job(spec, run_folder, "train_and_save", executor, timeout_s)
+    baseline = launch_phase(spec, run_folder, "train_and_save", executor, timeout_s)
     resumed = None
     if baseline.get("status") == "ok":
-        resumed = run_phase_job(spec, run_folder, "resume", executor, timeout_s)
+        resumed = launch_phase(spec, run_folder, "resume", executor, timeout_s)
     result = evaluate(spec.to_dict(), baseline, resumed)
     result["run_folder"] = str(run_folder)
     result["timing"] = {
