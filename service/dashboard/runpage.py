@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from jobs.verdict.tolerance import TOLERANCE_PROFILES, ToleranceProfile
+from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from models import ProbeFinding, Run, RunEvent, StepMetric
 from service.dashboard.logs import link_path
 from service.dashboard.rendering import PageError
