@@ -6,12 +6,13 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import submitit
 from submitit.core.core import Job
 
+from jobs.contract import PhaseDocument
 from jobs.documents import merge_rank_documents
 from service.settings import Settings
 
@@ -132,7 +133,7 @@ def _kind(raw: str) -> str:
     return "active"
 
 
-def fetch_result(job: PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
+def fetch_result(job: PhaseJob) -> tuple[PhaseDocument | None, str | None]:
     """(the phase's document, None) or (None, the error of a job whose ranks all raised or vanished).
 
     Every rank's document is read: when one rank fails, its own error is the root cause, not the
@@ -145,7 +146,8 @@ def fetch_result(job: PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
             docs.append(handle.task(task).result())
         except Exception as exc:  # submitit wraps the remote traceback in the exception text
             errors.append(f"rank {task}: {type(exc).__name__}: {exc}"[-8000:])
-    merged = merge_rank_documents([d for d in docs if isinstance(d, dict)])
+    # unvalidated here: the reconciler validates what it ingests
+    merged = merge_rank_documents(cast(list[PhaseDocument], [d for d in docs if isinstance(d, dict)]))
     if merged is not None:
         return merged, None
     return None, "\n".join(errors) or "no rank returned a result"
