@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
 import cloudpickle
 import pytest
@@ -28,7 +29,7 @@ def job_environment() -> dict[str, str]:
     return dict(os.environ)
 
 
-def _submit(executor: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def _submit(executor: Literal["local", "slurm"], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PARITY_INJECT_FAULT", "none:9")  # a job-side knob on the allow-list
