@@ -65,7 +65,9 @@ def job_environment(environ: Mapping[str, str], extra: frozenset[str] = frozense
 
 
 @contextmanager
-def only_job_environment(extra: frozenset[str] = frozenset()) -> Iterator[None]:
+def only_job_environment(
+    extra: frozenset[str] = frozenset(), values: Mapping[str, str] | None = None
+) -> Iterator[None]:
     """Within the block, os.environ is the job allow-list: sbatch (whose --export=ALL is the default)
     and submitit's local Popen both copy os.environ into the job, so this is what they hand on."""
     with _ENV_LOCK:
@@ -73,6 +75,7 @@ def only_job_environment(extra: frozenset[str] = frozenset()) -> Iterator[None]:
         try:
             os.environ.clear()
             os.environ.update(job_environment(saved, extra))
+            os.environ.update(values or {})
             yield
         finally:
             os.environ.clear()
@@ -110,8 +113,7 @@ def submit_phase(
     else:
         ex = submitit.LocalExecutor(folder=folder, python=python, max_num_timeout=0)
         ex.update_parameters(tasks_per_node=tasks, timeout_min=timeout)
-        os.environ["PYTHONPATH"] = pythonpath
-    with only_job_environment(settings.job_env_names()):
+    with only_job_environment(settings.job_env_names(), {"PYTHONPATH": pythonpath} if executor == "local" else {}):
         job = ex.submit(function, *args)
     if executor == "local":
         _LOCAL_JOBS[job.job_id] = job
