@@ -75,7 +75,7 @@ class Recorder:
 def plan(n: int) -> list[str]:
     """The kinds of the n runs: mostly good and bad alternating, one NaN and one killed rank."""
     kinds = ["good" if i % 2 == 0 else "bad" for i in range(n)]
-    kinds[min(3, n - 1)] = "nan"
+    kinds[min(3, max(0, n - 2))] = "nan"
     kinds[min(6, n - 1)] = "kill"
     return kinds
 
