@@ -24,6 +24,10 @@ DEFAULT_SHARDING = "dp_reshardable"
 WORKAROUNDS = ("realign-param-index", "restore-adam-step", "load-no-grad")
 TOLERANCES = tuple(TOLERANCE_PROFILES)
 REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
+# "process": one job per attempt whose tasks fork a fresh child per phase (the default);
+# "job": each phase is its own job (resume in another allocation, possibly another node).
+ISOLATION_MODES = ("process", "job")
+DEFAULT_ISOLATION = "process"
 
 
 class SpecError(ValueError):
@@ -59,6 +63,7 @@ class RunSpec:
     seed: int = 1234
     tolerance: str = DEFAULT_TOLERANCE
     workarounds: tuple[str, ...] = ()
+    isolation: str = DEFAULT_ISOLATION
 
     def __post_init__(self) -> None:
         if self.config not in CONFIGS:
@@ -85,6 +90,8 @@ class RunSpec:
         for w in self.workarounds:
             if w not in WORKAROUNDS:
                 raise SpecError("workarounds", f"unknown workaround {w!r}", list(WORKAROUNDS))
+        if self.isolation not in ISOLATION_MODES:
+            raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
 
@@ -125,5 +132,6 @@ def allowed_values() -> dict[str, Any]:
         "sharding": list(SHARDING_TYPES),
         "tolerance": list(TOLERANCES),
         "workarounds": list(WORKAROUNDS),
+        "isolation": list(ISOLATION_MODES),
         "steps": {"min": 2, "max": MAX_STEPS},
     }

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, selectinload
 from jobs.spec import RunSpec, SpecError
 from models import Environment, Run, RunEvent
 from service.errors import Conflict, InvalidSpec, NotFound
+from service.notify import notify_queued
 from service.state import TERMINAL, RunState, transition
 
 
@@ -56,6 +57,7 @@ def create_run(
         session.add(run)
         session.flush()
         session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))
+        notify_queued(session, run_id=run.id)
         return run, True
     try:
         # a concurrent request with the same key loses the unique race here, not with a 500
@@ -68,6 +70,7 @@ def create_run(
             raise
         return _same_request(existing, spec_dict, environment), False
     session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))
+    notify_queued(session, run_id=run.id)
     return run, True
 
 

@@ -176,6 +176,7 @@ def evaluate(
         "lanes": lane,
         "steps": rows,
         "spec": spec.to_dict(),
+        "isolation": spec.isolation,
         "probes": {
             "train_and_save": (baseline_doc or {}).get("probes"),
             "resume": (resumed_doc or {}).get("probes"),
