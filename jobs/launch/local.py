@@ -185,7 +185,7 @@ def format_step_table(result: dict[str, Any]) -> str:
             f"{_fmt(r['lr_resumed'], '12.6e')} {_fmt(r['lr_abs_delta'], '+10.2e')}  {mark}"
         )
     lines.append("")
-    lines.append(f"verdict: {result.get('verdict')}")
+    lines.append(f"verdict: {result.get('verdict')}  (isolation: {result.get('isolation', '-')})")
     lines.append(f"signatures: {', '.join(result.get('signatures') or []) or '-'}")
     if result.get("advisories"):
         lines.append(f"advisories: {', '.join(result['advisories'])}")
