@@ -51,14 +51,14 @@ def free_port() -> int:
 
 def one_launch(spec: dict[str, Any], root: Path, repeat: int) -> float:
     """Median wall time of one uninterrupted launch (train phase, M steps) after a warm-up."""
-    from jobs.launch.local import run_phase_job
+    from jobs.launch.local import launch_phase
     from jobs.spec import RunSpec
 
     run_spec = RunSpec.from_dict(spec)
     times = []
     for i in range(repeat + 1):
         t0 = time.perf_counter()
-        doc = run_phase_job(run_spec, root / f"unit{i}", "train")
+        doc = launch_phase(run_spec, root / f"unit{i}", "uninterrupted")
         if doc["status"] != "ok":
             raise SystemExit(f"uninterrupted launch failed: {doc.get('error')}")
         if i:  # the first is a warm-up (page cache, .pyc files)

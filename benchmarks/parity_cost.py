@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from jobs.launch.local import run_parity, run_phase_job
+from jobs.launch.local import launch_phase, run_parity
 from jobs.spec import ISOLATION_MODES, RunSpec
 
 WORKAROUNDS = ("realign-param-index", "restore-adam-step")
@@ -66,7 +66,7 @@ def measure(spec: RunSpec, root: Path, index: int, modes: list[str]) -> dict[str
     """Run one uninterrupted launch and one full parity check per isolation mode; return their figures."""
     base_folder = root / f"base{index}"
     t0 = time.perf_counter()
-    base = run_phase_job(spec, base_folder, "train")
+    base = launch_phase(spec, base_folder, "uninterrupted")
     t_base = time.perf_counter() - t0
     if base["status"] != "ok":
         raise SystemExit(f"uninterrupted launch failed: {base.get('error')}")
@@ -74,7 +74,9 @@ def measure(spec: RunSpec, root: Path, index: int, modes: list[str]) -> dict[str
         "uninterrupted_s": round(t_base, 3),
         "uninterrupted": {
             "breakdown": _breakdown(base),
-            "peak_rss": [d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "train", spec.dp)],
+            "peak_rss": [
+                d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "uninterrupted", spec.dp)
+            ],
         },
     }
     for mode in modes:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from jobs.configs import CONFIGS, config_names
-from jobs.verdict.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
+from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
 
 MAX_DP = 8
 MAX_STEPS = 10_000

@@ -18,7 +18,7 @@ from jobs.documents import merge_rank_documents, read_rank_documents
 from jobs.rank.attempt import run_attempt
 from jobs.rank.context import write_json
 from jobs.rank.dist import free_port
-from jobs.rank.entry import run_phase
+from jobs.rank.entry import run_rank_phase
 from jobs.spec import RunSpec
 from jobs.verdict.compare import evaluate
 
@@ -65,14 +65,14 @@ def _submit_and_wait(
     return job, True
 
 
-def run_phase_job(
+def launch_phase(
     spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
 ) -> dict[str, Any]:
     """Submit one phase with tasks_per_node = dp, wait for it, and return rank 0's document."""
     folder = run_folder / "submitit" / phase
     t0 = time.perf_counter()
     job, in_time = _submit_and_wait(
-        spec, folder, executor, timeout_s, run_phase, spec.to_dict(), str(run_folder), phase, free_port()
+        spec, folder, executor, timeout_s, run_rank_phase, spec.to_dict(), str(run_folder), phase, free_port()
     )
     if not in_time:
         return _failed_doc(spec, phase, "launch", f"phase {phase} timed out after {timeout_s:.0f} s")
@@ -145,9 +145,9 @@ def run_parity(
     if spec.isolation == "process":
         baseline, resumed = run_attempt_job(spec, run_folder, executor, timeout_s)
     else:
-        baseline = run_phase_job(spec, run_folder, "train_and_save", executor, timeout_s)
+        baseline = launch_phase(spec, run_folder, "train_and_save", executor, timeout_s)
         if baseline.get("status") == "ok":
-            resumed = run_phase_job(spec, run_folder, "resume", executor, timeout_s)
+            resumed = launch_phase(spec, run_folder, "resume", executor, timeout_s)
     result = evaluate(spec.to_dict(), baseline, resumed)
     result["run_folder"] = str(run_folder)
     result["timing"] = {

@@ -29,7 +29,7 @@ from typing import Any
 
 from jobs.rank.context import write_json
 from jobs.rank.dist import job_master_port, under_submitit
-from jobs.rank.entry import _env_rank, run_phase
+from jobs.rank.entry import _env_rank, run_rank_phase
 
 # Everything a phase imports lazily that is slow to import; pre-importing is pure module loading.
 PRELOAD = (
@@ -112,7 +112,7 @@ def run_child(spec: dict[str, Any], run_folder: str, phase: str, port: int, rank
     if pid == 0:  # the child: run the phase, then leave without running the parent's exit handlers
         code = 0
         try:
-            run_phase(spec, run_folder, phase, port)
+            run_rank_phase(spec, run_folder, phase, port)
         except BaseException:  # noqa: BLE001 - a crash the phase did not turn into a document
             code = 1
             crash_path.write_text(traceback.format_exc())

@@ -156,7 +156,7 @@ def _one_step(tr: model.Trainee, step: int, world: int) -> dict[str, Any]:
     }
 
 
-def train(
+def run_steps(
     ctx: RankContext,
     tr: model.Trainee,
     spec: RunSpec,
@@ -171,7 +171,7 @@ def train(
     world = torch.distributed.get_world_size()
     t0 = time.perf_counter()
     for step in range(first, spec.steps + 1):
-        record = ctx.run("train", functools.partial(_one_step, tr, step, world), STEP_TIMEOUT_S)
+        record = ctx.run("step", functools.partial(_one_step, tr, step, world), STEP_TIMEOUT_S)
         ctx.doc["steps"].append(record)
         if step == save_at:
             ctx.doc["info"]["train_seconds_before_save"] = round(time.perf_counter() - t0, 4)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.spec import RunSpec, SpecError
+from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from jobs.verdict.evidence import collect_evidence, probe_findings
 from jobs.verdict.signatures import SIGNATURES, classify_error
-from jobs.verdict.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 
 
 def _delta(a: float | None, b: float | None) -> tuple[float | None, float | None]:

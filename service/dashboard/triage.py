@@ -8,8 +8,8 @@ from typing import Any
 
 from jobs.verdict.signatures import SIGNATURES
 from models import Run
-from service.dashboard.commands import local_command, submit_command
 from service.dashboard.logs import Excerpt, excerpts
+from service.dashboard.reproduce import local_command, submit_command
 from service.dashboard.runpage import load_run
 
 # Phase-document info keys that describe the software a phase actually ran with.

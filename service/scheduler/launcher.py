@@ -89,7 +89,7 @@ def find_submitted(folder: Path) -> str | None:
     return ids[-1] if ids else None
 
 
-def _job(job: PhaseJob) -> Job[Any]:
+def _submitit_job(job: PhaseJob) -> Job[Any]:
     if job.executor == "local":
         return _LOCAL_JOBS.get(job.job_id) or submitit.LocalJob(job.folder, job.job_id, tasks=range(job.tasks))
     return submitit.SlurmJob(job.folder, job.job_id, tasks=range(job.tasks))
@@ -104,7 +104,7 @@ def _local_pid_alive(job_id: str) -> bool:
 
 def poll(jobs: list[PhaseJob]) -> dict[PhaseJob, JobStatus]:
     """States of many jobs; Slurm jobs share one sacct call through submitit's watcher."""
-    handles = {j: _job(j) for j in jobs}
+    handles = {j: _submitit_job(j) for j in jobs}
     out: dict[PhaseJob, JobStatus] = {}
     for spec, handle in handles.items():
         raw = str(handle.state).split()[0].upper() if handle.state else "UNKNOWN"
@@ -138,7 +138,7 @@ def fetch_result(job: PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
     Every rank's document is read: when one rank fails, its own error is the root cause, not the
     "connection reset" its peers saw.
     """
-    handle = _job(job)
+    handle = _submitit_job(job)
     docs, errors = [], []
     for task in range(job.tasks):
         try:
@@ -154,14 +154,14 @@ def fetch_result(job: PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
 def cancel(job: PhaseJob) -> None:
     """Ask the executor to stop a job (scancel, or SIGTERM to the local controller)."""
     try:
-        _job(job).cancel(check=False)
+        _submitit_job(job).cancel(check=False)
     except Exception as exc:  # already gone: nothing to cancel
         log.warning("cancel of %s job %s: %s", job.executor, job.job_id, exc)
 
 
 def log_paths(job: PhaseJob) -> list[str]:
     """stdout/stderr files of every rank of a job."""
-    handle = _job(job)
+    handle = _submitit_job(job)
     paths = []
     for task in range(job.tasks):
         sub = handle.task(task)

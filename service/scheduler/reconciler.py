@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 RUNNING_STATE = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
 
 
-def _job(phase: Phase, run: Run) -> launcher.PhaseJob:
+def _phase_job(phase: Phase, run: Run) -> launcher.PhaseJob:
     return launcher.PhaseJob(
         executor=phase.executor, folder=phase.folder or "", job_id=phase.job_id or "", tasks=int(run.spec["dp"])
     )
@@ -39,9 +39,9 @@ def reconcile(session: Session, *, settings: Settings) -> int:
     ).tuples().all()
     if not rows:
         return 0
-    statuses = launcher.poll([_job(phase, run) for phase, run in rows])
+    statuses = launcher.poll([_phase_job(phase, run) for phase, run in rows])
     for phase, run in rows:
-        job = _job(phase, run)
+        job = _phase_job(phase, run)
         status = statuses[job]
         if run.cancel_requested:
             _cancel(session, phase, run, job)
@@ -63,10 +63,10 @@ def _close(phase: Phase, state: str, job: launcher.PhaseJob, reason: str | None 
         phase.started_at = phase.submitted_at
     if phase.started_at:
         phase.duration_s = (phase.ended_at - phase.started_at).total_seconds()
-    phase.log_paths = phase_logs(phase, job)
+    phase.log_paths = collect_log_paths(phase, job)
 
 
-def phase_logs(phase: Phase, job: launcher.PhaseJob) -> list[str]:
+def collect_log_paths(phase: Phase, job: launcher.PhaseJob) -> list[str]:
     """The job's own per-rank logs (where a caught traceback lands) first, then submitit's stdout/stderr."""
     rank_dir = Path(phase.folder or ".").parent / phase.name
     own = [rank_dir / f"rank{rank}.log" for rank in range(job.tasks)]
@@ -105,7 +105,7 @@ def _job_raised(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob
 
 
 def _infra_failure(session: Session, phase: Phase, run: Run, raw: str, settings: Settings) -> None:
-    job = _job(phase, run)
+    job = _phase_job(phase, run)
     _close(phase, "infra_failed", job, f"{phase.executor} state {raw}")
     retry_or_give_up(session, phase=phase, run=run, what=f"job {phase.job_id} ended {raw}", settings=settings)
 

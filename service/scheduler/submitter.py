@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from jobs.rank.entry import run_phase
+from jobs.rank.entry import run_rank_phase
 from models import Environment, Phase, Run
 from models.base import utcnow
 from service.scheduler import launcher
@@ -100,7 +100,7 @@ def launch_one(session: Session, *, settings: Settings) -> bool:
         try:
             job = launcher.submit_phase(
                 executor=phase.executor, folder=folder, python=env.python, tasks=int(run.spec["dp"]),
-                settings=settings, name=f"parity-{run.id}-{phase.name}", function=run_phase,
+                settings=settings, name=f"parity-{run.id}-{phase.name}", function=run_rank_phase,
                 args=(run.spec, str(run_dir(settings, run.id)), phase.name),
             )
         except Exception as exc:  # sbatch refused or the executor broke: the infrastructure, not the code

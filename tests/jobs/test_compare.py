@@ -183,7 +183,7 @@ def test_missing_documents_and_bad_spec_are_errors() -> None:
     assert evaluate(SPEC, None, None)["verdict"] == "error"
     assert evaluate(SPEC, _baseline(), None)["verdict"] == "error"
     assert evaluate({**SPEC, "save_step": 9}, _baseline(), _resumed())["verdict"] == "error"
-    train_crash = {"type": "RuntimeError", "message": "boom", "stage": "train", "traceback": ""}
+    train_crash = {"type": "RuntimeError", "message": "boom", "stage": "step", "traceback": ""}
     assert evaluate(SPEC, _baseline(status="error", error=train_crash), None)["verdict"] == "error"
 
 

@@ -16,7 +16,7 @@ from service.commands import run_local
 pytestmark = pytest.mark.megatron
 
 
-@pytest.mark.parametrize("stage", ["save", "train"])
+@pytest.mark.parametrize("stage", ["save", "step"])
 def test_one_sided_crash_returns_a_document(stage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARITY_INJECT_FAULT", f"{stage}:1")
     spec = RunSpec(config="dense-bf16", dp=2, steps=4, save_step=2)

@@ -26,7 +26,7 @@ def test_resume_child_cannot_see_the_savers_state(tmp_path: Path, monkeypatch: p
 
     from jobs.rank import attempt, dist, training
 
-    real = training.train
+    real = training.run_steps
 
     def train_with_marker(ctx: Any, trainee: Any, spec: RunSpec, first: int, *args: Any, **kwargs: Any) -> Any:
         module = sys.modules["jobs.rank.training"]
@@ -36,7 +36,7 @@ def test_resume_child_cannot_see_the_savers_state(tmp_path: Path, monkeypatch: p
             module.SAVER_MARKER = "set by the saving child"  # type: ignore[attr-defined]
         return real(ctx, trainee, spec, first, *args, **kwargs)
 
-    monkeypatch.setattr(training, "train", train_with_marker)
+    monkeypatch.setattr(training, "run_steps", train_with_marker)
     spec = RunSpec(config="dense-bf16", dp=1, steps=4, save_step=2, workarounds=("restore-adam-step",))
     out = attempt.run_attempt(spec.to_dict(), str(tmp_path), master_ports=[free_port(), free_port()])
     saver, resumer = out["phases"]["train_and_save"], out["phases"]["resume"]

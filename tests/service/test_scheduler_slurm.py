@@ -155,13 +155,13 @@ def test_refused_submission_is_retried_then_reported(committed_db: str, slurm: s
 
 def test_a_failing_rank_ends_the_run_in_error_without_hanging(committed_db: str, slurm: str, tmp_path: Path) -> None:
     # rank 1 fails in training; rank 0 must not wait forever in a collective, and the run reports why
-    env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_INJECT_FAULT="train:1")
+    env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_INJECT_FAULT="step:1")
     run_id = queue(SMALL)
     run = run_to_end(env, run_id, tmp_path / "scheduler.log", timeout=240)
     assert run.state == "error", (run.state, run.signatures)
     assert [(p.name, p.attempt) for p in phases(run_id)] == [("train_and_save", 1)]  # not retried
     error = run.summary["error"]
-    assert error["stage"] == "train" and error["rank"] == 1
+    assert error["stage"] == "step" and error["rank"] == 1
 
 
 def _in_queue(job_ids: list[str]) -> list[str]:
