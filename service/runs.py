@@ -8,12 +8,11 @@ from typing import Any
 
 from sqlalchemy import Select, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from jobs.spec import RunSpec, SpecError
 from models import Environment, Run, RunEvent
 from service.errors import Conflict, InvalidSpec, NotFound
-from service.notify import notify_queued
 from service.state import TERMINAL, RunState, transition
 
 
@@ -57,7 +56,6 @@ def create_run(
         session.add(run)
         session.flush()
         session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))
-        notify_queued(session, run_id=run.id)
         return run, True
     try:
         # a concurrent request with the same key loses the unique race here, not with a 500
@@ -70,7 +68,6 @@ def create_run(
             raise
         return _same_request(existing, spec_dict, environment), False
     session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))
-    notify_queued(session, run_id=run.id)
     return run, True
 
 
@@ -86,10 +83,11 @@ def _same_request(existing: Run, spec: dict[str, Any], environment: Environment)
 
 def get_run(session: Session, *, run_id: int, with_phases: bool = False) -> Run:
     """One run (with its environment, and phases if asked), or 404."""
-    query = select(Run).where(Run.id == run_id).options(selectinload(Run.environment))
+    # one round trip: the environment and the phases are joined, not fetched by follow-up SELECTs
+    query = select(Run).where(Run.id == run_id).options(joinedload(Run.environment))
     if with_phases:
-        query = query.options(selectinload(Run.phases))
-    run = session.scalar(query)
+        query = query.options(joinedload(Run.phases))
+    run = session.scalars(query).unique().first()
     if run is None:
         raise NotFound(f"run {run_id} does not exist", field="run_id")
     return run
