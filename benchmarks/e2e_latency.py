@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,25 @@ def one_launch(spec: dict[str, Any], root: Path, repeat: int) -> float:
     return statistics.median(times)
 
 
-def burst(base: str, headers: dict[str, str], body: dict[str, Any], n: int, timeout: float) -> dict[str, Any]:
+def _seconds(start: str, end: str) -> float:
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def _notice_delays(run_root: Path, doc: dict[str, Any]) -> list[float]:
+    """Per finished phase: from its last rank document landing on disk to the scheduler closing it."""
+    out = []
+    for phase in doc.get("phases") or []:
+        found = (run_root / f"run-{doc['id']}").rglob("result.rank*.json")
+        files = [p for p in found if p.parent.name == phase["name"]]
+        if files and phase.get("ended_at"):
+            written = max(p.stat().st_mtime for p in files)
+            out.append(datetime.fromisoformat(phase["ended_at"]).timestamp() - written)
+    return out
+
+
+def burst(
+    base: str, headers: dict[str, str], body: dict[str, Any], n: int, timeout: float, run_root: Path
+) -> dict[str, Any]:
     """Post n runs at once, wait for every verdict, return the per-run latencies."""
     posted: dict[int, float] = {}
 
@@ -83,6 +102,7 @@ def burst(base: str, headers: dict[str, str], body: dict[str, Any], n: int, time
         for run_id, t0 in pool.map(post, range(n)):
             posted[run_id] = t0
     done: dict[int, tuple[float, str]] = {}
+    docs: dict[int, dict[str, Any]] = {}
     deadline = time.perf_counter() + timeout
     with httpx.Client(timeout=30) as client:
         while len(done) < n and time.perf_counter() < deadline:
@@ -92,12 +112,17 @@ def burst(base: str, headers: dict[str, str], body: dict[str, Any], n: int, time
                 doc = client.get(f"{base}/api/v1/runs/{run_id}", headers=headers).json()
                 if doc["state"] in TERMINAL:
                     done[run_id] = (time.perf_counter() - posted[run_id], doc.get("verdict") or doc["state"])
+                    docs[run_id] = doc
             time.sleep(0.05)
     if len(done) < n:
         raise SystemExit(f"only {len(done)} of {n} runs reached a verdict within {timeout:.0f}s")
     wall = time.perf_counter() - t_start
     latencies = [t for t, _ in done.values()]
+    claims = [_seconds(d["created_at"], d["submitted_at"]) for d in docs.values() if d.get("submitted_at")]
+    notices = [x for d in docs.values() for x in _notice_delays(run_root, d)]
     return {
+        "claim_s": sorted(round(x, 3) for x in claims),
+        "notice_s": sorted(round(x, 3) for x in notices),
         "n": n,
         "latencies_s": sorted(round(t, 3) for t in latencies),
         "verdicts": sorted({v for _, v in done.values()}),
@@ -165,20 +190,24 @@ def main(argv: list[str] | None = None) -> int:
             body = {"spec": spec, "labels": {"branch": "bench"}}
             results = []
             for n in sizes:
-                rounds = [burst(base, headers, body, n, args.timeout) for _ in range(args.repeat)]
+                rounds = [burst(base, headers, body, n, args.timeout, root / "runs") for _ in range(args.repeat)]
                 results.append({
                     "n": n,
                     "median_x": statistics.median(r["median_s"] for r in rounds) / unit,
                     "max_x": statistics.median(r["max_s"] for r in rounds) / unit,
                     "runs_per_minute": statistics.median(r["runs_per_minute"] for r in rounds),
                     "verdicts": sorted({v for r in rounds for v in r["verdicts"]}),
+                    "claim_s_median": statistics.median(x for r in rounds for x in r["claim_s"] or [float("nan")]),
+                    "notice_s_median": statistics.median(x for r in rounds for x in r["notice_s"] or [float("nan")]),
                     "rounds": rounds,
                 })
                 if not args.json:
                     r = results[-1]
                     print(f"N={n:<3} median {r['median_x']:.2f}x  max {r['max_x']:.2f}x  "
                           f"{r['runs_per_minute']:.1f} runs/min  verdicts {','.join(r['verdicts'])}  "
-                          f"(median {statistics.median(x['median_s'] for x in rounds):.1f} s)", flush=True)
+                          f"(median {statistics.median(x['median_s'] for x in rounds):.1f} s); "
+                          f"POST->claimed median {r['claim_s_median'] * 1000:.0f} ms, "
+                          f"result file->phase closed median {r['notice_s_median'] * 1000:.0f} ms", flush=True)
     finally:
         for proc in procs:
             proc.terminate()
