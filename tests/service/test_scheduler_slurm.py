@@ -11,6 +11,7 @@ import pytest
 
 from tests.service.scheduler_harness import (
     GOOD,
+    jobs_gone,
     phases,
     queue,
     queued_jobs,
@@ -64,6 +65,7 @@ def test_scheduler_killed_mid_run_resumes_without_double_submission(
     jobs = 1 if isolation == "process" else 2  # one allocation runs both phases, or one job per phase
     assert len({p.job_id for p in rows}) == jobs
     if executor == "slurm":
+        jobs_gone(run_id)
         # accounting lags the job's end by a moment
         wait_for(lambda: sacct_jobs(f"parity-{run_id}-train_and_save", since), 30, "accounting of the job")
         assert sacct_jobs(f"parity-{run_id}-train_and_save", since) == [rows[0].job_id]
