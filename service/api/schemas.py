@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from jobs.contract import Verdict
+
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
 
 
@@ -70,7 +72,7 @@ class RunOut(BaseModel):
     labels: dict[str, str]
     requester: str | None
     state: str
-    verdict: str | None
+    verdict: Verdict | None
     signatures: list[str]
     regression: bool
     first_divergent_step: int | None

@@ -8,7 +8,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-EXIT = {"pass": 0, "fail": 1, "error": 2}
+from jobs.contract import Verdict
+
+EXIT: dict[Verdict, int] = {"pass": 0, "fail": 1, "error": 2}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
