@@ -7,9 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from service.api.limits import MAX_LABELS
-
 from jobs.contract import Verdict
+from service.api.limits import MAX_LABELS
 
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
 
