@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from jobs.contract import ParityResult
 from jobs.launch.local import launch_phase, run_parity
 from jobs.spec import ISOLATION_MODES, RunSpec
 
@@ -32,6 +33,11 @@ WORKAROUNDS = ("realign-param-index", "restore-adam-step")
 
 def _rank_docs(folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
     return [json.loads((folder / phase / f"result.rank{r}.json").read_text()) for r in range(dp)]
+
+
+def _info(result: ParityResult, index: int) -> dict[str, Any]:
+    summary = list(result["phases"].values())[index]
+    return summary["info"] if summary else {}
 
 
 def _breakdown(doc: dict[str, Any]) -> dict[str, Any]:
@@ -57,7 +63,7 @@ def _full(spec: RunSpec, folder: Path) -> dict[str, Any]:
     ranks = {p: _rank_docs(folder, p, spec.dp) for p in ("train_and_save", "resume")}
     return {
         "seconds": round(seconds, 3),
-        "breakdown": {p: _breakdown(docs[0]) for p, docs in ranks.items()},
+        "breakdown": {p: _breakdown(docs[0] | {"info": _info(result, i)}) for i, (p, docs) in enumerate(ranks.items())},
         "peak_rss": {p: [d["info"]["peak_memory"]["max_rss_bytes"] for d in docs] for p, docs in ranks.items()},
     }
 
@@ -73,7 +79,7 @@ def measure(spec: RunSpec, root: Path, index: int, modes: list[str]) -> dict[str
     out: dict[str, Any] = {
         "uninterrupted_s": round(t_base, 3),
         "uninterrupted": {
-            "breakdown": _breakdown(base),
+            "breakdown": _breakdown(dict(base)),
             "peak_rss": [
                 d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "uninterrupted", spec.dp)
             ],

@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from jobs.contract import ParityResult, PhaseDocument, PhaseName, error_record, phase_document
 from jobs.documents import merge_rank_documents, read_rank_documents
 from jobs.rank.attempt import run_attempt
 from jobs.rank.context import write_json
@@ -34,18 +35,9 @@ def local_executor(folder: Path) -> Any:
     return submitit.AutoExecutor(folder=str(folder), cluster="local")
 
 
-def _failed_doc(spec: RunSpec, phase: str, stage: str, message: str, tb: str = "") -> dict[str, Any]:
-    return {
-        "status": "error",
-        "phase": phase,
-        "rank": 0,
-        "spec": spec.to_dict(),
-        "steps": [],
-        "probes": {},
-        "workarounds": {},
-        "info": {},
-        "error": {"type": "PhaseFailed", "message": message[:2000], "traceback": tb[-8000:], "stage": stage},
-    }
+def _failed_doc(spec: RunSpec, phase: str, message: str, tb: str = "") -> PhaseDocument:
+    error = error_record("PhaseFailed", message, stage="launch", rank=0, traceback=tb)
+    return phase_document(spec.to_dict(), cast(PhaseName, phase), 0, status="error", error=error)
 
 
 def _submit_and_wait(
@@ -67,7 +59,7 @@ def _submit_and_wait(
 
 def launch_phase(
     spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
-) -> dict[str, Any]:
+) -> PhaseDocument:
     """Submit one phase with tasks_per_node = dp, wait for it, and return rank 0's document."""
     folder = run_folder / "submitit" / phase
     t0 = time.perf_counter()
@@ -75,13 +67,13 @@ def launch_phase(
         spec, folder, executor, timeout_s, run_rank_phase, spec.to_dict(), str(run_folder), phase, free_port()
     )
     if not in_time:
-        return _failed_doc(spec, phase, "launch", f"phase {phase} timed out after {timeout_s:.0f} s")
+        return _failed_doc(spec, phase, f"phase {phase} timed out after {timeout_s:.0f} s")
     try:
         doc = merge_rank_documents(list(job.results()))
     except Exception as exc:  # noqa: BLE001 - a dead task: fall back to what the ranks wrote
         doc = merge_rank_documents(read_rank_documents(run_folder, phase, spec.dp))
         if doc is None:
-            doc = _failed_doc(spec, phase, "launch", f"{type(exc).__name__}: {exc}", str(exc))
+            doc = _failed_doc(spec, phase, f"{type(exc).__name__}: {exc}", str(exc))
     assert doc is not None
     doc.setdefault("info", {})["launch_wall_seconds"] = round(time.perf_counter() - t0, 4)
     doc["info"]["submitit"] = {"folder": str(folder), "job_id": str(job.job_id)}
@@ -90,27 +82,29 @@ def launch_phase(
 
 def attempt_documents(
     spec: RunSpec, run_folder: Path, task_results: list[Any]
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+) -> tuple[PhaseDocument, PhaseDocument | None]:
     """(train_and_save, resume or None) merged over ranks from the tasks' attempt documents.
 
     A task that died without returning (a parent killed from outside) leaves its rank files; a
     phase no rank reached has no document.
     """
-    merged: list[dict[str, Any] | None] = []
+    merged: list[PhaseDocument | None] = []
     for phase in ("train_and_save", "resume"):
-        docs = [r["phases"][phase] for r in task_results if isinstance(r, dict) and phase in r.get("phases", {})]
+        docs: list[PhaseDocument] = [
+            r["phases"][phase] for r in task_results if isinstance(r, dict) and phase in r.get("phases", {})
+        ]
         if len(docs) < spec.dp:
             docs = read_rank_documents(run_folder, phase, spec.dp)
         merged.append(merge_rank_documents(docs))
     baseline, resumed = merged
     if baseline is None:
-        baseline = _failed_doc(spec, "train_and_save", "launch", "no rank of the attempt returned a document")
-    return baseline, resumed if baseline.get("status") == "ok" else None
+        baseline = _failed_doc(spec, "train_and_save", "no rank of the attempt returned a document")
+    return baseline, resumed if baseline["status"] == "ok" else None
 
 
 def run_attempt_job(
     spec: RunSpec, run_folder: Path, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+) -> tuple[PhaseDocument, PhaseDocument | None]:
     """Isolation "process": one job runs both phases in forked children; (baseline, resumed)."""
     folder = run_folder / "submitit" / "attempt"
     t0 = time.perf_counter()
@@ -118,7 +112,7 @@ def run_attempt_job(
         spec, folder, executor, 2 * timeout_s, run_attempt, spec.to_dict(), str(run_folder)
     )
     if not in_time:
-        return _failed_doc(spec, "train_and_save", "launch", f"attempt timed out after {2 * timeout_s:.0f} s"), None
+        return _failed_doc(spec, "train_and_save", f"attempt timed out after {2 * timeout_s:.0f} s"), None
     results: list[Any] = []
     for task in range(spec.dp):
         try:
@@ -129,19 +123,19 @@ def run_attempt_job(
     wall = round(time.perf_counter() - t0, 4)
     for doc in (baseline, resumed):
         if doc is not None:
-            doc.setdefault("info", {})["submitit"] = {"folder": str(folder), "job_id": str(job.job_id)}
+            doc["info"]["submitit"] = {"folder": str(folder), "job_id": str(job.job_id)}
             doc["info"]["attempt_wall_seconds"] = wall
     return baseline, resumed
 
 
 def run_parity(
     spec: RunSpec, run_folder: Path, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
-) -> dict[str, Any]:
+) -> ParityResult:
     """Run train_and_save then resume (if a checkpoint was written) and evaluate them."""
     run_folder = Path(run_folder)
     run_folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    resumed: dict[str, Any] | None = None
+    resumed: PhaseDocument | None = None
     if spec.isolation == "process":
         baseline, resumed = run_attempt_job(spec, run_folder, executor, timeout_s)
     else:
@@ -159,7 +153,7 @@ def run_parity(
     return result
 
 
-def _phase_seconds(doc: dict[str, Any]) -> float | None:
+def _phase_seconds(doc: PhaseDocument) -> float | None:
     info = doc.get("info", {})
     value = info.get("launch_wall_seconds", info.get("child_wall_seconds"))
     return None if value is None else float(value)
@@ -169,7 +163,7 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def format_step_table(result: dict[str, Any]) -> str:
+def format_step_table(result: ParityResult) -> str:
     """Render the per-step comparison and the verdict as a plain-text table."""
     lines = [
         f"{'step':>5} {'loss baseline':>14} {'loss resumed':>14} {'d loss':>10} "

@@ -25,8 +25,9 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from jobs.contract import PhaseDocument, PhaseName, error_record, phase_document
 from jobs.rank.context import write_json
 from jobs.rank.dist import job_master_port, under_submitit
 from jobs.rank.entry import _env_rank, run_rank_phase
@@ -90,7 +91,7 @@ def run_attempt(
         port = master_ports[index] if master_ports else job_master_port(job_id, index)
         t0 = time.perf_counter()
         doc = run_child(spec, run_folder, phase, port, rank)
-        doc.setdefault("info", {})["child_wall_seconds"] = round(time.perf_counter() - t0, 4)
+        doc["info"]["child_wall_seconds"] = round(time.perf_counter() - t0, 4)
         doc["info"]["isolation"] = "process"
         out["phases"][phase] = doc
         # every rank takes the same decision from the same documents, so no rank waits alone
@@ -101,7 +102,7 @@ def run_attempt(
     return out
 
 
-def run_child(spec: dict[str, Any], run_folder: str, phase: str, port: int, rank: int) -> dict[str, Any]:
+def run_child(spec: dict[str, Any], run_folder: str, phase: str, port: int, rank: int) -> PhaseDocument:
     """Fork a fresh child that runs one phase on this rank; return its document (never raises)."""
     folder = Path(run_folder) / phase
     folder.mkdir(parents=True, exist_ok=True)
@@ -124,13 +125,13 @@ def run_child(spec: dict[str, Any], run_folder: str, phase: str, port: int, rank
     _, status = os.waitpid(pid, 0)
     result_path = folder / f"result.rank{rank}.json"
     if result_path.exists():
-        return json.loads(result_path.read_text())
+        return cast(PhaseDocument, json.loads(result_path.read_text()))
     doc = crashed_doc(spec, phase, rank, status, crash_path)
     write_json(result_path, doc)  # peers and the scheduler read the rank files: leave one
     return doc
 
 
-def crashed_doc(spec: dict[str, Any], phase: str, rank: int, status: int, crash_path: Path) -> dict[str, Any]:
+def crashed_doc(spec: dict[str, Any], phase: str, rank: int, status: int, crash_path: Path) -> PhaseDocument:
     """The document of a child that died without writing one: its exit and its own traceback."""
     if os.WIFSIGNALED(status):
         how = f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
@@ -138,23 +139,12 @@ def crashed_doc(spec: dict[str, Any], phase: str, rank: int, status: int, crash_
         how = f"exited with code {os.waitstatus_to_exitcode(status)}"
     tb = crash_path.read_text() if crash_path.exists() else ""
     last = tb.strip().splitlines()[-1] if tb.strip() else ""
-    return {
-        "status": "error",
-        "phase": phase,
-        "rank": rank,
-        "spec": spec,
-        "steps": [],
-        "probes": {},
-        "workarounds": {},
-        "info": {"isolation": "process"},
-        "error": {
-            "type": "ChildCrashed",
-            "message": f"rank {rank}'s {phase} child {how} without a result" + (f": {last}" if last else ""),
-            "traceback": tb[-8000:],
-            "stage": "child",
-            "rank": rank,
-        },
-    }
+    message = f"rank {rank}'s {phase} child {how} without a result" + (f": {last}" if last else "")
+    # stage "job": the process running the phase died, whichever stage it was in
+    error = error_record("ChildCrashed", message, stage="job", rank=rank, traceback=tb)
+    doc = phase_document(spec, cast(PhaseName, phase), rank, status="error", error=error)
+    doc["info"]["isolation"] = "process"
+    return doc
 
 
 def wait_for_peers(folder: Path, world: int, timeout_s: float) -> list[dict[str, Any]]:

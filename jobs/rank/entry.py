@@ -17,12 +17,12 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from jobs.rank.context import PhaseAbort, RankContext, error_record, write_json
+from jobs.contract import PHASE_NAMES, PhaseDocument, PhaseName, exception_record, phase_document
+from jobs.rank.context import PhaseAbort, RankContext, write_json
 from jobs.spec import RunSpec, SpecError
 
-PHASES = ("train_and_save", "resume", "uninterrupted")
 COLLECTIVE_TIMEOUT_S = 90.0
 STAGE_TIMEOUT_S = {"import": 180.0, "init": 120.0, "build": 120.0, "save": 180.0, "load": 180.0}
 log = logging.getLogger("jobs.rank.entry")
@@ -72,41 +72,27 @@ def _peak_memory() -> dict[str, Any]:
     return out
 
 
-def _new_doc(spec: dict[str, Any], phase: str, rank: int) -> dict[str, Any]:
-    return {
-        "status": "running",
-        "phase": phase,
-        "rank": rank,
-        "spec": spec,
-        "steps": [],
-        "probes": {},
-        "workarounds": {},
-        "info": {},
-        "error": None,
-    }
-
-
-def run_rank_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None) -> dict[str, Any]:
+def run_rank_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None) -> PhaseDocument:
     """Run one phase on this rank and return its result document (never raises)."""
     t_start = time.time()
     rank = _env_rank()
-    doc = _new_doc(spec, phase, rank)
+    doc = phase_document(spec, cast(PhaseName, phase), rank)
     folder = Path(run_folder) / phase
     folder.mkdir(parents=True, exist_ok=True)
     _setup_logging(folder, rank)
     ctx = RankContext(folder, rank, doc)
     try:
-        if phase not in PHASES:
-            raise SpecError("phase", f"unknown phase {phase!r}", list(PHASES))
+        if phase not in PHASE_NAMES:
+            raise SpecError("phase", f"unknown phase {phase!r}", list(PHASE_NAMES))
         run_spec = RunSpec.from_dict(spec)
         _run(ctx, run_spec, phase, Path(run_folder), master_port)
         doc["status"] = "ok"
     except PhaseAbort as abort:
         doc["status"] = "error"
-        doc["error"] = dict(abort.errors[0], all_ranks=abort.errors)
+        doc["error"] = {**abort.errors[0], "rank_errors": abort.errors}
     except Exception as exc:  # noqa: BLE001 - a phase returns a document, whatever happened
         doc["status"] = "error"
-        doc["error"] = error_record(exc, ctx.stage, rank)
+        doc["error"] = exception_record(exc, ctx.stage, rank)
     doc["info"]["wall_seconds"] = round(time.time() - t_start, 4)
     try:
         doc["info"]["peak_memory"] = _peak_memory()

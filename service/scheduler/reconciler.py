@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.contract import ErrorRecord, PhaseDocument, PhaseName, error_record, phase_document
 from models import Phase, Run
 from models.base import utcnow
+from service.documents import InvalidDocument, rejected_document, validate_phase_document
 from service.scheduler import launcher
 from service.scheduler.submitter import PHASES, SUBMITTED_STATE, isolation, new_phase, retry_or_give_up, run_dir
 from service.settings import Settings
 from service.state import RunState, transition
 
 log = logging.getLogger(__name__)
-RUNNING_STATE = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
+RUNNING_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
 
 
 def _phase_job(phase: Phase, run: Run) -> launcher.PhaseJob:
@@ -102,19 +104,25 @@ def collect_log_paths(phase: Phase, job: launcher.PhaseJob) -> list[str]:
 
 def _finished(
     session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, settings: Settings,
-    doc: dict[str, Any] | None = None,
+    raw: PhaseDocument | None = None,
 ) -> None:
     error = None
-    if doc is None:
-        doc, error = launcher.fetch_result(job, phase.name)
-    if doc is None:
+    if raw is None:
+        raw, error = launcher.fetch_result(job, phase.name)
+    if raw is None:
         _job_raised(session, phase, run, job, error)
         return
-    phase.info = doc
-    info = doc.get("info") or {}
+    try:
+        doc = validate_phase_document(raw)
+    except InvalidDocument as exc:
+        # never a silent pass: the phase is an error naming the field; the raw document stays in info
+        log.warning("phase %s of run %s returned an invalid document: %s", phase.name, run.id, exc)
+        doc = rejected_document(run.spec, cast(PhaseName, phase.name), raw, exc)
+    phase.info = cast(dict[str, Any], doc)
+    info = doc["info"]
     phase.save_s, phase.load_s = info.get("save_seconds"), info.get("load_seconds")
-    ok = doc.get("status") == "ok"
-    _close(phase, "succeeded" if ok else "failed", job, None if ok else _doc_error(doc))
+    ok = doc["status"] == "ok"
+    _close(phase, "succeeded" if ok else "failed", job, None if ok else _doc_error(doc["error"]))
     if ok and phase.name == PHASES[0] and isolation(run) == "process":
         _resume_in_same_job(session, phase, run, settings)
     elif ok and phase.name == PHASES[0]:
@@ -122,7 +130,7 @@ def _finished(
         transition(session, run, RunState.RESUME_SUBMITTED, f"{phase.name} finished; resume queued")
     else:
         # both phases done, or a phase crashed inside the job: either way the evaluator decides
-        transition(session, run, RunState.EVALUATING, f"{phase.name} returned {doc.get('status')}")
+        transition(session, run, RunState.EVALUATING, f"{phase.name} returned {doc['status']}")
 
 
 def _resume_in_same_job(session: Session, saved: Phase, run: Run, settings: Settings) -> None:
@@ -135,15 +143,19 @@ def _resume_in_same_job(session: Session, saved: Phase, run: Run, settings: Sett
     transition(session, run, RunState.RESUME_RUNNING, f"{saved.executor} job {saved.job_id} running resume")
 
 
-def _doc_error(doc: dict) -> str:
-    err = doc.get("error") or {}
-    return f"{err.get('stage', '?')}: {err.get('type', '?')}: {err.get('message', '')}"[:2000]
+def _doc_error(err: ErrorRecord | None) -> str:
+    if err is None:
+        return "error: no error record"
+    return f"{err['stage']}: {err['type']}: {err['message']}"[:2000]
 
 
 def _job_raised(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, error: str | None) -> None:
     """The job ended without rank 0's document (it raised, or the rank died): an error, not retried."""
     _close(phase, "failed", job, error or "job failed without a result")
-    phase.info = {"status": "error", "error": {"stage": "job", "type": "JobFailed", "message": error or ""}}
+    record = error_record("JobFailed", error or "", stage="job")
+    phase.info = cast(
+        dict[str, Any], phase_document(run.spec, cast(PhaseName, phase.name), 0, status="error", error=record)
+    )
     run.error_message = f"{phase.name} job {phase.job_id} failed: {(error or '')[-1500:]}"
     transition(session, run, RunState.EVALUATING, f"{phase.name} job raised")
 

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from jobs.contract import PhaseName
 from jobs.rank.attempt import run_attempt
 from jobs.rank.entry import run_rank_phase
 from models import Environment, Phase, Run
@@ -24,8 +25,9 @@ from service.slurm import pick_executor
 from service.state import RunState, transition
 
 log = logging.getLogger(__name__)
-PHASES = ("train_and_save", "resume")
-SUBMITTED_STATE = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
+# The phases the service runs, in order (the benchmark's "uninterrupted" phase is not one of them).
+PHASES: tuple[PhaseName, PhaseName] = ("train_and_save", "resume")
+SUBMITTED_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
 
 
 def run_dir(settings: Settings, run_id: int) -> Path:

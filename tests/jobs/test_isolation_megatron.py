@@ -59,7 +59,8 @@ def test_child_crash_is_reported_and_hangs_nobody(how: str, tmp_path: Path, monk
     assert time.perf_counter() - t0 < 120  # peers saw the broken group; no parent waited for a timeout
     assert r["verdict"] == "error" and r["phases"]["resume"] is None
     err = r["error"]
-    assert err["type"] == "ChildCrashed" and err["rank"] == 1 and err["stage"] == "child"
+    assert err is not None
+    assert err["type"] == "ChildCrashed" and err["rank"] == 1 and err["stage"] == "job"
     if how == "exit":
         assert "exited with code 1" in err["message"]
         # the child's own traceback, from the frame that raised

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from jobs.contract import ParityResult
 from jobs.launch.local import run_parity
 from jobs.spec import ISOLATION_MODES, RunSpec
 
@@ -37,8 +38,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def by_mode(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, dict[str, Any]]]:
-    out: dict[str, dict[str, dict[str, Any]]] = {mode: {} for mode in ISOLATION_MODES}
+def by_mode(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, ParityResult]]:
+    out: dict[str, dict[str, ParityResult]] = {mode: {} for mode in ISOLATION_MODES}
     for name, fields in SCENARIOS.items():
         for mode in ISOLATION_MODES:
             spec = RunSpec.from_dict({"steps": 5, "save_step": 2, "isolation": mode, **fields})
@@ -47,7 +48,7 @@ def by_mode(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, dic
 
 
 @pytest.fixture(params=ISOLATION_MODES)
-def results(request: pytest.FixtureRequest, by_mode: dict) -> dict[str, dict[str, Any]]:
+def results(request: pytest.FixtureRequest, by_mode: dict) -> dict[str, ParityResult]:
     return by_mode[request.param]
 
 

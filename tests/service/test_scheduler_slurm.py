@@ -84,10 +84,11 @@ def test_scancelled_job_is_retried_then_reported_as_error(committed_db: str, slu
     scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
     try:
         for attempt in (1, 2):
-            job_id = wait_for(
-                lambda a=attempt: next((p.job_id for p in phases(run_id) if p.attempt == a and p.job_id), None),
-                120, f"attempt {attempt} submitted", alive=[scheduler],
-            )
+
+            def submitted(a: int = attempt) -> str | None:
+                return next((p.job_id for p in phases(run_id) if p.attempt == a and p.job_id), None)
+
+            job_id = wait_for(submitted, 120, f"attempt {attempt} submitted", alive=[scheduler])
             subprocess.run(["scancel", job_id], check=True)
         wait_for(lambda: run_row(run_id).finished_at, 180, "the run to end", alive=[scheduler])
     finally:
