@@ -10,12 +10,14 @@ from sqlalchemy.orm import Session
 
 from jobs.verdict.compare import evaluate
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
-from service import regressions
+from service import known_failures, regression_tracker, regressions
 from service.state import RunState, transition
 
 log = logging.getLogger(__name__)
 METRIC_COLUMNS = frozenset(c.name for c in StepMetric.__table__.columns) - {"run_id"}
-VERDICT_STATE = {"pass": RunState.PASSED, "fail": RunState.FAILED, "error": RunState.ERROR}
+# known-failure: the run failed, but only in ways recorded as known upstream bugs (service/known_failures.py)
+VERDICT_STATE = {"pass": RunState.PASSED, "fail": RunState.FAILED, "error": RunState.ERROR,
+                 "known-failure": RunState.FAILED}
 
 
 def latest_documents(session: Session, run_id: int) -> dict[str, dict[str, Any]]:
@@ -41,8 +43,9 @@ def evaluate_one(session: Session) -> bool:
         log.exception("evaluation of run %s failed", run.id)
         result = {"verdict": "error", "signatures": [], "steps": [], "probes": [],
                   "error": {"type": type(exc).__name__, "message": str(exc)}}
-    store_result(session, run, result)
+    # packages first: the known-failure rules match on the build this run used
     record_packages(session, run, docs)
+    store_result(session, run, result)
     transition(session, run, VERDICT_STATE[result["verdict"]], f"verdict {result['verdict']}")
     return True
 
@@ -81,11 +84,19 @@ def store_result(session: Session, run: Run, result: dict[str, Any]) -> None:
     run.first_step_beyond_tolerance = result.get("first_step_beyond_tolerance")
     deltas = [abs(s["loss_abs_delta"]) for s in steps if s.get("loss_abs_delta") is not None]
     run.max_abs_loss_delta = max(deltas) if deltas else None
-    run.summary = {k: v for k, v in result.items() if k not in ("steps", "probes")}
+    kept = {k: run.summary[k] for k in ("packages",) if k in (run.summary or {})}
+    run.summary = {**kept, **{k: v for k, v in result.items() if k not in ("steps", "probes")}}
     if result.get("error") and not run.error_message:
         err = result["error"]
         run.error_message = f"{err.get('type', 'Error')}: {err.get('message', '')}"[:4000]
+    judge(session, run)
+
+
+def judge(session: Session, run: Run) -> None:
+    """After the verdict: known upstream bugs, the history flags, then the regression object (and its outbox)."""
+    known_failures.apply(session, run)
     regressions.flag(session, run)
+    regression_tracker.on_verdict(session, run)
 
 
 def probe_findings(result: dict[str, Any]) -> list[dict[str, Any]]:

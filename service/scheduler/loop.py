@@ -19,6 +19,7 @@ from models import SchedulerHeartbeat
 from models.base import utcnow
 from service.db import session_scope
 from service.evaluation import evaluate_one
+from service.notifications.deliver import deliver_step
 from service.scheduler.reconciler import reconcile
 from service.scheduler.submitter import claim_queued, launch_one
 from service.settings import Settings
@@ -40,7 +41,7 @@ def heartbeat(name: str) -> None:
 
 def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
-    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0}
+    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "notified": 0}
     with session_scope() as session:
         done["claimed"] = claim_queued(session, settings=settings)
     for _ in range(max_launches):
@@ -55,6 +56,7 @@ def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
             if not evaluate_one(session):
                 break
         done["evaluated"] += 1
+    done["notified"] = deliver_step()
     return done
 
 
