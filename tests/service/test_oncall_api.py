@@ -74,6 +74,10 @@ def test_known_failure_is_apart_from_fail_and_fixed_is_flagged(
     assert known["regression"] is False
     assert known["known_failures"] == [{"id": entry["id"], "signature": BUG_A, "link": ISSUE}]
     assert client.get("/api/v1/regressions").json() == []
+    overview = client.get("/").text
+    cell = overview[overview.index(f'data-run-id="{known["id"]}"') - 80:]
+    assert "v-known-failure" in cell[:200] and f'href="{ISSUE}"' in cell[:1500]
+    assert "1 known failure" in overview
     # a build outside the range: the same signature is a real failure and a regression
     newer = _run(client, db_session, submit, "fail", mcore="0.17.0", branch="next")
     assert newer["verdict"] == "fail" and newer["compared_track"] == "main" and newer["regression"] is True
@@ -84,6 +88,9 @@ def test_known_failure_is_apart_from_fail_and_fixed_is_flagged(
     _run(client, db_session, submit, "fail")
     fixed = _run(client, db_session, submit, "pass")
     assert fixed["fixed_known"] == [{"id": entry["id"], "signature": BUG_A, "link": ISSUE}]
+    overview = client.get("/").text
+    cell = overview[overview.index(f'data-run-id="{fixed["id"]}"'):]
+    assert "fixed?" in cell[:1500] and "v-pass" in overview
     listed = client.get("/api/v1/runs", params={"verdict": "known-failure"}).json()["items"]
     assert {r["id"] for r in listed} >= {known["id"]}
     retired = client.post(f"/api/v1/known-failures/{entry['id']}/retire", headers=admin).json()
