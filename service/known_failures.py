@@ -10,6 +10,7 @@ from packaging.version import InvalidVersion, Version
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.contract import VERDICTS
 from jobs.verdict.signatures import SIGNATURES
 from models import Environment, KnownFailure, Run
 from models.base import utcnow
@@ -17,6 +18,8 @@ from service.errors import InvalidSpec, NotFound
 
 KNOWN = "known-failure"
 BAD = ("fail", "error")
+# what a run's verdict can be: the parity verdicts of the jobs, plus the service's own known-failure
+RUN_VERDICTS: tuple[str, ...] = (*VERDICTS, KNOWN)
 
 
 def create(session: Session, *, signature: str, environments: list[str], mcore_versions: str, link: str,

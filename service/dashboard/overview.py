@@ -9,10 +9,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from models import Environment, Run
+from service.known_failures import RUN_VERDICTS
 from service.state import IN_FLIGHT, RunState
 
 BAD = ("fail", "error")
-VERDICTS = ("pass", "fail", "error", "known-failure")
+VERDICTS = RUN_VERDICTS
 
 
 @dataclass
@@ -136,7 +137,7 @@ def matrix(session: Session) -> Matrix:
                 row.check_name)
 
     failing = sorted((c for c in cells if c.bad), key=lambda c: (not c.regression, c.check_name, c.track))
-    totals = {v: sum(c.verdict == v for c in cells) for v in VERDICTS}
+    totals: dict[str, int] = {v: sum(c.verdict == v for c in cells) for v in VERDICTS}
     totals["regression"] = sum(c.regression for c in cells)
     return Matrix(
         tracks=sorted({c.track for c in cells}),

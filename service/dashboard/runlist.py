@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from jobs.configs import config_names
 from models import Environment, Run
+from service.known_failures import RUN_VERDICTS
 from service.runs import RunFilter, filtered_runs
 from service.state import RunState
 
@@ -24,7 +25,7 @@ SORTS: dict[str, Any] = {
     "verdict": Run.verdict,
     "delta": Run.max_abs_loss_delta,
 }
-VERDICTS = ("pass", "fail", "error", "known-failure")
+VERDICTS = RUN_VERDICTS
 STATES = tuple(s.value for s in RunState)
 FILTER_KEYS = ("config", "check", "track", "environment", "state", "verdict", "regression", "label", "since", "until")
 

@@ -80,6 +80,7 @@ def test_expired_session_asks_to_log_in_again(oncall_page, locked_server, commit
 
     with Session(engine) as session:
         row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+        assert row is not None
         stale = make_cookie(get_settings(), row, now=time.time() - get_settings().session_max_age_s - 5)
     engine.dispose()
     page.context.add_cookies([{"name": COOKIE, "value": stale, "url": locked_server}])
@@ -104,7 +105,8 @@ def test_forged_acknowledge_is_refused(oncall_page, locked_server, committed_db)
     assert "forged or expired form" in page.content()
     engine = create_engine(committed_db)
     with Session(engine) as session:
-        assert session.get(Regression, reg_id).state == "open"
+        reg = session.get(Regression, reg_id)
+        assert reg is not None and reg.state == "open"
     engine.dispose()
     # a login form posted without the login page's nonce is refused too (no login CSRF)
     resp = page.request.post(f"{locked_server}/login", form={"token": token, "next": "/"}, max_redirects=0)

@@ -9,7 +9,8 @@ from service.checks import check_key, check_name
 from tests.service.verdict_helpers import finish
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4}
-GOOD = {**SPEC, "workarounds": ["restore-adam-step", "realign-param-index"]}
+WORKAROUNDS = ["restore-adam-step", "realign-param-index"]
+GOOD = {**SPEC, "workarounds": WORKAROUNDS}
 
 
 def _queue(client: TestClient, headers: dict[str, str], spec: dict, **labels: str) -> dict:
@@ -27,7 +28,7 @@ def _judged(client: TestClient, db: Session, headers: dict[str, str], spec: dict
 def test_check_key_is_the_canonical_spec() -> None:
     explicit = {**SPEC, "sharding": "dp_reshardable", "seed": 1234, "workarounds": ["load-no-grad"]}
     assert check_key(SPEC) == check_key({**SPEC, "sharding": "dp_reshardable", "seed": 1234})  # defaults filled
-    assert check_key(GOOD) == check_key({**GOOD, "workarounds": list(reversed(GOOD["workarounds"]))})
+    assert check_key(GOOD) == check_key({**GOOD, "workarounds": list(reversed(WORKAROUNDS))})
     assert len({check_key(SPEC), check_key(GOOD), check_key({**SPEC, "dp": 1}), check_key(explicit)}) == 4
     assert check_name(GOOD) == (
         "moe-fp32-router dp=2 steps=8 save_step=4 workarounds=realign-param-index+restore-adam-step")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.orm import Session
 
+from jobs.contract import Verdict, parity_result
 from models import Run
 from service.evaluation import VERDICT_STATE, store_result
 from service.state import RunState, transition
@@ -18,7 +19,8 @@ def finish(session: Session, run_id: int, verdict: str, signatures: list[str] | 
     assert run is not None
     transition(session, run, RunState.TRAIN_SUBMITTED, "test")
     transition(session, run, RunState.EVALUATING, "test")
-    store_result(session, run, {"verdict": verdict, "signatures": signatures or [], "steps": [], **result})
-    transition(session, run, VERDICT_STATE[verdict], f"verdict {verdict}")
+    typed = cast(Verdict, verdict)
+    store_result(session, run, parity_result(typed, run.spec, signatures=signatures or [], **result))
+    transition(session, run, VERDICT_STATE[typed], f"verdict {verdict}")
     session.flush()
     return run

@@ -35,8 +35,7 @@ class Receiver:
     @property
     def url(self) -> str:
         """Base URL of the receiver."""
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def stop(self) -> None:
         """Shut the server down and free its port."""
