@@ -32,8 +32,9 @@ def enqueue(session: Session, event: str, dedup_key: str, payload: dict[str, Any
     now = utcnow()
     rows = [{"channel_id": c.id, "event": event, "dedup_key": dedup_key, "payload": payload, "state": "pending",
              "attempts": 0, "next_attempt_at": now, "created_at": now} for c in wanted]
-    stmt = insert(OutboxMessage).values(rows).on_conflict_do_nothing(constraint="uq_notification_outbox_channel_dedup")
-    return session.execute(stmt).rowcount or 0  # type: ignore[attr-defined]
+    stmt = (insert(OutboxMessage).values(rows)
+            .on_conflict_do_nothing(constraint="uq_notification_outbox_channel_dedup").returning(OutboxMessage.id))
+    return len(session.execute(stmt).all())
 
 
 def regression_event(session: Session, reg: Regression, event: str, run: Run | None) -> None:

@@ -129,3 +129,12 @@ def test_channel_input_is_validated(client: TestClient, make_token) -> None:
         "name": "x", "kind": "slack", "url": "http://a", "events": ["run.done"]})
     assert bad_event.status_code == 422 and "regression.opened" in bad_event.json()["detail"]
     assert client.get("/api/v1/notifications/channels", headers=make_token("submit")).status_code == 403
+
+
+def test_the_same_event_is_enqueued_once(client: TestClient, db_session: Session, make_token, receiver) -> None:
+    from service.notifications.events import enqueue
+
+    _channel(client, make_token("admin"), receiver.url + "/hook")
+    assert enqueue(db_session, "regression.opened", "regression-99-regression.opened", {"event": "x"}) == 1
+    assert enqueue(db_session, "regression.opened", "regression-99-regression.opened", {"event": "x"}) == 0
+    assert deliver_due(db_session) == 1 and len(receiver.got) == 1
