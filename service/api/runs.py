@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated
 from urllib.parse import urlencode
@@ -25,10 +26,13 @@ from service.api.schemas import (
 )
 from service.environments import DEFAULT_ENVIRONMENT, ensure_default_environment, get_environment
 from service.errors import InvalidSpec
+from service.known_failures import RUN_VERDICTS
 from service.links import BaseUrl
 from service.regressions import regression_text
 from service.state import RunState
 
+# the contract's verdicts plus the service's known-failure, whatever names they grow
+VERDICT_PATTERN = "^(" + "|".join(re.escape(v) for v in RUN_VERDICTS) + ")$"
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=ERROR_RESPONSES)
 
 
@@ -110,7 +114,7 @@ def list_runs(
     track: Annotated[str | None, Query(max_length=200, description="branch label, else environment name")] = None,
     environment: str | None = None,
     state: RunState | None = None,
-    verdict: Annotated[str | None, Query(pattern="^(pass|fail|error|known-failure)$")] = None,
+    verdict: Annotated[str | None, Query(pattern=VERDICT_PATTERN)] = None,
     regression: bool | None = None,
     label: Annotated[list[str], Query(description="key=value, repeatable")] = [],  # noqa: B006
     since: datetime | None = None,
