@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.dashboard.triage import packages
 from service.links import run_url
 
 
@@ -22,7 +23,7 @@ def _get(row: Any, key: str) -> Any:
 def issue_markdown(ctx: dict[str, Any], base_url: str) -> str:
     """Check, track, build, signatures with upstream links, last good vs this run, repro commands, run link."""
     run, good = ctx["run"], ctx.get("good")
-    build = (run.summary or {}).get("packages", {}).get("megatron_core") or "unknown"
+    build = packages(run).get("megatron-core") or "unknown"
     lines = [
         f"## Resume parity {run.verdict or run.state}: {run.check_name} on {run.track}",
         "",
@@ -31,7 +32,8 @@ def issue_markdown(ctx: dict[str, Any], base_url: str) -> str:
         f"- Track: `{run.track}` · environment `{run.environment.name}` · Megatron-Core `{build}`",
     ]
     if run.regression:
-        where = f"against {run.compared_track}" if run.compared_track != run.track else f"on {run.track}"
+        base = run.compared_track
+        where = f"against {base}" if base and base != run.track else f"on {run.track}"
         lines.append(f"- Regression: {where}")
     if run.first_divergent_step is not None:
         lines.append(f"- First divergent step: {run.first_divergent_step}")
