@@ -2,7 +2,7 @@
 notification channels and outbox, known upstream failures
 
 Revision ID: 0006
-Revises: 0001
+Revises: 0004
 Create Date: 2026-11-30
 """
 
@@ -11,7 +11,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = '0006'
-down_revision = '0001'
+down_revision = '0004'
 branch_labels = None
 depends_on = None
 

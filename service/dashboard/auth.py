@@ -19,9 +19,10 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import Depends, Request
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from models import ApiToken
+from models.base import utcnow
 from service.api.deps import SessionDep, SettingsDep
 from service.settings import Settings
 from service.tokens import authenticate
@@ -86,6 +87,11 @@ def read_cookie(settings: Settings, value: str) -> tuple[dict[str, Any] | None, 
     return body, ""
 
 
+def live_token() -> tuple[Any, ...]:
+    """WHERE clauses of a token that may still be used: not revoked, not expired."""
+    return (ApiToken.revoked_at.is_(None), or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > utcnow()))
+
+
 def _proxy_user(request: Request, settings: Settings) -> str | None:
     if not settings.proxy_user_header:
         return None
@@ -107,11 +113,11 @@ def current_viewer(request: Request, session: SessionDep, settings: SettingsDep)
     if raw:
         body, why = read_cookie(settings, raw)
         if body is not None:
-            token = session.scalar(select(ApiToken).where(ApiToken.id == body["tid"], ApiToken.revoked_at.is_(None)))
+            token = session.scalar(select(ApiToken).where(ApiToken.id == body["tid"], *live_token()))
             if token is not None:
                 writes = bool({"submit", "admin"} & set(token.scopes))
                 return Viewer(name=token.name, via="session", can_write=writes, csrf=str(body["csrf"]))
-            why = "token revoked"
+            why = "token revoked or expired"
         request.state.session_problem = why
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):

@@ -21,6 +21,7 @@ from service.dashboard.auth import (
     LoginRequired,
     ViewerDep,
     check_csrf,
+    live_token,
     login_redirect_url,
     make_cookie,
     safe_next,
@@ -73,9 +74,9 @@ def login(request: Request, session: SessionDep, settings: SettingsDep, form: Fo
     if not sent or not expected or not hmac.compare_digest(sent, expected):
         raise PageError(403, "login form expired or forged: reload the login page and try again")
     token = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(form.get("token", "").strip()),
-                                                  ApiToken.revoked_at.is_(None)))
+                                                  *live_token()))
     if token is None:
-        return RedirectResponse(f"/login?next={next_url}&error=unknown+or+revoked+token", status_code=303)
+        return RedirectResponse(f"/login?next={next_url}&error=unknown,+revoked+or+expired+token", status_code=303)
     response = RedirectResponse(next_url, status_code=303)
     response.set_cookie(COOKIE, make_cookie(settings, token), httponly=True, samesite="strict",
                         secure=_secure(settings.public_url), max_age=settings.session_max_age_s, path="/")

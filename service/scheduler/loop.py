@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from models import SchedulerHeartbeat
 from models.base import utcnow
+from service import retention
 from service.db import session_scope
 from service.evaluation import evaluate_one
 from service.notifications.deliver import deliver_step
@@ -41,7 +42,7 @@ def heartbeat(name: str) -> None:
 
 def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
-    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "notified": 0}
+    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "notified": 0, "pruned": 0}
     with session_scope() as session:
         done["claimed"] = claim_queued(session, settings=settings)
     for _ in range(max_launches):
@@ -57,6 +58,8 @@ def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
                 break
         done["evaluated"] += 1
     done["notified"] = deliver_step()
+    with session_scope() as session:
+        done["pruned"] = sum(retention.apply(session, settings).values())
     return done
 
 

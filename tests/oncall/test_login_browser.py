@@ -55,7 +55,7 @@ def test_login_then_logout(oncall_page, locked_server, committed_db) -> None:
     page.fill("input[name=token]", "prt_wrong")
     page.click("#login-form button[type=submit]")
     page.wait_for_load_state("load")
-    assert "unknown or revoked token" in page.locator("#login-error").inner_text()
+    assert "unknown, revoked or expired token" in page.locator("#login-error").inner_text()
     _login(page, token)
     assert page.url.endswith(f"/regressions/{reg_id}"), page.url  # back where the login started
     assert page.locator("#viewer").inner_text() == "alice"
