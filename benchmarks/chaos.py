@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -170,6 +171,25 @@ def scancel_running(db: str, rec: Recorder, timeout: float = 600) -> None:
     rec.fault("scancel a running phase", at=time.time(), run_id=run_id, phase=name, job_id=job_id, attempt=attempt)
 
 
+def kill_and_restart(ctx: dict[str, Any], key: str, name: str, rec: Recorder) -> None:
+    """SIGKILL one scheduler replica, start a new one 3 s later, and time until it is beating."""
+    proc: Proc = ctx[key]
+    proc.kill()
+    killed = time.time()
+    rec.fault(name, at=killed, replica=key)
+    time.sleep(3)
+    proc.start()
+    assert proc.proc is not None
+    beat = f"{socket.gethostname()}:{proc.proc.pid}"
+
+    def beating() -> bool:
+        with psycopg.connect(ctx["db"], connect_timeout=3) as conn:
+            return conn.execute("select 1 from scheduler_heartbeats where name = %s", (beat,)).fetchone() is not None
+
+    wait_until(beating, 300, f"the restarted {key} to beat")
+    rec.fault(name, back_s=round(time.time() - killed, 1))
+
+
 def schedule(ctx: dict[str, Any], rec: Recorder, stop: threading.Event) -> None:
     """The fault schedule (seconds after the first submission)."""
     t0 = time.time()
@@ -183,10 +203,7 @@ def schedule(ctx: dict[str, Any], rec: Recorder, stop: threading.Event) -> None:
         ctx["sched_b"].start()
         rec.fault("two scheduler replicas", at=time.time())
     if at(35):
-        ctx["sched_a"].kill()
-        rec.fault("SIGKILL scheduler (1st)", at=time.time(), replica="a")
-        time.sleep(3)
-        ctx["sched_a"].start()
+        kill_and_restart(ctx, "sched_a", "SIGKILL scheduler (1st)", rec)
     if at(45):
         scancel_running(ctx["db"], rec)
     if at(90):
@@ -205,10 +222,7 @@ def schedule(ctx: dict[str, Any], rec: Recorder, stop: threading.Event) -> None:
                         "the API to answer after the Postgres restart")
         rec.fault("Postgres restart", api_back_s=round(ok, 1))
     if at(185):
-        ctx["sched_b"].kill()
-        rec.fault("SIGKILL scheduler (2nd)", at=time.time(), replica="b")
-        time.sleep(3)
-        ctx["sched_b"].start()
+        kill_and_restart(ctx, "sched_b", "SIGKILL scheduler (2nd)", rec)
 
 
 def job_ids_by_folder(runs: Path) -> dict[str, set[str]]:

@@ -78,7 +78,8 @@ def recoveries(rec: Any, runs: dict[int, dict[str, Any]], phases: list[dict[str,
         elif name == "two scheduler replicas":
             out.append((name, "n/a (see submitted twice)"))
         elif name.startswith("SIGKILL"):
-            out.append((name, f"progress after {_fmt(_first_after(events, info['at']))}"))
+            out.append((name, f"replica beating again after {_fmt(info.get('back_s'))} (killed at once, restarted "
+                               f"3 s later); next state change {_fmt(_first_after(events, info['at']))}"))
         elif name == "scancel a running phase":
             retry = [p for p in phases if p["run_id"] == info["run_id"] and p["name"] == info["phase"]
                      and p["attempt"] > info["attempt"] and (p["started_at"] or p["submitted_at"])]
