@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,10 +45,9 @@ class FakeLauncher:
         return PhaseJob(executor=kw["executor"], folder=str(kw["folder"]), job_id=f"job-{len(self.submitted)}",
                         tasks=kw["tasks"])
 
-    def fetch_result(self, job: PhaseJob) -> tuple[Any, str | None]:
+    def fetch_result(self, job: PhaseJob, phase: str) -> tuple[Any, str | None]:
         if self.raised:
             return None, self.raised
-        phase = Path(job.folder).name.split("-attempt")[0]
         return self.docs[phase], None
 
 
@@ -77,7 +75,9 @@ def _queued(session: Session, case: str) -> Run:
     env = Environment(name=f"env-{case}", python="/usr/bin/python3", packages={})
     session.add(env)
     session.flush()
-    run, _ = create_run(session, spec=RunSpec.from_dict(expected(case)["spec"]), environment=env, labels={},
+    # These tests walk the two-job path (isolation "job"): one submission per phase.
+    spec = RunSpec.from_dict({**expected(case)["spec"], "isolation": "job"})
+    run, _ = create_run(session, spec=spec, environment=env, labels={},
                         requester="test")
     return run
 
