@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from jobs.launch.local import run_parity, run_phase_job
+from jobs.layout import RunLayout
 from jobs.spec import RunSpec
 
 WORKAROUNDS = ("realign-param-index", "restore-adam-step")
 
 
 def _rank_docs(folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
-    return [json.loads((folder / phase / f"result.rank{r}.json").read_text()) for r in range(dp)]
+    return [json.loads(RunLayout(folder).attempt(phase, 1).result(r).read_text()) for r in range(dp)]
 
 
 def _breakdown(doc: dict[str, Any]) -> dict[str, Any]:

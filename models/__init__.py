@@ -2,7 +2,7 @@
 
 from models.base import Base
 from models.environment import Environment
-from models.event import RunEvent, SchedulerHeartbeat
+from models.event import PhaseEvent, RunEvent, SchedulerHeartbeat
 from models.metric import StepMetric
 from models.phase import Phase
 from models.probe import ProbeFinding
@@ -14,6 +14,7 @@ __all__ = [
     "Base",
     "Environment",
     "Phase",
+    "PhaseEvent",
     "ProbeFinding",
     "Run",
     "RunEvent",

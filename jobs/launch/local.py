@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.documents import merge_rank_documents, read_rank_documents
+from jobs.layout import RunLayout
 from jobs.rank.context import write_json
 from jobs.rank.dist import free_port
 from jobs.rank.entry import run_phase
@@ -49,7 +50,7 @@ def run_phase_job(
     spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
 ) -> dict[str, Any]:
     """Submit one phase with tasks_per_node = dp, wait for it, and return rank 0's document."""
-    folder = run_folder / "submitit" / phase
+    folder = RunLayout(run_folder).attempt(phase, 1).submitit
     ex = executor(folder) if callable(executor) else executor or local_executor(folder)
     ex.update_parameters(tasks_per_node=spec.dp, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
     t0 = time.perf_counter()

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobs.layout import RunLayout
 from jobs.rank.context import PhaseAbort, RankContext, error_record, write_json
 from jobs.spec import RunSpec, SpecError
 
@@ -86,12 +87,20 @@ def _new_doc(spec: dict[str, Any], phase: str, rank: int) -> dict[str, Any]:
     }
 
 
-def run_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None) -> dict[str, Any]:
-    """Run one phase on this rank and return its result document (never raises)."""
+def run_phase(
+    spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None,
+    attempt: int = 1, checkpoint_attempt: int = 1,
+) -> dict[str, Any]:
+    """Run one phase on this rank and return its result document (never raises).
+
+    Logs, documents and (for train_and_save) the checkpoint go to this attempt's own folder
+    (`jobs.layout`); resume loads the checkpoint of train_and_save attempt `checkpoint_attempt`.
+    """
     t_start = time.time()
     rank = _env_rank()
     doc = _new_doc(spec, phase, rank)
-    folder = Path(run_folder) / phase
+    layout = RunLayout(Path(run_folder))
+    folder = layout.attempt(phase, attempt).folder
     folder.mkdir(parents=True, exist_ok=True)
     _setup_logging(folder, rank)
     ctx = RankContext(folder, rank, doc)
@@ -99,7 +108,8 @@ def run_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: in
         if phase not in PHASES:
             raise SpecError("phase", f"unknown phase {phase!r}", list(PHASES))
         run_spec = RunSpec.from_dict(spec)
-        _run(ctx, run_spec, phase, Path(run_folder), master_port)
+        saver = layout.attempt("train_and_save", attempt if phase == "train_and_save" else checkpoint_attempt)
+        _run(ctx, run_spec, phase, saver.checkpoint(run_spec.save_step), master_port)
         doc["status"] = "ok"
     except PhaseAbort as abort:
         doc["status"] = "error"
@@ -151,7 +161,7 @@ def _shutdown(ctx: RankContext) -> None:
     cpu_shim.uninstall()
 
 
-def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_port: int | None) -> None:
+def _run(ctx: RankContext, spec: RunSpec, phase: str, ckpt: Path, master_port: int | None) -> None:
     from jobs.rank import dist
 
     doc = ctx.doc
@@ -171,7 +181,6 @@ def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_p
     ctx.distributed = True
     doc["info"].update(_environment(info))
     trainee = ctx.run("build", lambda: runner.build(ctx, spec), STAGE_TIMEOUT_S["build"], agree=True)
-    ckpt = run_folder / "checkpoint" / f"step{spec.save_step}"
     first = 1
     if phase == "resume":
         runner.load(ctx, trainee, spec, ckpt, STAGE_TIMEOUT_S["load"])

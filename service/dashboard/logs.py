@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
+from jobs.layout import LOG_SUFFIXES
 from models import Phase
 from service.dashboard.rendering import PageError
 
@@ -55,7 +56,9 @@ def resolve_log(run_folder: Path, phase: Phase, requested: str) -> Path:
         raise PageError(403, "log files are served only from inside the run folder")
     known = {Path(p).resolve() for p in phase.log_paths or []}
     phase_dir = Path(phase.folder).resolve() if phase.folder else None
-    if target not in known and not (phase_dir and phase_dir.is_relative_to(root) and target.is_relative_to(phase_dir)):
+    in_attempt = bool(phase_dir and phase_dir.is_relative_to(root) and target.is_relative_to(phase_dir))
+    # inside the attempt folder only log files (jobs.layout), never checkpoints or pickles
+    if target not in known and not (in_attempt and target.suffix in LOG_SUFFIXES):
         raise PageError(404, "that file is not a log of this phase")
     if not target.is_file():
         raise PageError(404, "log file not found (it may not have been written yet)")

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
+from jobs.layout import AttemptLayout
 from jobs.verdict.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from models import ProbeFinding, Run, RunEvent, StepMetric
 from service.dashboard.logs import link_path
@@ -121,10 +122,16 @@ def events_of(session: Session, run_id: int) -> list[RunEvent]:
 
 
 def phase_logs(run: Run, run_folder: Path) -> dict[int, list[dict[str, str]]]:
-    """Per phase id: log links (label and path relative to the run folder)."""
+    """Per phase id: log links (label and path relative to the run folder).
+
+    A finished phase lists the logs recorded when it ended; a live one, what its attempt folder holds now.
+    """
     out: dict[int, list[dict[str, str]]] = {}
     for phase in run.phases:
-        out[phase.id] = [{"name": Path(p).name, "path": link_path(p, run_folder)} for p in phase.log_paths or []]
+        paths = list(phase.log_paths or [])
+        if not paths and phase.folder:
+            paths = [str(p) for p in AttemptLayout(Path(phase.folder)).logs()]
+        out[phase.id] = [{"name": Path(p).name, "path": link_path(p, run_folder)} for p in paths]
     return out
 
 

@@ -13,15 +13,16 @@ import socket
 import threading
 
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.exc import DBAPIError, OperationalError
 
 from models import SchedulerHeartbeat
 from models.base import utcnow
 from service.db import session_scope
-from service.evaluation import evaluate_one
+from service.evaluation import evaluate_pending
+from service.scheduler.guard import describe, is_outage
 from service.scheduler.reconciler import reconcile
-from service.scheduler.submitter import claim_queued, launch_one
+from service.scheduler.submitter import claim_queued, launch, next_pending
 from service.settings import Settings
+from service.slurm import pick_executor
 
 log = logging.getLogger(__name__)
 
@@ -31,56 +32,63 @@ def replica_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def heartbeat(name: str) -> None:
-    """Record that this replica is alive."""
+def decide_executor(settings: Settings) -> str:
+    """The executor of this scheduler process, decided once: `slurm` never falls back to local."""
+    executor = pick_executor(settings)
+    log.info("executor %s for the life of this scheduler (PARITY_EXECUTOR=%s)", executor, settings.executor)
+    return executor
+
+
+def heartbeat(name: str, executor: str = "") -> None:
+    """Record that this replica is alive, and which executor it runs phases with."""
+    detail = f"executor={executor}" if executor else ""
     with session_scope() as session:
-        stmt = insert(SchedulerHeartbeat).values(name=name, seen_at=utcnow(), detail="")
-        session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={"seen_at": utcnow()}))
+        stmt = insert(SchedulerHeartbeat).values(name=name, seen_at=utcnow(), detail=detail)
+        session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={"seen_at": utcnow(),
+                                                                                 "detail": detail}))
 
 
-def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
+def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
     done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0}
     with session_scope() as session:
-        done["claimed"] = claim_queued(session, settings=settings)
+        done["claimed"] = claim_queued(session, settings=settings, executor=executor)
     for _ in range(max_launches):
+        # one transaction per launch: the pending row stays committed until the submission is recorded
         with session_scope() as session:
-            if not launch_one(session, settings=settings):
+            phase = next_pending(session)
+            if phase is None:
                 break
+            launch(session, phase, settings=settings, executor=executor)
         done["launched"] += 1
     with session_scope() as session:
-        done["reconciled"] = reconcile(session, settings=settings)
-    while True:
-        with session_scope() as session:
-            if not evaluate_one(session):
-                break
-        done["evaluated"] += 1
+        done["reconciled"] = reconcile(session, settings=settings, executor=executor)
+    with session_scope() as session:
+        done["evaluated"] = evaluate_pending(session, settings=settings)
     return done
 
 
-def run_forever(settings: Settings, stop: threading.Event | None = None) -> None:
+def run_forever(settings: Settings, stop: threading.Event | None = None, executor: str | None = None) -> None:
     """Loop until stop is set (or forever), surviving database outages."""
     stop = stop or threading.Event()
     name = replica_name()
+    executor = executor or decide_executor(settings)
     failures = 0
-    log.info("scheduler %s started (poll every %.1fs)", name, settings.scheduler_poll_seconds)
+    log.info("scheduler %s started (executor %s, poll every %.1fs)", name, executor, settings.scheduler_poll_seconds)
     while not stop.is_set():
         try:
-            heartbeat(name)
-            done = tick(settings)
+            heartbeat(name, executor)
+            done = tick(settings, executor=executor)
             if any(done.values()):
                 log.info("tick: %s", done)
             failures = 0
             delay = settings.scheduler_poll_seconds
-        except (OperationalError, DBAPIError) as exc:
+        except Exception as exc:  # a bug in one step must not stop every other run; its transaction rolled back
             failures += 1
             delay = min(30.0, settings.scheduler_poll_seconds * 2**failures)
-            log.warning("database unavailable (%s); retrying in %.0fs", str(exc).splitlines()[0], delay)
-        except Exception:  # a bug in one step must not stop every other run; its transaction rolled back
-            failures += 1
-            delay = min(30.0, settings.scheduler_poll_seconds * 2**failures)
-            log.exception("scheduler step failed; retrying in %.0fs", delay)
+            if is_outage(exc):
+                log.warning("database unavailable (%s); retrying in %.0fs", describe(exc), delay)
+            else:
+                log.exception("scheduler step failed; retrying in %.0fs", delay)
         stop.wait(delay)
     log.info("scheduler %s stopped", name)
-
-
