@@ -148,6 +148,22 @@ def find_submitted(folder: Path) -> str | None:
     return ids[-1] if ids else None
 
 
+def _stray_pickles(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.glob("*.pkl") if not p.name.endswith(("_submitted.pkl", "_result.pkl"))]
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def interrupted_submission(folder: Path) -> bool:
+    """Whether a submission from folder may have reached sbatch without being recorded.
+
+    submitit dumps the call to `<uuid>.pkl` before sbatch and renames it to `<id>_submitted.pkl`
+    after; a stray `<uuid>.pkl` is the only trace of a submitter that died in between.
+    """
+    return bool(_stray_pickles(folder))
+
+
 def find_slurm_job(name: str, since: datetime) -> tuple[str, str] | None:
     """(job id, state) of the newest Slurm job named `name` submitted since `since`, if any."""
     start = since.astimezone().strftime("%Y-%m-%dT%H:%M:%S")  # sacct reads local time
@@ -173,8 +189,7 @@ def adopt_slurm_job(folder: Path, job_id: str) -> None:
     target = folder / f"{job_id}_submitted.pkl"
     if target.exists():
         return
-    pending = sorted(folder.glob("*.pkl"), key=lambda p: p.stat().st_mtime)
-    pending = [p for p in pending if not p.name.endswith(("_submitted.pkl", "_result.pkl"))]
+    pending = _stray_pickles(folder)
     if pending:
         pending[-1].rename(target)
         log.info("adopted Slurm job %s: moved %s to %s", job_id, pending[-1].name, target.name)

@@ -11,14 +11,15 @@ import logging
 import os
 import socket
 import threading
+from functools import partial
 
 from sqlalchemy.dialects.postgresql import insert
 
-from models import SchedulerHeartbeat
+from models import Run, SchedulerHeartbeat
 from models.base import utcnow
 from service.db import session_scope
 from service.evaluation import evaluate_pending
-from service.scheduler.guard import describe, is_outage
+from service.scheduler.guard import describe, is_outage, per_row
 from service.scheduler.reconciler import reconcile
 from service.scheduler.submitter import claim_queued, launch, next_pending
 from service.settings import Settings
@@ -59,7 +60,10 @@ def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[s
             phase = next_pending(session)
             if phase is None:
                 break
-            launch(session, phase, settings=settings, executor=executor)
+            run = session.get(Run, phase.run_id)
+            assert run is not None
+            per_row(session, run, partial(launch, session, phase, settings=settings, executor=executor),
+                    settings=settings, what=f"launching {phase.name} attempt {phase.attempt}")
         done["launched"] += 1
     with session_scope() as session:
         done["reconciled"] = reconcile(session, settings=settings, executor=executor)

@@ -113,39 +113,41 @@ def launch(session: Session, phase: Phase, *, settings: Settings, executor: str)
         transition(session, run, RunState.CANCELLED, "cancelled by API before the phase was submitted")
         return
     folder = launcher_folder(phase)
-    job_id = launcher.find_submitted(folder)
-    if job_id is None and phase.executor == "slurm":
-        job_id = _find_by_name(phase, folder, settings)
-    if job_id is not None:
-        log.info("phase %s of run %s already submitted as job %s; adopting it", phase.name, run.id, job_id)
-        phase.job_name = phase.job_name or (job_name(settings, phase) if phase.executor == "slurm" else None)
-        phase.job_id = job_id
-        move_phase(session, phase, PhaseState.SUBMITTED, f"adopted {phase.executor} job {job_id}")
-        return
-    if phase.executor != executor:
-        # the row was queued by a scheduler with another executor; nothing was submitted yet
-        log.info("phase %s of run %s: executor %s -> %s", phase.name, run.id, phase.executor, executor)
-        phase.executor = executor
-    env = session.get(Environment, run.environment_id)
-    assert env is not None
-    name = job_name(settings, phase)
-    checkpoint_attempt = _saved_attempt(session, run) if phase.name == "resume" else 1
     try:
-        job = launcher.submit_phase(
-            executor=phase.executor, folder=folder, python=env.python, tasks=int(run.spec["dp"]),
-            settings=settings, name=name, function=run_phase,
-            args=(run.spec, str(run_layout(settings, run.id).root), phase.name, None, phase.attempt,
-                  checkpoint_attempt),
-        )
-    except Exception as exc:  # sbatch refused or the executor broke: the infrastructure, not the code
+        job_id = launcher.find_submitted(folder)
+        if job_id is None and phase.executor == "slurm" and launcher.interrupted_submission(folder):
+            job_id = _find_by_name(phase, folder, settings)
+        if job_id is not None:
+            log.info("phase %s of run %s already submitted as job %s; adopting it", phase.name, run.id, job_id)
+            phase.job_name = job_name(settings, phase) if phase.executor == "slurm" else None
+            phase.job_id = job_id
+            move_phase(session, phase, PhaseState.SUBMITTED, f"adopted {phase.executor} job {job_id}")
+            return
+        if phase.executor != executor:
+            # queued by a scheduler with another executor, and nothing was submitted from its folder
+            log.info("phase %s of run %s: executor %s -> %s", phase.name, run.id, phase.executor, executor)
+            phase.executor = executor
+        job = _submit(session, phase, run, folder, settings)
+    except Exception as exc:  # sbatch refused, Slurm unreachable, the executor broke: not the code under test
         reason = " ".join(str(exc).split())[-1500:] or type(exc).__name__
         log.warning("submitting phase %s of run %s failed: %s", phase.name, run.id, reason)
         move_phase(session, phase, PhaseState.INFRA_FAILED, f"submission failed: {reason}")
         retry_or_give_up(session, phase=phase, run=run, what=f"submission failed ({reason})", settings=settings,
                          executor=executor)
         return
-    phase.job_id, phase.job_name, phase.process_started_at = job.job_id, name, job.started
+    phase.job_id, phase.job_name, phase.process_started_at = job.job_id, job_name(settings, phase), job.started
     move_phase(session, phase, PhaseState.SUBMITTED, f"{phase.executor} job {job.job_id}")
+
+
+def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Settings) -> launcher.PhaseJob:
+    env = session.get(Environment, run.environment_id)
+    assert env is not None
+    checkpoint_attempt = _saved_attempt(session, run) if phase.name == "resume" else 1
+    return launcher.submit_phase(
+        executor=phase.executor, folder=folder, python=env.python, tasks=int(run.spec["dp"]),
+        settings=settings, name=job_name(settings, phase), function=run_phase,
+        args=(run.spec, str(run_layout(settings, run.id).root), phase.name, None, phase.attempt, checkpoint_attempt),
+    )
 
 
 def launcher_folder(phase: Phase) -> Path:
@@ -166,6 +168,9 @@ def _find_by_name(phase: Phase, folder: Path, settings: Settings) -> str | None:
     if found is None:
         return None
     job_id, state = found
+    if state not in launcher.LIVE_STATES and state != "COMPLETED":
+        # it waited for its pickle in vain, or was stopped: nothing to adopt, retry as infrastructure
+        raise RuntimeError(f"Slurm job {job_id} found by name {job_name(settings, phase)} already ended {state}")
     log.warning("phase %s of run %s: found Slurm job %s (%s) by name with no record in %s",
                 phase.name, phase.run_id, job_id, state, folder)
     launcher.adopt_slurm_job(folder, job_id)
