@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
+from jobs.contract import ErrorRecord, PhaseDocument
 from jobs.layout import RunLayout
 
 
-def read_rank_documents(run_folder: Path, phase: str, dp: int, attempt: int = 1) -> list[dict[str, Any]]:
+def read_rank_documents(run_folder: Path, phase: str, dp: int, attempt: int = 1) -> list[PhaseDocument]:
     """The result.rank{r}.json documents the ranks of one attempt of a phase wrote (those that exist)."""
     docs = []
     where = RunLayout(run_folder).attempt(phase, attempt)
@@ -25,17 +25,27 @@ def read_rank_documents(run_folder: Path, phase: str, dp: int, attempt: int = 1)
 _PEER_FAILURE = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|StageTimeout|timed out", re.I)
 
 
-def _is_secondary(error: dict[str, Any]) -> bool:
+def _is_secondary(error: ErrorRecord) -> bool:
     return bool(_PEER_FAILURE.search(f"{error.get('type', '')} {error.get('message', '')}"))
 
 
-def merge_rank_documents(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Return rank 0's document, carrying the root-cause error of whichever rank failed first."""
+def merge_rank_documents(docs: list[PhaseDocument]) -> PhaseDocument | None:
+    """Return rank 0's document, carrying the root-cause error of whichever rank failed first.
+
+    `rank_errors` lists each failing rank's own record once: ranks that agreed on a failure already
+    carry the agreed list, so it is flattened rather than nested.
+    """
     if not docs:
         return None
     main = next((d for d in docs if d.get("rank") == 0), docs[0])
-    errors = [d["error"] for d in docs if d.get("status") == "error" and d.get("error")]
+    errors: list[ErrorRecord] = []
+    for doc in docs:
+        err = doc.get("error") if doc.get("status") == "error" else None
+        for own in (err.get("rank_errors") or [err]) if err else []:
+            record: ErrorRecord = {k: v for k, v in own.items() if k != "rank_errors"}  # type: ignore[assignment]
+            if record not in errors:
+                errors.append(record)
     if errors:
         root = next((e for e in errors if not _is_secondary(e)), errors[0])
-        main = dict(main, status="error", error=dict(root, rank_errors=errors))
+        main = {**main, "status": "error", "error": {**root, "rank_errors": errors}}
     return main

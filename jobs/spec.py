@@ -10,7 +10,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from jobs.configs import CONFIGS, config_names
-from jobs.verdict.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
+from jobs.contract import WORKAROUND_NAMES
+from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
 
 MAX_DP = 8
 MAX_STEPS = 10_000
@@ -21,7 +22,7 @@ SHARDING_TYPES = (
     "fully_sharded_model_space",
 )
 DEFAULT_SHARDING = "dp_reshardable"
-WORKAROUNDS = ("realign-param-index", "restore-adam-step", "load-no-grad")
+WORKAROUNDS = WORKAROUND_NAMES
 TOLERANCES = tuple(TOLERANCE_PROFILES)
 REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
 
@@ -61,6 +62,10 @@ class RunSpec:
     workarounds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
+        for name in ("config", "sharding", "tolerance"):
+            if not isinstance(getattr(self, name), str):
+                raise SpecError(name, f"must be a string, got {type(getattr(self, name)).__name__}")
         if self.config not in CONFIGS:
             raise SpecError("config", f"unknown config {self.config!r}", config_names())
         max_dp = min(MAX_DP, CONFIGS[self.config].max_dp)
@@ -83,7 +88,7 @@ class RunSpec:
         if isinstance(self.workarounds, str) or not isinstance(self.workarounds, (tuple, list)):
             raise SpecError("workarounds", f"must be a list of names, got {self.workarounds!r}", list(WORKAROUNDS))
         for w in self.workarounds:
-            if w not in WORKAROUNDS:
+            if not isinstance(w, str) or w not in WORKAROUNDS:
                 raise SpecError("workarounds", f"unknown workaround {w!r}", list(WORKAROUNDS))
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))

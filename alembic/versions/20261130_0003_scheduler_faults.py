@@ -1,7 +1,7 @@
 """scheduler faults: phase events, job names, local process start time, per-run failure count
 
 Revision ID: 0003
-Revises: 0001
+Revises: 0004
 Create Date: 2026-11-30
 """
 
@@ -9,7 +9,7 @@ from alembic import op
 import sqlalchemy as sa
 
 revision = '0003'
-down_revision = '0001'
+down_revision = '0004'
 branch_labels = None
 depends_on = None
 

@@ -17,6 +17,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from models import Run, SchedulerHeartbeat
 from models.base import utcnow
+from service import retention
 from service.db import session_scope
 from service.evaluation import evaluate_pending
 from service.scheduler.guard import describe, is_outage, per_row
@@ -51,7 +52,7 @@ def heartbeat(name: str, executor: str = "") -> None:
 
 def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
-    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0}
+    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "pruned": 0}
     with session_scope() as session:
         done["claimed"] = claim_queued(session, settings=settings, executor=executor)
     for _ in range(max_launches):
@@ -69,6 +70,8 @@ def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[s
         done["reconciled"] = reconcile(session, settings=settings, executor=executor)
     with session_scope() as session:
         done["evaluated"] = evaluate_pending(session, settings=settings)
+    with session_scope() as session:
+        done["pruned"] = sum(retention.apply(session, settings).values())
     return done
 
 

@@ -13,13 +13,16 @@ import logging
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
+from typing import Any, cast
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.contract import ErrorRecord, PhaseName, error_record, phase_document
 from jobs.layout import AttemptLayout
 from models import Phase, Run
 from models.base import utcnow
+from service.documents import InvalidDocument, rejected_document, validate_phase_document
 from service.phase_state import PHASE_ACTIVE, PhaseState, move_phase
 from service.scheduler import guard, launcher
 from service.scheduler.submitter import PHASES, SUBMITTED_STATE, job_of, new_phase, retry_or_give_up
@@ -27,7 +30,7 @@ from service.settings import Settings
 from service.state import RunState, transition
 
 log = logging.getLogger(__name__)
-RUNNING_STATE = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
+RUNNING_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
 
 
 def reconcile(session: Session, *, settings: Settings, executor: str) -> int:
@@ -79,7 +82,7 @@ def _past(since: object, seconds: float) -> bool:
     return since is not None and utcnow() - since > timedelta(seconds=seconds)  # type: ignore[operator]
 
 
-def phase_logs(phase: Phase, job: launcher.PhaseJob) -> list[str]:
+def collect_log_paths(phase: Phase, job: launcher.PhaseJob) -> list[str]:
     """The attempt's own per-rank logs (where a caught traceback lands) first, then submitit's stdout/stderr."""
     layout = AttemptLayout(Path(phase.folder or "."))
     own = [layout.rank_log(rank) for rank in range(job.tasks)]
@@ -87,36 +90,46 @@ def phase_logs(phase: Phase, job: launcher.PhaseJob) -> list[str]:
 
 
 def _end(session: Session, phase: Phase, run: Run, state: PhaseState, reason: str) -> None:
-    phase.log_paths = phase_logs(phase, job_of(phase, run))
+    phase.log_paths = collect_log_paths(phase, job_of(phase, run))
     move_phase(session, phase, state, reason)
 
 
 def _finished(session: Session, phase: Phase, run: Run, settings: Settings, executor: str) -> None:
-    doc, error = launcher.fetch_result(job_of(phase, run))
-    if doc is None:
+    raw, error = launcher.fetch_result(job_of(phase, run))
+    if raw is None:
         _job_raised(session, phase, run, error)
         return
-    phase.info = doc
-    info = doc.get("info") or {}
+    try:
+        doc = validate_phase_document(raw)
+    except InvalidDocument as exc:
+        # never a silent pass: the phase is an error naming the field; the raw document stays in info
+        log.warning("phase %s of run %s returned an invalid document: %s", phase.name, run.id, exc)
+        doc = rejected_document(run.spec, cast(PhaseName, phase.name), raw, exc)
+    phase.info = cast(dict[str, Any], doc)
+    info = doc["info"]
     phase.save_s, phase.load_s = info.get("save_seconds"), info.get("load_seconds")
-    ok = doc.get("status") == "ok"
-    _end(session, phase, run, PhaseState.SUCCEEDED if ok else PhaseState.FAILED, "" if ok else _doc_error(doc))
+    ok = doc["status"] == "ok"
+    _end(session, phase, run, PhaseState.SUCCEEDED if ok else PhaseState.FAILED, "" if ok else _doc_error(doc["error"]))
     if ok and phase.name == PHASES[0]:
         new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings, executor=executor)
         transition(session, run, RunState.RESUME_SUBMITTED, f"{phase.name} finished; resume queued")
     else:
         # both phases done, or a phase crashed inside the job: either way the evaluator decides
-        transition(session, run, RunState.EVALUATING, f"{phase.name} returned {doc.get('status')}")
+        transition(session, run, RunState.EVALUATING, f"{phase.name} returned {doc['status']}")
 
 
-def _doc_error(doc: dict) -> str:
-    err = doc.get("error") or {}
-    return f"{err.get('stage', '?')}: {err.get('type', '?')}: {err.get('message', '')}"[:2000]
+def _doc_error(err: ErrorRecord | None) -> str:
+    if err is None:
+        return "error: no error record"
+    return f"{err['stage']}: {err['type']}: {err['message']}"[:2000]
 
 
 def _job_raised(session: Session, phase: Phase, run: Run, error: str | None) -> None:
     """The job ended without rank 0's document (it raised, or the rank died): an error, not retried."""
-    phase.info = {"status": "error", "error": {"stage": "job", "type": "JobFailed", "message": error or ""}}
+    record = error_record("JobFailed", error or "", stage="job")
+    phase.info = cast(
+        dict[str, Any], phase_document(run.spec, cast(PhaseName, phase.name), 0, status="error", error=record)
+    )
     _end(session, phase, run, PhaseState.FAILED, error or "job failed without a result")
     run.error_message = f"{phase.name} job {phase.job_id} failed: {(error or '')[-1500:]}"
     transition(session, run, RunState.EVALUATING, f"{phase.name} job raised")

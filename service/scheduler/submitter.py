@@ -17,18 +17,20 @@ from pathlib import Path
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from jobs.contract import PhaseName
 from jobs.layout import AttemptLayout, RunLayout
-from jobs.rank.entry import run_phase
+from jobs.rank.entry import run_rank_phase
 from models import Environment, Phase, Run
 from models.base import utcnow
 from service.phase_state import PhaseState, move_phase, record_new_phase
-from service.scheduler import launcher
+from service.scheduler import launcher, slurm_jobs
 from service.settings import Settings
 from service.state import RunState, transition
 
 log = logging.getLogger(__name__)
-PHASES = ("train_and_save", "resume")
-SUBMITTED_STATE = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
+# The phases the service runs, in order (the benchmark's "uninterrupted" phase is not one of them).
+PHASES: tuple[PhaseName, PhaseName] = ("train_and_save", "resume")
+SUBMITTED_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
 
 
 def run_layout(settings: Settings, run_id: int) -> RunLayout:
@@ -115,7 +117,7 @@ def launch(session: Session, phase: Phase, *, settings: Settings, executor: str)
     folder = launcher_folder(phase)
     try:
         job_id = launcher.find_submitted(folder)
-        if job_id is None and phase.executor == "slurm" and launcher.interrupted_submission(folder):
+        if job_id is None and phase.executor == "slurm" and slurm_jobs.interrupted_submission(folder):
             job_id = _find_by_name(phase, folder, settings)
         if job_id is not None:
             log.info("phase %s of run %s already submitted as job %s; adopting it", phase.name, run.id, job_id)
@@ -145,7 +147,7 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
     checkpoint_attempt = _saved_attempt(session, run) if phase.name == "resume" else 1
     return launcher.submit_phase(
         executor=phase.executor, folder=folder, python=env.python, tasks=int(run.spec["dp"]),
-        settings=settings, name=job_name(settings, phase), function=run_phase,
+        settings=settings, name=job_name(settings, phase), function=run_rank_phase,
         args=(run.spec, str(run_layout(settings, run.id).root), phase.name, None, phase.attempt, checkpoint_attempt),
     )
 
@@ -164,16 +166,16 @@ def job_of(phase: Phase, run: Run) -> launcher.PhaseJob:
 
 
 def _find_by_name(phase: Phase, folder: Path, settings: Settings) -> str | None:
-    found = launcher.find_slurm_job(job_name(settings, phase), phase.created_at - timedelta(minutes=1))
+    found = slurm_jobs.find_slurm_job(job_name(settings, phase), phase.created_at - timedelta(minutes=1))
     if found is None:
         return None
     job_id, state = found
-    if state not in launcher.LIVE_STATES and state != "COMPLETED":
+    if state not in slurm_jobs.LIVE_STATES and state != "COMPLETED":
         # it waited for its pickle in vain, or was stopped: nothing to adopt, retry as infrastructure
         raise RuntimeError(f"Slurm job {job_id} found by name {job_name(settings, phase)} already ended {state}")
     log.warning("phase %s of run %s: found Slurm job %s (%s) by name with no record in %s",
                 phase.name, phase.run_id, job_id, state, folder)
-    launcher.adopt_slurm_job(folder, job_id)
+    slurm_jobs.adopt_slurm_job(folder, job_id)
     return job_id
 
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from models import Environment, Phase, ProbeFinding, Run, RunEvent, StepMetric
@@ -143,8 +144,8 @@ def seed(session: Session, run_folder: Path) -> Seeded:
     xss = _run(session, main, age_h=3, config="dense-bf16", labels={"branch": XSS}, max_abs_loss_delta=0.0)
     queued = _run(session, env, age_h=0.1, state="queued", verdict=None, labels={"branch": "feature"})
     for run in (first, good, dense, xss):
-        session.execute(StepMetric.__table__.insert(), metrics(run.id))
-    session.execute(StepMetric.__table__.insert(), metrics(regressed.id, diverge_from=11, lr_off=(11, 12)))
+        session.execute(insert(StepMetric), metrics(run.id))
+    session.execute(insert(StepMetric), metrics(regressed.id, diverge_from=11, lr_off=(11, 12)))
     for run in (first, good, dense, xss):
         _phase(session, run, run_folder, "train_and_save", "succeeded", f"{run.id}01", "")
         _phase(session, run, run_folder, "resume", "succeeded", f"{run.id}02", "")
@@ -180,3 +181,23 @@ def seed(session: Session, run_folder: Path) -> Seeded:
     session.flush()
     return Seeded(good=good.id, regressed=regressed.id, errored=errored.id, dense=dense.id, queued=queued.id,
                   xss=xss.id, regressed_phase=regressed_phase.id, errored_phase=errored_phase.id, total_runs=7)
+
+
+def golden_run(session: Session, env: Environment, case: str) -> Run:
+    """A finished run built through the real ingestion path from a golden case's phase documents."""
+    from jobs.verdict.compare import evaluate
+    from service.documents import validate_phase_document
+    from service.evaluation import store_result
+    from tests.golden import documents, expected
+
+    docs = {name: validate_phase_document(doc) for name, doc in documents(case).items()}
+    verdict_state = {"pass": "passed", "fail": "failed", "error": "error"}
+    result = evaluate(expected(case)["spec"], docs.get("train_and_save"), docs.get("resume"))
+    run = _run(session, env, age_h=0.5, state=verdict_state[result["verdict"]], verdict=result["verdict"],
+               spec=expected(case)["spec"], labels={"branch": f"golden-{case}"}, summary={})
+    for name, doc in docs.items():
+        session.add(Phase(run_id=run.id, name=name, attempt=1, state="succeeded" if doc["status"] == "ok" else "failed",
+                          executor="local", job_id=f"{run.id}{name[:2]}", folder=None, info=dict(doc), log_paths=[]))
+    store_result(session, run, result)
+    session.flush()
+    return run
