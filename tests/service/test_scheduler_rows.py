@@ -49,7 +49,7 @@ def _submit(run_id: int, settings: Settings, function: object, *args: object) ->
         phase = new_phase(session, run=run, name="train_and_save", attempt=1, settings=settings, executor="local")
         transition(session, run, RunState.TRAIN_SUBMITTED, "test")
         job = launcher.submit_phase(executor="local", folder=launcher_folder(phase), python=sys.executable,
-                                    tasks=1, settings=settings, name="t", function=function, args=args)
+                                    tasks=int(SPEC["dp"]), settings=settings, name="t", function=function, args=args)
         phase.job_id, phase.process_started_at = job.job_id, job.started
         move_phase(session, phase, PhaseState.SUBMITTED, "test")
 
@@ -79,7 +79,7 @@ def test_a_refused_document_ends_its_own_run_and_stalls_no_other(settings: Setti
     assert (run_row(bad).state, run_row(bad).scheduler_failures) == ("train_submitted", 1)
     with session_scope() as session:  # the NaN loss and the infinite wall time are stored, as strings
         stored = session.scalar(text("select info->'steps' from phases where run_id = :r"), {"r": good})
-    assert [s["loss"] for s in stored][2] == "NaN" and stored[3]["wall_s"] == "Infinity"
+    assert [s["loss"] for s in stored][4] == "NaN" and stored[-1]["wall_s"] == "Infinity"
 
     for _ in range(settings.max_row_failures - 1):
         _reconcile(settings)
@@ -107,21 +107,38 @@ def _evaluating(run_id: int, docs: dict[str, dict]) -> None:
 
 def test_evaluation_isolates_a_refused_result_and_nan_losses_compare_equal(settings: Settings) -> None:
     bad, good = queue(SPEC), queue(SPEC)
-    _evaluating(bad, {"train_and_save": phase_doc("train_and_save"),
-                      "resume": phase_doc("resume", grad_norm="n/a")})
-    _evaluating(good, {"train_and_save": phase_doc("train_and_save"), "resume": phase_doc("resume")})
-    for _ in range(settings.max_row_failures):
+    for run_id in (bad, good):
+        _evaluating(run_id, {"train_and_save": phase_doc("train_and_save"), "resume": phase_doc("resume")})
+    # Postgres itself refuses the bad run's step rows, as it would an out-of-range or malformed value
+    poison = f"""
+        create function refuse_run() returns trigger language plpgsql as $$
+        begin
+            if new.run_id = {bad} then
+                raise exception 'step value refused for run %', new.run_id using errcode = '22003';
+            end if;
+            return new;
+        end $$;
+        create trigger refuse_run before insert on step_metrics for each row execute function refuse_run();
+    """
+    with session_scope() as session:
+        session.execute(text(poison))
+    try:
+        for _ in range(settings.max_row_failures):
+            with session_scope() as session:
+                evaluate_pending(session, settings=settings)
+    finally:
         with session_scope() as session:
-            evaluate_pending(session, settings=settings)
+            session.execute(text("drop trigger refuse_run on step_metrics; drop function refuse_run();"))
     run = run_row(good)
-    # step 3 is NaN on both sides: reproduced exactly, so the run passes
+    # step 5 is NaN on both sides: reproduced exactly, so the run passes
     assert (run.state, run.verdict, run.first_divergent_step) == ("passed", "pass", None)
     with session_scope() as session:
-        loss = session.scalar(select(StepMetric.loss_baseline).where(StepMetric.run_id == good, StepMetric.step == 3))
+        loss = session.scalar(select(StepMetric.loss_baseline).where(StepMetric.run_id == good, StepMetric.step == 5))
     assert loss is not None and math.isnan(loss)
     failed = run_row(bad)
-    assert failed.state == "error" and "evaluation" in (failed.error_message or "")
-    assert "double precision" in (failed.error_message or "")
+    assert failed.state == "error" and failed.verdict is None
+    message = failed.error_message or ""
+    assert "evaluation: DataError" in message and "step value refused" in message
 
 
 def test_nan_documents_round_trip_and_postgres_refuses_raw_nan(settings: Settings) -> None:
@@ -223,7 +240,8 @@ def test_a_phase_past_its_wall_clock_limit_is_stopped_and_retried(settings: Sett
     run_id = queue(SPEC)
     _submit(run_id, settings, sleep_forever, str(marker))
     wait_for(lambda: marker.exists(), 60, "the rank to start")
-    rank = int(marker.read_text().split()[0])
+    wait_for(lambda: len(marker.read_text().split()) == 2, 30, "both ranks to start")
+    ranks = [int(p) for p in marker.read_text().split()]
     _reconcile(settings)
     assert phases(run_id)[0].state == "running"
     with session_scope() as session:  # pretend it started longer ago than the limit plus the grace
@@ -233,6 +251,6 @@ def test_a_phase_past_its_wall_clock_limit_is_stopped_and_retried(settings: Sett
     rows = phases(run_id)
     assert [(p.attempt, p.state) for p in rows] == [(1, "infra_failed"), (2, "pending")]
     assert "wall-clock" in (rows[0].exit_reason or "")
-    assert not _alive([rank]), "the old attempt must be stopped before a retry exists"
+    assert not _alive(ranks), "the old attempt must be stopped before a retry exists"
     assert AttemptLayout(Path(rows[1].folder or "")).folder.name == "attempt-2"
     assert run_row(run_id).state == "train_submitted"
