@@ -12,7 +12,7 @@ Postgres delivers the notification when the inserting transaction commits, never
 from alembic import op
 
 revision = '0008'
-down_revision = '0001'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 

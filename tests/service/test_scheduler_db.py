@@ -76,6 +76,7 @@ def _queued(session: Session, case: str, isolation: str = "job") -> Run:
     env = Environment(name=f"env-{case}", python="/usr/bin/python3", packages={})
     session.add(env)
     session.flush()
+    # isolation "job" walks the two-job path (one submission per phase); "process" forks the resume
     spec = RunSpec.from_dict({**expected(case)["spec"], "isolation": isolation})
     run, _ = create_run(session, spec=spec, environment=env, labels={}, requester="test")
     return run
