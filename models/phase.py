@@ -34,7 +34,10 @@ class Phase(CreatedAt, Base):
     job_name: Mapped[str | None] = mapped_column(String(200))
     # local executor: the controller's start time, so a reused pid is never taken for our job
     process_started_at: Mapped[float | None]
+    # this attempt's folder (jobs.layout): rank logs, documents, checkpoint
     folder: Mapped[str | None] = mapped_column(String(1000))
+    # submitit's folder of the job running this phase (a resume forked in its train_and_save job shares it)
+    job_folder: Mapped[str | None] = mapped_column(String(1000))
     exit_reason: Mapped[str | None] = mapped_column(Text)
     submitted_at: Mapped[datetime | None]
     started_at: Mapped[datetime | None]

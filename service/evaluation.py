@@ -17,7 +17,7 @@ from jobs.contract import ParityResult, PhaseDocument, Verdict, exception_record
 from jobs.verdict.compare import evaluate
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
 from models.jsonsafe import decode_nonfinite
-from service import regressions
+from service import known_failures, regression_tracker, regressions
 from service.documents import validate_result
 from service.phase_state import PhaseState
 from service.scheduler.guard import per_row
@@ -40,14 +40,13 @@ def latest_documents(session: Session, run_id: int) -> dict[str, PhaseDocument]:
 
 
 def evaluate_pending(session: Session, *, settings: Settings, limit: int = 20) -> int:
-    """Evaluate up to `limit` runs in state evaluating, each in its own savepoint. Returns how many were tried."""
+    """Evaluate up to `limit` runs in state evaluating, each in its own savepoint. Returns how many went through."""
     runs = session.scalars(
         select(Run).where(Run.state == RunState.EVALUATING.value)
         .order_by(Run.scheduler_failures, Run.id).limit(limit).with_for_update(skip_locked=True)
     ).all()
-    for run in runs:
-        per_row(session, run, partial(evaluate_run, session, run), settings=settings, what="evaluation")
-    return len(runs)
+    return sum(per_row(session, run, partial(evaluate_run, session, run), settings=settings, what="evaluation")
+               for run in runs)
 
 
 def evaluate_run(session: Session, run: Run) -> None:
@@ -58,8 +57,9 @@ def evaluate_run(session: Session, run: Run) -> None:
     except Exception as exc:  # a bug in comparison (or an invalid result) must not wedge the queue
         log.exception("evaluation of run %s failed", run.id)
         result = parity_result("error", run.spec, errors=[exception_record(exc, "evaluate")])
-    store_result(session, run, result)
+    # packages first: the known-failure rules match on the build this run used
     record_packages(session, run, docs)
+    store_result(session, run, result)
     transition(session, run, VERDICT_STATE[result["verdict"]], f"verdict {result['verdict']}")
 
 
@@ -97,11 +97,20 @@ def store_result(session: Session, run: Run, result: ParityResult) -> None:
     run.first_step_beyond_tolerance = result["first_step_beyond_tolerance"]
     deltas = [abs(d) for s in steps if (d := s["loss_abs_delta"]) is not None]
     run.max_abs_loss_delta = max(deltas) if deltas else None
-    run.summary = {k: v for k, v in result.items() if k not in ("steps", "probes")}
+    kept = {k: run.summary[k] for k in ("packages",) if k in (run.summary or {})}
+    run.summary = {**kept, **{k: v for k, v in result.items() if k not in ("steps", "probes")}}
     err = result["error"]
     if err and not run.error_message:
         run.error_message = f"{err['type']}: {err['message']}"[:4000]
+    judge(session, run)
+
+
+def judge(session: Session, run: Run) -> None:
+    """After the verdict: known upstream bugs, the history flags, then the regression object (and its outbox)."""
+    # may turn fail/error into known-failure (a service verdict: the run's state stays failed/error)
+    known_failures.apply(session, run)
     regressions.flag(session, run)
+    regression_tracker.on_verdict(session, run)
 
 
 def probe_findings(result: ParityResult) -> list[dict[str, Any]]:

@@ -8,10 +8,11 @@ from typing import Any
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from jobs.spec import RunSpec, SpecError
 from models import Environment, Run, RunEvent
+from service.checks import identify
 from service.errors import Conflict, Forbidden, InvalidSpec, NotFound, TooManyRequests
 from service.state import TERMINAL, RunState, transition
 
@@ -58,6 +59,7 @@ def create_run(
         signatures=[],
         summary={},
     )
+    identify(run, environment.name)
     if idempotency_key is None:
         session.add(run)
         session.flush()
@@ -123,10 +125,11 @@ def check_caps(session: Session, caps: Caps, requester: str | None) -> None:
 
 def get_run(session: Session, *, run_id: int, with_phases: bool = False) -> Run:
     """One run (with its environment, and phases if asked), or 404."""
-    query = select(Run).where(Run.id == run_id).options(selectinload(Run.environment))
+    # one round trip: the environment and the phases are joined, not fetched by follow-up SELECTs
+    query = select(Run).where(Run.id == run_id).options(joinedload(Run.environment))
     if with_phases:
-        query = query.options(selectinload(Run.phases))
-    run = session.scalar(query)
+        query = query.options(joinedload(Run.phases))
+    run = session.scalars(query).unique().first()
     if run is None:
         raise NotFound(f"run {run_id} does not exist", field="run_id")
     return run
@@ -137,6 +140,8 @@ class RunFilter:
     """What GET /runs and the dashboard list can filter on."""
 
     config: str | None = None
+    check: str | None = None
+    track: str | None = None
     environment: str | None = None
     state: str | None = None
     verdict: str | None = None
@@ -151,6 +156,10 @@ def filtered_runs(filters: RunFilter) -> Select[tuple[Run]]:
     query = select(Run)
     if filters.config:
         query = query.where(Run.config == filters.config)
+    if filters.check:
+        query = query.where(Run.check_key == filters.check)
+    if filters.track:
+        query = query.where(Run.track == filters.track)
     if filters.environment:
         query = query.join(Environment).where(Environment.name == filters.environment)
     if filters.state:

@@ -1,7 +1,7 @@
 """scheduler faults: phase events, job names, local process start time, per-run failure count
 
 Revision ID: 0003
-Revises: 0004
+Revises: 0008
 Create Date: 2026-11-30
 """
 
@@ -9,7 +9,7 @@ from alembic import op
 import sqlalchemy as sa
 
 revision = '0003'
-down_revision = '0004'
+down_revision = '0008'
 branch_labels = None
 depends_on = None
 
@@ -30,6 +30,7 @@ def upgrade() -> None:
     op.create_index(op.f('ix_phase_events_phase_id'), 'phase_events', ['phase_id'], unique=False)
     op.create_index(op.f('ix_phase_events_run_id'), 'phase_events', ['run_id'], unique=False)
     op.add_column('phases', sa.Column('job_name', sa.String(length=200), nullable=True))
+    op.add_column('phases', sa.Column('job_folder', sa.String(length=1000), nullable=True))
     op.add_column('phases', sa.Column('process_started_at', sa.Float(), nullable=True))
     op.add_column('runs', sa.Column('scheduler_failures', sa.Integer(), server_default='0', nullable=False))
 
@@ -37,6 +38,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_column('runs', 'scheduler_failures')
     op.drop_column('phases', 'process_started_at')
+    op.drop_column('phases', 'job_folder')
     op.drop_column('phases', 'job_name')
     op.drop_index(op.f('ix_phase_events_run_id'), table_name='phase_events')
     op.drop_index(op.f('ix_phase_events_phase_id'), table_name='phase_events')

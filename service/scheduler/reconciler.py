@@ -18,14 +18,14 @@ from typing import Any, cast
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from jobs.contract import ErrorRecord, PhaseName, error_record, phase_document
+from jobs.contract import ErrorRecord, PhaseDocument, PhaseName, error_record, phase_document
 from jobs.layout import AttemptLayout
 from models import Phase, Run
 from models.base import utcnow
 from service.documents import InvalidDocument, rejected_document, validate_phase_document
 from service.phase_state import PHASE_ACTIVE, PhaseState, move_phase
 from service.scheduler import guard, launcher
-from service.scheduler.submitter import PHASES, SUBMITTED_STATE, job_of, new_phase, retry_or_give_up
+from service.scheduler.submitter import PHASES, SUBMITTED_STATE, isolation, job_of, new_phase, retry_or_give_up
 from service.settings import Settings
 from service.state import RunState, transition
 
@@ -34,7 +34,12 @@ RUNNING_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_RUNNING, 
 
 
 def reconcile(session: Session, *, settings: Settings, executor: str) -> int:
-    """One pass over all submitted/running/cancelling phases (row-locked, skipping ones another replica holds)."""
+    """One pass over all submitted/running/cancelling phases (row-locked, skipping ones another replica holds).
+
+    A phase has finished when every rank's document is in its attempt folder (a stat per rank);
+    sacct, rate limited in launcher.poll, only has to say which jobs ended without them. Returns
+    how many phases changed state.
+    """
     rows = session.execute(
         select(Phase, Run).join(Run, Run.id == Phase.run_id)
         .where(Phase.state.in_([s.value for s in PHASE_ACTIVE]))
@@ -43,29 +48,44 @@ def reconcile(session: Session, *, settings: Settings, executor: str) -> int:
     if not rows:
         return 0
     statuses = launcher.poll([job_of(phase, run) for phase, run in rows])
+    changed = 0
     for phase, run in rows:
+        before = phase.state
         step = partial(_reconcile_one, session, phase, run, statuses[job_of(phase, run)], settings, executor)
         guard.per_row(session, run, step, settings=settings, what=f"reconciling {phase.name} attempt {phase.attempt}")
-    return len(rows)
+        changed += phase.state != before
+    return changed
+
+
+def watched_files(session: Session, *, settings: Settings) -> list[Path]:
+    """The rank documents whose appearance means an in-flight phase has finished (what the loop stats)."""
+    rows = session.execute(
+        select(Phase.folder, Run.spec).join(Run, Run.id == Phase.run_id)
+        .where(Phase.state.in_((PhaseState.SUBMITTED.value, PhaseState.RUNNING.value)))
+    ).tuples().all()
+    return [AttemptLayout(Path(folder or ".")).result(rank) for folder, spec in rows for rank in range(int(spec["dp"]))]
 
 
 def _reconcile_one(
     session: Session, phase: Phase, run: Run, status: launcher.JobStatus, settings: Settings, executor: str
 ) -> None:
-    if run.cancel_requested or phase.state == PhaseState.CANCELLING:
+    layout = AttemptLayout(Path(phase.folder or "."))
+    cancelling = run.cancel_requested or phase.state == PhaseState.CANCELLING
+    doc = None if cancelling else launcher.results_on_disk(layout.folder, int(run.spec["dp"]))
+    if cancelling:
         _cancel(session, phase, run, status)
-    elif status.kind == "running":
-        if phase.state == PhaseState.SUBMITTED:
-            move_phase(session, phase, PhaseState.RUNNING, f"{phase.executor} job {phase.job_id} running")
-            if run.state == SUBMITTED_STATE[phase.name]:
-                transition(session, run, RUNNING_STATE[phase.name], f"{phase.executor} job {phase.job_id} running")
-        elif _past(phase.started_at, wall_limit_s(settings, phase.executor)):
-            _deadline(session, phase, run, f"running past its wall-clock limit ({status.raw})", settings, executor)
-    elif status.kind in ("done", "failed"):
+    elif doc is not None or status.kind in ("done", "failed"):
         # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so
-        _finished(session, phase, run, settings, executor)
+        _finished(session, phase, run, settings, executor, doc)
     elif status.kind == "infra":
         _infra_failure(session, phase, run, f"job {phase.job_id} ended {status.raw}", settings, executor)
+    elif phase.state == PhaseState.SUBMITTED and (status.kind == "running" or layout.rank_log(0).exists()):
+        move_phase(session, phase, PhaseState.RUNNING, f"{phase.executor} job {phase.job_id} running")
+        if run.state == SUBMITTED_STATE[phase.name]:
+            transition(session, run, RUNNING_STATE[phase.name], f"{phase.executor} job {phase.job_id} running")
+    elif phase.state == PhaseState.RUNNING:
+        if _past(phase.started_at, wall_limit_s(settings, phase.executor)):
+            _deadline(session, phase, run, f"running past its wall-clock limit ({status.raw})", settings, executor)
     elif _past(phase.submitted_at, settings.pending_timeout_s):
         # PENDING for too long, or a state nobody can read (UNKNOWN): give the slot back and retry
         _deadline(session, phase, run, f"still {status.raw} after {settings.pending_timeout_s:.0f}s", settings,
@@ -94,8 +114,12 @@ def _end(session: Session, phase: Phase, run: Run, state: PhaseState, reason: st
     move_phase(session, phase, state, reason)
 
 
-def _finished(session: Session, phase: Phase, run: Run, settings: Settings, executor: str) -> None:
-    raw, error = launcher.fetch_result(job_of(phase, run))
+def _finished(
+    session: Session, phase: Phase, run: Run, settings: Settings, executor: str, raw: PhaseDocument | None = None,
+) -> None:
+    error = None
+    if raw is None:
+        raw, error = launcher.fetch_result(job_of(phase, run), phase.name)
     if raw is None:
         _job_raised(session, phase, run, error)
         return
@@ -110,12 +134,25 @@ def _finished(session: Session, phase: Phase, run: Run, settings: Settings, exec
     phase.save_s, phase.load_s = info.get("save_seconds"), info.get("load_seconds")
     ok = doc["status"] == "ok"
     _end(session, phase, run, PhaseState.SUCCEEDED if ok else PhaseState.FAILED, "" if ok else _doc_error(doc["error"]))
-    if ok and phase.name == PHASES[0]:
+    if ok and phase.name == PHASES[0] and isolation(run) == "process":
+        _resume_in_same_job(session, phase, run, settings, executor)
+    elif ok and phase.name == PHASES[0]:
         new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings, executor=executor)
         transition(session, run, RunState.RESUME_SUBMITTED, f"{phase.name} finished; resume queued")
     else:
         # both phases done, or a phase crashed inside the job: either way the evaluator decides
         transition(session, run, RunState.EVALUATING, f"{phase.name} returned {doc['status']}")
+
+
+def _resume_in_same_job(session: Session, saved: Phase, run: Run, settings: Settings, executor: str) -> None:
+    """Isolation "process": the attempt's job forks the resume child itself (as resume attempt 1); record it."""
+    resume = new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings, executor=executor)
+    resume.job_folder, resume.job_id, resume.executor = saved.job_folder, saved.job_id, saved.executor
+    resume.job_name, resume.process_started_at = saved.job_name, saved.process_started_at
+    move_phase(session, resume, PhaseState.SUBMITTED, f"forked in {saved.executor} job {saved.job_id}")
+    move_phase(session, resume, PhaseState.RUNNING, f"forked in {saved.executor} job {saved.job_id}")
+    transition(session, run, RunState.RESUME_SUBMITTED, f"{saved.name} finished; resume forked in the same job")
+    transition(session, run, RunState.RESUME_RUNNING, f"{saved.executor} job {saved.job_id} running resume")
 
 
 def _doc_error(err: ErrorRecord | None) -> str:

@@ -13,15 +13,18 @@ import hashlib
 import logging
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from jobs.contract import PhaseName
 from jobs.layout import AttemptLayout, RunLayout
+from jobs.rank.attempt import run_attempt
 from jobs.rank.entry import run_rank_phase
 from models import Environment, Phase, Run
 from models.base import utcnow
+from service.notifications.events import infra_error_streak
 from service.phase_state import PhaseState, move_phase, record_new_phase
 from service.scheduler import launcher, slurm_jobs
 from service.settings import Settings
@@ -55,7 +58,7 @@ def new_phase(
     folder = run_layout(settings, run.id).attempt(name, attempt).folder
     phase = Phase(
         run_id=run.id, name=name, attempt=attempt, state=PhaseState.PENDING.value, executor=executor,
-        folder=str(folder), info={}, log_paths=[],
+        folder=str(folder), job_folder=str(AttemptLayout(folder).submitit), info={}, log_paths=[],
     )
     if delay_s:
         phase.not_before = utcnow() + timedelta(seconds=delay_s)
@@ -82,6 +85,7 @@ def retry_or_give_up(
         f"{phase.name}: {what} on {phase.attempt} attempt(s); infrastructure failure, not a parity result"
     )
     transition(session, run, RunState.ERROR, run.error_message)
+    infra_error_streak(session, run, settings.notify_infra_errors_after)
 
 
 def claim_queued(session: Session, *, settings: Settings, executor: str, limit: int = 20) -> int:
@@ -141,20 +145,35 @@ def launch(session: Session, phase: Phase, *, settings: Settings, executor: str)
     move_phase(session, phase, PhaseState.SUBMITTED, f"{phase.executor} job {job.job_id}")
 
 
+def isolation(run: Run) -> str:
+    """The run's isolation mode; runs stored before the field existed ran a job per phase."""
+    return str(run.spec.get("isolation", "job"))
+
+
+def _payload(session: Session, run: Run, phase: Phase, root: Path) -> tuple[Any, tuple[Any, ...]]:
+    """(function, args): one phase per job, or under "process" the rest of the attempt in one job."""
+    checkpoint_attempt = _saved_attempt(session, run) if phase.name == PHASES[1] else phase.attempt
+    if isolation(run) == "process":
+        # train_and_save attempt k forks its resume as resume attempt 1 (the reconciler records it so)
+        attempts = {PHASES[0]: phase.attempt, PHASES[1]: 1} if phase.name == PHASES[0] else {phase.name: phase.attempt}
+        phases = PHASES if phase.name == PHASES[0] else (phase.name,)
+        return run_attempt, (run.spec, str(root), phases, None, attempts, checkpoint_attempt)
+    return run_rank_phase, (run.spec, str(root), phase.name, None, phase.attempt, checkpoint_attempt)
+
+
 def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Settings) -> launcher.PhaseJob:
     env = session.get(Environment, run.environment_id)
     assert env is not None
-    checkpoint_attempt = _saved_attempt(session, run) if phase.name == "resume" else 1
+    function, args = _payload(session, run, phase, run_layout(settings, run.id).root)
     return launcher.submit_phase(
         executor=phase.executor, folder=folder, python=env.python, tasks=int(run.spec["dp"]),
-        settings=settings, name=job_name(settings, phase), function=run_rank_phase,
-        args=(run.spec, str(run_layout(settings, run.id).root), phase.name, None, phase.attempt, checkpoint_attempt),
+        settings=settings, name=job_name(settings, phase), function=function, args=args,
     )
 
 
 def launcher_folder(phase: Phase) -> Path:
-    """submitit's folder of a phase attempt (inside the attempt folder)."""
-    return AttemptLayout(Path(phase.folder or "")).submitit
+    """submitit's folder of the job that runs a phase attempt (a forked resume shares its saver's)."""
+    return Path(phase.job_folder) if phase.job_folder else AttemptLayout(Path(phase.folder or "")).submitit
 
 
 def job_of(phase: Phase, run: Run) -> launcher.PhaseJob:
