@@ -13,7 +13,7 @@ from typing import Any
 
 from tests.golden import documents, expected
 
-SPEC: dict[str, Any] = expected("good")["spec"]
+SPEC: dict[str, Any] = {**expected("good")["spec"], "isolation": "job"}  # one job per phase, as submitted here
 
 
 def phase_doc(phase: str, **info: Any) -> dict[str, Any]:
