@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from jobs.rank.attempt import run_attempt
 from jobs.rank.entry import run_rank_phase
 from jobs.spec import RunSpec
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
@@ -46,10 +46,9 @@ class FakeLauncher:
         return PhaseJob(executor=kw["executor"], folder=str(kw["folder"]), job_id=f"job-{len(self.submitted)}",
                         tasks=kw["tasks"])
 
-    def fetch_result(self, job: PhaseJob) -> tuple[Any, str | None]:
+    def fetch_result(self, job: PhaseJob, phase: str) -> tuple[Any, str | None]:
         if self.raised:
             return None, self.raised
-        phase = Path(job.folder).name.split("-attempt")[0]
         return self.docs[phase], None
 
 
@@ -73,12 +72,12 @@ def _fake(monkeypatch: pytest.MonkeyPatch, docs: dict[str, Any], **kw: Any) -> F
     return fake
 
 
-def _queued(session: Session, case: str) -> Run:
+def _queued(session: Session, case: str, isolation: str = "process") -> Run:
     env = Environment(name=f"env-{case}", python="/usr/bin/python3", packages={})
     session.add(env)
     session.flush()
-    run, _ = create_run(session, spec=RunSpec.from_dict(expected(case)["spec"]), environment=env, labels={},
-                        requester="test")
+    spec = RunSpec.from_dict({**expected(case)["spec"], "isolation": isolation})
+    run, _ = create_run(session, spec=spec, environment=env, labels={}, requester="test")
     return run
 
 
@@ -98,7 +97,7 @@ def test_known_good_run_goes_through_both_phases_to_pass(db_session: Session, se
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     docs = documents("good")
     fake = _fake(monkeypatch, dict(docs))
-    run = _queued(db_session, "good")
+    run = _queued(db_session, "good", isolation="job")
     _drive(db_session, settings)  # claim, submit train_and_save, ingest it, queue resume
     assert run.state == "resume_submitted"
     first = _phases(db_session, run)[0]
@@ -109,12 +108,33 @@ def test_known_good_run_goes_through_both_phases_to_pass(db_session: Session, se
                                          "train_and_save")
     _drive(db_session, settings)  # submit resume, ingest it
     assert run.state == "evaluating" and [p.state for p in _phases(db_session, run)] == ["succeeded"] * 2
+    assert [s["args"][2] for s in fake.submitted] == ["train_and_save", "resume"]  # one job per phase
     assert evaluate_one(db_session)
     assert (run.state, run.verdict, run.signatures) == ("passed", "pass", [])
     assert run.summary["schema_version"] == 2 and run.summary["worked_around"] == ["optimizer-index-misalignment"]
-    assert run.summary["packages"]["megatron_core"] == "0.16.1"
+    assert run.summary["packages"]["megatron_core"] == "0.16.1" and run.summary["isolation"] == "job"
     assert db_session.scalar(select(func.count()).where(StepMetric.run_id == run.id)) == 6
     assert (db_session.scalar(select(func.count()).where(ProbeFinding.run_id == run.id)) or 0) > 0
+
+
+def test_process_isolation_runs_both_phases_in_one_job(db_session: Session, settings: Settings,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _fake(monkeypatch, dict(documents("good")), state=JobStatus(kind="running", raw="RUNNING"))
+    run = _queued(db_session, "good")  # the default isolation
+    assert run.spec["isolation"] == "process"
+    _drive(db_session, settings)  # claim, submit the attempt; the job is running
+    assert fake.submitted[0]["function"] is run_attempt
+    assert fake.submitted[0]["args"] == (run.spec, str(settings.resolved_run_folder / f"run-{run.id}"),
+                                         ("train_and_save", "resume"))
+    fake.state = JobStatus(kind="done", raw="COMPLETED")
+    _drive(db_session, settings)  # train_and_save ingested; the resume is the same job, already running
+    first, resume = _phases(db_session, run)
+    assert (first.state, resume.state, resume.job_id, resume.folder) == ("succeeded", "running", "job-1", first.folder)
+    assert run.state == "resume_running"
+    _drive(db_session, settings)  # resume ingested from the same job
+    assert len(fake.submitted) == 1 and [p.state for p in _phases(db_session, run)] == ["succeeded"] * 2
+    assert run.state == "evaluating" and evaluate_one(db_session)
+    assert (run.verdict, run.summary["isolation"]) == ("pass", "process")
 
 
 def test_known_bad_crash_is_evaluated_without_a_resume(db_session: Session, settings: Settings,
