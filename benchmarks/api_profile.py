@@ -116,12 +116,12 @@ def profile(args: argparse.Namespace, plain: str) -> None:
             env = ensure_default_environment(session, settings=settings)
             run, _ = create_run(session, spec=validate_spec(body.spec), environment=env, labels=body.labels,
                                 requester=tok.name)
-            routes.run_out(run, settings).model_dump_json()
+            routes.run_out(run, "http://127.0.0.1:8000").model_dump_json()
 
     def get_service() -> None:
         with session_scope() as session:
             run = get_run(session, run_id=1 + (time.perf_counter_ns() % args.runs), with_phases=True)
-            routes.run_out(run, settings, with_phases=True).model_dump_json()
+            routes.run_out(run, "http://127.0.0.1:8000", with_phases=True).model_dump_json()
 
     timed("transaction: open, commit, close", empty_tx, n, parts)
     timed("token check (SELECT by hash)", auth, n, parts)

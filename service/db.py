@@ -13,6 +13,7 @@ from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
+import service.checks  # noqa: F401  (registers the listener that gives every inserted run its check identity)
 from service.errors import ConfigError
 from service.settings import Settings, get_settings
 

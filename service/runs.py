@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 
 from jobs.spec import RunSpec, SpecError
 from models import Environment, Run, RunEvent
+from service.checks import identify
 from service.errors import Conflict, Forbidden, InvalidSpec, NotFound, TooManyRequests
 from service.state import TERMINAL, RunState, transition
 
@@ -58,6 +59,7 @@ def create_run(
         signatures=[],
         summary={},
     )
+    identify(run, environment.name)
     if idempotency_key is None:
         session.add(run)
         session.flush()
@@ -146,6 +148,8 @@ class RunFilter:
     """What GET /runs and the dashboard list can filter on."""
 
     config: str | None = None
+    check: str | None = None
+    track: str | None = None
     environment: str | None = None
     state: str | None = None
     verdict: str | None = None
@@ -160,6 +164,10 @@ def filtered_runs(filters: RunFilter) -> Select[tuple[Run]]:
     query = select(Run)
     if filters.config:
         query = query.where(Run.config == filters.config)
+    if filters.check:
+        query = query.where(Run.check_key == filters.check)
+    if filters.track:
+        query = query.where(Run.track == filters.track)
     if filters.environment:
         query = query.join(Environment).where(Environment.name == filters.environment)
     if filters.state:

@@ -46,6 +46,15 @@ class Settings(BaseSettings):
     # Public base URL used in links handed to CI (triage pages, dashboard).
     public_url: str | None = None
     reads_require_token: bool = False
+    # dashboard login: the key that signs session cookies (unset: derived per process, so sessions
+    # end when the server restarts), how long a session lasts, and an optional trusted reverse proxy
+    session_secret: str | None = None
+    session_max_age_s: int = Field(default=12 * 3600, ge=60)
+    # e.g. "X-Forwarded-User"; honoured only on requests whose peer address is in proxy_addresses
+    proxy_user_header: str | None = None
+    proxy_addresses: str = ""
+    # notify when a check × track ends in an infrastructure error more than this many times in a row
+    notify_infra_errors_after: int = Field(default=3, ge=1)
     # client side (`parity submit`): where the service is and the bearer token to use
     service_url: str | None = None
     token: str | None = None

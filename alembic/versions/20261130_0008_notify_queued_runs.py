@@ -1,7 +1,7 @@
 """notify listening schedulers when a run is queued (trigger on runs)
 
 Revision ID: 0008
-Revises: 0004
+Revises: 0006
 Create Date: 2026-11-30
 
 A trigger rather than a NOTIFY from the API: it costs the request no extra round trip, and every
@@ -12,7 +12,7 @@ Postgres delivers the notification when the inserting transaction commits, never
 from alembic import op
 
 revision = '0008'
-down_revision = '0004'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 

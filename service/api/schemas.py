@@ -65,6 +65,17 @@ class RunOut(BaseModel):
     id: int
     config: str
     spec: dict[str, Any]
+    check_key: str = Field(description="Stable hash of the canonical spec: runs with equal keys are one check")
+    check_name: str = Field(description="Readable form of the check")
+    track: str = Field(description="Where the check's history accumulates: the branch label, else the environment")
+    compared_track: str | None = Field(description="Whose history the verdict was compared with (own or base track)")
+    regression_text: str | None = Field(default=None, description="e.g. 'regresses against main'")
+    known_failures: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Known upstream bugs that explain a known-failure verdict: id, signature, link")
+    fixed_known: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="'fixed?': known failures the previous run of this check had and this one lacks")
     environment: str
     labels: dict[str, str]
     requester: str | None

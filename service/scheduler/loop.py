@@ -27,6 +27,7 @@ from models.base import utcnow
 from service import retention
 from service.db import get_engine, session_scope
 from service.evaluation import evaluate_one
+from service.notifications.deliver import deliver_step
 from service.scheduler.reconciler import reconcile, watched_files
 from service.scheduler.submitter import claim_queued, launch_one
 from service.scheduler.wakeup import Wakeup
@@ -49,7 +50,7 @@ def heartbeat(name: str) -> None:
 
 def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
-    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "pruned": 0}
+    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "notified": 0, "pruned": 0}
     with session_scope() as session:
         done["claimed"] = claim_queued(session, settings=settings)
     for _ in range(max_launches):
@@ -64,6 +65,7 @@ def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
             if not evaluate_one(session):
                 break
         done["evaluated"] += 1
+    done["notified"] = deliver_step()
     with session_scope() as session:
         done["pruned"] = sum(retention.apply(session, settings).values())
     return done

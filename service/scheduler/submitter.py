@@ -19,6 +19,7 @@ from jobs.rank.attempt import run_attempt
 from jobs.rank.entry import run_rank_phase
 from models import Environment, Phase, Run
 from models.base import utcnow
+from service.notifications.events import infra_error_streak
 from service.scheduler import launcher
 from service.settings import Settings
 from service.slurm import pick_executor
@@ -79,6 +80,7 @@ def retry_or_give_up(session: Session, *, phase: Phase, run: Run, what: str, set
         f"{phase.name}: {what} on {phase.attempt} attempt(s); infrastructure failure, not a parity result"
     )
     transition(session, run, RunState.ERROR, run.error_message)
+    infra_error_streak(session, run, settings.notify_infra_errors_after)
 
 
 def claim_queued(session: Session, *, settings: Settings, limit: int = 20) -> int:

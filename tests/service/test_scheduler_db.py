@@ -68,14 +68,16 @@ def _fake(monkeypatch: pytest.MonkeyPatch, docs: dict[str, Any], **kw: Any) -> F
     monkeypatch.setattr(launcher, "find_submitted", lambda folder: fake.already_submitted)
     monkeypatch.setattr(launcher, "poll", lambda jobs: {j: fake.state for j in jobs})
     monkeypatch.setattr(launcher, "fetch_result", fake.fetch_result)
+    monkeypatch.setattr(launcher, "results_on_disk", lambda folder, tasks: None)  # fetch_result says
     monkeypatch.setattr(launcher, "log_paths", lambda job: [])
     return fake
 
 
-def _queued(session: Session, case: str, isolation: str = "process") -> Run:
+def _queued(session: Session, case: str, isolation: str = "job") -> Run:
     env = Environment(name=f"env-{case}", python="/usr/bin/python3", packages={})
     session.add(env)
     session.flush()
+    # isolation "job" walks the two-job path (one submission per phase); "process" forks the resume
     spec = RunSpec.from_dict({**expected(case)["spec"], "isolation": isolation})
     run, _ = create_run(session, spec=spec, environment=env, labels={}, requester="test")
     return run
@@ -120,8 +122,7 @@ def test_known_good_run_goes_through_both_phases_to_pass(db_session: Session, se
 def test_process_isolation_runs_both_phases_in_one_job(db_session: Session, settings: Settings,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _fake(monkeypatch, dict(documents("good")), state=JobStatus(kind="running", raw="RUNNING"))
-    run = _queued(db_session, "good")  # the default isolation
-    assert run.spec["isolation"] == "process"
+    run = _queued(db_session, "good", isolation="process")
     _drive(db_session, settings)  # claim, submit the attempt; the job is running
     assert fake.submitted[0]["function"] is run_attempt
     assert fake.submitted[0]["args"] == (run.spec, str(settings.resolved_run_folder / f"run-{run.id}"),
@@ -135,6 +136,19 @@ def test_process_isolation_runs_both_phases_in_one_job(db_session: Session, sett
     assert len(fake.submitted) == 1 and [p.state for p in _phases(db_session, run)] == ["succeeded"] * 2
     assert run.state == "evaluating" and evaluate_one(db_session)
     assert (run.verdict, run.summary["isolation"]) == ("pass", "process")
+
+
+def test_known_good_run_with_process_isolation_resumes_in_the_same_job(
+    db_session: Session, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _fake(monkeypatch, dict(documents("good")))
+    run = _queued(db_session, "good", isolation="process")
+    _drive(db_session, settings)  # the attempt's job ran train_and_save; its resume child is recorded as running
+    _drive(db_session, settings)
+    assert len(fake.submitted) == 1 and fake.submitted[0]["args"][2] == ("train_and_save", "resume")
+    assert [(p.name, p.state, p.job_id) for p in _phases(db_session, run)] == [
+        ("train_and_save", "succeeded", "job-1"), ("resume", "succeeded", "job-1")]
+    assert run.state == "evaluating" and evaluate_one(db_session) and run.verdict == "pass"
 
 
 def test_known_bad_crash_is_evaluated_without_a_resume(db_session: Session, settings: Settings,
