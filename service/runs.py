@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from jobs.spec import RunSpec, SpecError
 from models import Environment, Run, RunEvent
@@ -125,10 +125,11 @@ def check_caps(session: Session, caps: Caps, requester: str | None) -> None:
 
 def get_run(session: Session, *, run_id: int, with_phases: bool = False) -> Run:
     """One run (with its environment, and phases if asked), or 404."""
-    query = select(Run).where(Run.id == run_id).options(selectinload(Run.environment))
+    # one round trip: the environment and the phases are joined, not fetched by follow-up SELECTs
+    query = select(Run).where(Run.id == run_id).options(joinedload(Run.environment))
     if with_phases:
-        query = query.options(selectinload(Run.phases))
-    run = session.scalar(query)
+        query = query.options(joinedload(Run.phases))
+    run = session.scalars(query).unique().first()
     if run is None:
         raise NotFound(f"run {run_id} does not exist", field="run_id")
     return run

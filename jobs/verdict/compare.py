@@ -196,6 +196,7 @@ def evaluate(
         first_step_beyond_tolerance=lane["tolerance"]["first_step_beyond_tolerance"],
         lanes=lane,
         steps=rows,
+        isolation=spec.isolation,
         probes={
             "train_and_save": None if baseline_doc is None else baseline_doc.get("probes"),
             "resume": None if resumed_doc is None else resumed_doc.get("probes"),

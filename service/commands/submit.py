@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--tolerance")
     p.add_argument("--workaround", action="append", default=[])
+    p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
     p.add_argument("--environment", default="default")
     p.add_argument("--label", action="append", default=[], help="key=value, repeatable (commit, branch, pr...)")
     p.add_argument("--idempotency-key")
@@ -41,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def build_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST /runs body from command-line options."""
     spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
-    for key in ("sharding", "seed", "tolerance"):
+    for key in ("sharding", "seed", "tolerance", "isolation"):
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
     if args.workaround:

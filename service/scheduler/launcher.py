@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +23,10 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# One sacct call for every Slurm job at most this often: finished phases are noticed from their
+# result files (a stat), so sacct only has to catch jobs that died without writing one.
+SACCT_MIN_INTERVAL_S = 5.0
+_last_sacct = float("-inf")
 
 # Slurm states that mean the infrastructure, not the code under test, stopped the phase.
 INFRA_STATES = frozenset(
@@ -155,11 +161,21 @@ def _local_pid_alive(job_id: str) -> bool:
 
 
 def poll(jobs: list[PhaseJob]) -> dict[PhaseJob, JobStatus]:
-    """States of many jobs; Slurm jobs share one sacct call through submitit's watcher."""
+    """States of many jobs; all Slurm jobs share one sacct call, made at most every SACCT_MIN_INTERVAL_S."""
+    global _last_sacct
     handles = {j: _submitit_job(j) for j in jobs}
+    slurm = [j for j in jobs if j.executor == "slurm"]
+    if slurm and time.monotonic() - _last_sacct >= SACCT_MIN_INTERVAL_S:
+        # submitit would call sacct on every state read after a handle registers; call it once, here
+        submitit.SlurmJob.watcher.update()
+        _last_sacct = time.monotonic()
     out: dict[PhaseJob, JobStatus] = {}
     for spec, handle in handles.items():
-        raw = str(handle.state).split()[0].upper() if handle.state else "UNKNOWN"
+        if spec.executor == "slurm":
+            state = submitit.SlurmJob.watcher.get_state(spec.job_id, mode="cache")
+        else:
+            state = handle.state
+        raw = str(state).split()[0].upper() if state else "UNKNOWN"
         if spec.executor == "local" and spec.job_id not in _LOCAL_JOBS:
             # re-attached after a restart: no Popen handle, so judge by the pid and the result file
             if handle.paths.result_pickle.exists():
@@ -170,6 +186,25 @@ def poll(jobs: list[PhaseJob]) -> dict[PhaseJob, JobStatus]:
                 raw = "LOST"
         out[spec] = JobStatus(kind=_kind(raw), raw=raw)
     return out
+
+
+def rank_result_paths(phase_folder: Path, tasks: int) -> list[Path]:
+    """The per-rank documents a phase writes under <run>/<phase>/ when it ends (any isolation)."""
+    return [phase_folder / f"result.rank{rank}.json" for rank in range(tasks)]
+
+
+def results_on_disk(phase_folder: Path, tasks: int) -> PhaseDocument | None:
+    """The phase's merged document once every rank has written its own, else None."""
+    paths = rank_result_paths(phase_folder, tasks)
+    if not all(p.exists() for p in paths):
+        return None
+    return merge_rank_documents([json.loads(p.read_text()) for p in paths])
+
+
+def clear_results(phase_folder: Path) -> None:
+    """Remove an earlier attempt's rank documents before a new attempt runs the phase."""
+    for path in [*phase_folder.glob("result.rank*.json"), *phase_folder.glob("crash.rank*.txt")]:
+        path.unlink(missing_ok=True)
 
 
 def _kind(raw: str) -> str:
@@ -184,24 +219,28 @@ def _kind(raw: str) -> str:
     return "active"
 
 
-def fetch_result(job: PhaseJob) -> tuple[PhaseDocument | None, str | None]:
+def fetch_result(job: PhaseJob, phase: str) -> tuple[PhaseDocument | None, str | None]:
     """(the phase's document, None) or (None, the error of a job whose ranks all raised or vanished).
 
     Every rank's document is read: when one rank fails, its own error is the root cause, not the
-    "connection reset" its peers saw.
+    "connection reset" its peers saw. Under isolation "process" a task returns every phase it ran.
     """
     handle = _submitit_job(job)
     docs, errors = [], []
     for task in range(job.tasks):
         try:
-            docs.append(handle.task(task).result())
+            doc = handle.task(task).result()
         except Exception as exc:  # submitit wraps the remote traceback in the exception text
             errors.append(f"rank {task}: {type(exc).__name__}: {exc}"[-8000:])
+            continue
+        if isinstance(doc, dict) and "phases" in doc:
+            doc = doc["phases"].get(phase)
+        docs.append(doc)
     # unvalidated here: the reconciler validates what it ingests
     merged = merge_rank_documents(cast(list[PhaseDocument], [d for d in docs if isinstance(d, dict)]))
     if merged is not None:
         return merged, None
-    return None, "\n".join(errors) or "no rank returned a result"
+    return None, "\n".join(errors) or f"no rank returned a {phase} result"
 
 
 def cancel(job: PhaseJob) -> None:

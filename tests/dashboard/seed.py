@@ -44,7 +44,7 @@ class Seeded:
 def spec(config: str = "moe-fp32-router", **extra: Any) -> dict[str, Any]:
     """A stored spec as RunSpec.to_dict() writes it."""
     out = {"config": config, "dp": 2, "steps": STEPS, "save_step": SAVE, "sharding": "dp_reshardable",
-           "seed": 1234, "tolerance": "default", "workarounds": []}
+           "seed": 1234, "tolerance": "default", "workarounds": [], "isolation": "process"}
     return {**out, **extra}
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,10 +45,9 @@ class FakeLauncher:
         return PhaseJob(executor=kw["executor"], folder=str(kw["folder"]), job_id=f"job-{len(self.submitted)}",
                         tasks=kw["tasks"])
 
-    def fetch_result(self, job: PhaseJob) -> tuple[Any, str | None]:
+    def fetch_result(self, job: PhaseJob, phase: str) -> tuple[Any, str | None]:
         if self.raised:
             return None, self.raised
-        phase = Path(job.folder).name.split("-attempt")[0]
         return self.docs[phase], None
 
 
@@ -69,16 +67,18 @@ def _fake(monkeypatch: pytest.MonkeyPatch, docs: dict[str, Any], **kw: Any) -> F
     monkeypatch.setattr(launcher, "find_submitted", lambda folder: fake.already_submitted)
     monkeypatch.setattr(launcher, "poll", lambda jobs: {j: fake.state for j in jobs})
     monkeypatch.setattr(launcher, "fetch_result", fake.fetch_result)
+    monkeypatch.setattr(launcher, "results_on_disk", lambda folder, tasks: None)  # fetch_result says
     monkeypatch.setattr(launcher, "log_paths", lambda job: [])
     return fake
 
 
-def _queued(session: Session, case: str) -> Run:
+def _queued(session: Session, case: str, isolation: str = "job") -> Run:
     env = Environment(name=f"env-{case}", python="/usr/bin/python3", packages={})
     session.add(env)
     session.flush()
-    run, _ = create_run(session, spec=RunSpec.from_dict(expected(case)["spec"]), environment=env, labels={},
-                        requester="test")
+    # isolation "job" walks the two-job path (one submission per phase); "process" forks the resume
+    spec = RunSpec.from_dict({**expected(case)["spec"], "isolation": isolation})
+    run, _ = create_run(session, spec=spec, environment=env, labels={}, requester="test")
     return run
 
 
@@ -98,7 +98,7 @@ def test_known_good_run_goes_through_both_phases_to_pass(db_session: Session, se
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     docs = documents("good")
     fake = _fake(monkeypatch, dict(docs))
-    run = _queued(db_session, "good")
+    run = _queued(db_session, "good", isolation="job")
     _drive(db_session, settings)  # claim, submit train_and_save, ingest it, queue resume
     assert run.state == "resume_submitted"
     first = _phases(db_session, run)[0]
@@ -115,6 +115,19 @@ def test_known_good_run_goes_through_both_phases_to_pass(db_session: Session, se
     assert run.summary["packages"]["megatron_core"] == "0.16.1"
     assert db_session.scalar(select(func.count()).where(StepMetric.run_id == run.id)) == 6
     assert (db_session.scalar(select(func.count()).where(ProbeFinding.run_id == run.id)) or 0) > 0
+
+
+def test_known_good_run_with_process_isolation_resumes_in_the_same_job(
+    db_session: Session, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _fake(monkeypatch, dict(documents("good")))
+    run = _queued(db_session, "good", isolation="process")
+    _drive(db_session, settings)  # the attempt's job ran train_and_save; its resume child is recorded as running
+    _drive(db_session, settings)
+    assert len(fake.submitted) == 1 and fake.submitted[0]["args"][2] == ("train_and_save", "resume")
+    assert [(p.name, p.state, p.job_id) for p in _phases(db_session, run)] == [
+        ("train_and_save", "succeeded", "job-1"), ("resume", "succeeded", "job-1")]
+    assert run.state == "evaluating" and evaluate_one(db_session) and run.verdict == "pass"
 
 
 def test_known_bad_crash_is_evaluated_without_a_resume(db_session: Session, settings: Settings,
