@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.api import meta, runs
+from service.api import environments, meta, runs
 from service.dashboard import routes as dashboard
 from service.errors import DomainError
 
@@ -66,6 +66,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(InterfaceError, _database_down)
     app.include_router(runs.router)
+    app.include_router(environments.router)
     app.include_router(meta.router)
     app.include_router(meta.metrics_router)
     dashboard.mount(app)

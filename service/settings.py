@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     max_infra_retries: int = Field(default=2, ge=0)
     retry_backoff_seconds: float = Field(default=5.0, ge=0)
     phase_timeout_min: int = Field(default=60, ge=1)
+    # Built environments no run has used for this many days have their virtualenv deleted.
+    env_keep_days: float = Field(default=14.0, ge=0)
 
     @field_validator("slurm_extra_args")
     @classmethod

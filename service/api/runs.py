@@ -23,7 +23,7 @@ from service.api.schemas import (
     RunPage,
     StepMetricOut,
 )
-from service.environments import DEFAULT_ENVIRONMENT, ensure_default_environment, get_environment
+from service.environments import DEFAULT_ENVIRONMENT, ensure_default_environment, get_environment, use_environment
 from service.errors import InvalidSpec
 from service.settings import Settings
 from service.state import RunState
@@ -69,6 +69,7 @@ def create_run(
         environment = ensure_default_environment(session, settings=settings)
     else:
         environment = get_environment(session, name=body.environment)
+    use_environment(environment)
     run, created = run_service.create_run(
         session,
         spec=spec,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
 
@@ -131,11 +131,33 @@ class RunMetrics(BaseModel):
 
 
 class EnvironmentIn(BaseModel):
+    """POST /environments: register a prepared `python` (admin), or build from `requirements` (submit)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,200}$")
-    python: str = Field(min_length=1, description="Python executable (or command prefix) that runs the jobs")
-    description: str = ""
+    name: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_.\-]{1,200}$",
+        description="Unique name; required with python, defaults to build-<hash> with requirements",
+    )
+    python: str | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="Absolute path of a Python that imports torch and megatron.core (no whitespace)",
+    )
+    requirements: list[Annotated[str, Field(max_length=500)]] | None = Field(
+        default=None, min_length=1, max_length=32,
+        description="pip requirement lines: megatron-core==0.15.3, /abs/path/to/wheel-or-source-dir, "
+        "git+https://host/repo@<commit sha>",
+        examples=[["megatron-core==0.15.3"]],
+    )
+    description: str = Field(default="", max_length=2000)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvironmentIn:
+        if (self.python is None) == (self.requirements is None):
+            raise ValueError("give exactly one of python (a prepared environment) or requirements (a build)")
+        if self.python is not None and self.name is None:
+            raise ValueError("name is required when registering a python")
+        return self
 
 
 class EnvironmentOut(BaseModel):
@@ -146,6 +168,16 @@ class EnvironmentOut(BaseModel):
     python: str
     description: str
     packages: dict[str, Any]
+    state: str = Field(description="ready | pending | building | failed | pruned")
+    requirements: list[str] | None
+    content_hash: str | None
+    megatron_core: str | None
+    torch: str | None
+    error_message: str | None
+    freeze: list[str]
+    build_seconds: float | None
+    built_at: datetime | None
+    last_used_at: datetime | None
     created_at: datetime
 
 

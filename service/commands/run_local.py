@@ -37,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--tolerance", default=DEFAULT_TOLERANCE, help=f"one of {', '.join(TOLERANCES)}")
     p.add_argument("--run-folder", type=Path, default=None, help="where logs and checkpoints go (default: temp)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
+    p.add_argument("--python", help="run the phases with this Python (e.g. a built environment's venv/bin/python)")
     p.set_defaults(func=handle)
 
 
@@ -62,9 +63,21 @@ def handle(args: argparse.Namespace) -> int:
 
     folder = args.run_folder or Path(tempfile.mkdtemp(prefix="parity-run-"))
     print(f"parity run-local: run folder {folder}", file=sys.stderr)
-    result = run_parity(spec, folder)
+    result = run_parity(spec, folder, executor=_executor_for(args.python) if args.python else None)
     if args.json:
         sys.stdout.write(json.dumps(result, default=str) + "\n")
     else:
         print(format_step_table(result))
     return EXIT.get(result["verdict"], 2)
+
+
+def _executor_for(python: str):  # type: ignore[no-untyped-def]
+    """Local submitit processes under another Python, with this checkout's jobs package on its path."""
+    import os
+    import shlex
+
+    import submitit
+
+    repo = str(Path(__file__).resolve().parents[2])
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH", "")]))
+    return lambda folder: submitit.LocalExecutor(folder=str(folder), python=shlex.quote(python))

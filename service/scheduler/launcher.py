@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,12 +59,14 @@ def submit_phase(
     pythonpath = current if str(REPO_ROOT) in current.split(os.pathsep) else os.pathsep.join(
         filter(None, [str(REPO_ROOT), current])
     )
+    # submitit pastes `python` into a shell command (the sbatch script): quote it, whatever its checks.
+    quoted = shlex.quote(python)
     ex: submitit.Executor
     if executor == "slurm":
-        ex = submitit.SlurmExecutor(folder=folder, python=python, max_num_timeout=0)
+        ex = submitit.SlurmExecutor(folder=folder, python=quoted, max_num_timeout=0)
         params: dict[str, Any] = dict(
             ntasks_per_node=tasks, nodes=1, cpus_per_task=settings.slurm_cpus_per_task, time=timeout,
-            job_name=name, setup=[f"export PYTHONPATH={pythonpath}"],
+            job_name=name, setup=[f"export PYTHONPATH={shlex.quote(pythonpath)}"],
         )
         if settings.slurm_partition:
             params["partition"] = settings.slurm_partition
@@ -71,7 +74,7 @@ def submit_phase(
             params["additional_parameters"] = settings.sbatch_extra()
         ex.update_parameters(**params)
     else:
-        ex = submitit.LocalExecutor(folder=folder, python=python, max_num_timeout=0)
+        ex = submitit.LocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
         ex.update_parameters(tasks_per_node=tasks, timeout_min=timeout)
         os.environ["PYTHONPATH"] = pythonpath
     job = ex.submit(function, *args)
@@ -149,6 +152,11 @@ def fetch_result(job: PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
     if merged is not None:
         return merged, None
     return None, "\n".join(errors) or "no rank returned a result"
+
+
+def job_result(job: PhaseJob) -> Any:
+    """The return value of a one-task job; raises the job's own exception when it failed."""
+    return _job(job).result()
 
 
 def cancel(job: PhaseJob) -> None:

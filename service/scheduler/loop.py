@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from models import SchedulerHeartbeat
 from models.base import utcnow
+from service.builds import steps as builds
 from service.db import session_scope
 from service.evaluation import evaluate_one
 from service.scheduler.reconciler import reconcile
@@ -40,7 +41,13 @@ def heartbeat(name: str) -> None:
 
 def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
-    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0}
+    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "builds": 0}
+    with session_scope() as session:
+        done["builds"] = builds.launch_builds(session, settings=settings)
+    with session_scope() as session:
+        done["builds"] += builds.reconcile_builds(session)
+        builds.fail_runs_on_failed_builds(session)
+        builds.prune_builds(session, keep_days=settings.env_keep_days)
     with session_scope() as session:
         done["claimed"] = claim_queued(session, settings=settings)
     for _ in range(max_launches):
