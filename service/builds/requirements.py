@@ -76,11 +76,15 @@ def _check(i: int, line: str) -> str:
     return str(req)
 
 
+def _skipped(root: Path, path: Path) -> bool:
+    # a pip build writes <name>.egg-info into the source tree: that must not make it a new build
+    parts = path.relative_to(root).parts
+    return bool(SKIP_PARTS.intersection(parts)) or any(p.endswith(".egg-info") for p in parts)
+
+
 def _path_digest(path: Path) -> str:
     h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(
-        p for p in path.rglob("*") if p.is_file() and not SKIP_PARTS.intersection(p.relative_to(path).parts)
-    )
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not _skipped(path, p))
     for f in files:
         h.update(str(f.relative_to(path) if f != path else f.name).encode())
         h.update(hashlib.sha256(f.read_bytes()).digest())

@@ -110,6 +110,8 @@ def test_local_source_is_hashed_by_content(tmp_path: Path) -> None:
     before = content_hash([str(src)], torch_version="2.13.0", python_version="3.11")
     (src / "pkg" / "__pycache__").mkdir()
     (src / "pkg" / "__pycache__" / "x.pyc").write_bytes(b"cache")
+    (src / "pkg.egg-info").mkdir()  # what a pip build leaves in the tree
+    (src / "pkg.egg-info" / "PKG-INFO").write_text("Name: pkg\n")
     assert content_hash([str(src)], torch_version="2.13.0", python_version="3.11") == before
     (src / "pkg" / "__init__.py").write_text("X = 2\n")
     assert content_hash([str(src)], torch_version="2.13.0", python_version="3.11") != before
