@@ -14,17 +14,22 @@ from typing import Any
 import torch
 
 from jobs.configs import get_config
+from jobs.contract import (
+    BUCKETS,
+    FINGERPRINTS,
+    INDEX_MAP,
+    INDEX_MAP_EFFECTIVE,
+    LOAD_NO_GRAD,
+    PARAM_GROUPS,
+    REALIGN,
+    RESTORE_STEP,
+    Moment,
+    StepRecord,
+)
 from jobs.rank import checkpoint, dist, model
 from jobs.rank.context import RankContext
 from jobs.rank.probes import buckets, fingerprints, groups, index_map
-from jobs.rank.workarounds import (
-    LOAD_NO_GRAD,
-    REALIGN,
-    RESTORE_STEP,
-    adam_steps,
-    realign_param_index,
-    restore_adam_step,
-)
+from jobs.rank.workarounds import adam_steps, realign_param_index, restore_adam_step
 from jobs.spec import RunSpec
 
 PROBE_TIMEOUT_S = 60.0
@@ -38,34 +43,32 @@ def _gather(ctx: RankContext, value: Any) -> list[Any]:
 def build(ctx: RankContext, spec: RunSpec) -> model.Trainee:
     """Build the trainee; probe the index map and buckets; apply realign-param-index if asked."""
     tr = model.build(get_config(spec.config), spec.seed, spec.steps)
-    ctx.doc["probes"]["_local_build"] = {
-        "index_map": index_map.probe(tr.optimizer, tr.name_of),
-        "buckets": buckets.probe(tr.ddp, tr.name_of),
+    # Local reports wait here until the first collective stage gathers them (_publish_build_probes).
+    ctx.local_build_probes = {
+        INDEX_MAP: index_map.probe(tr.optimizer, tr.name_of),
+        BUCKETS: buckets.probe(tr.ddp, tr.name_of),
     }
     if REALIGN in spec.workarounds:
         ctx.doc["workarounds"][REALIGN] = realign_param_index(tr.optimizer)
-        ctx.doc["probes"]["_local_build"]["index_map_effective"] = index_map.probe(tr.optimizer, tr.name_of)
+        ctx.local_build_probes[INDEX_MAP_EFFECTIVE] = index_map.probe(tr.optimizer, tr.name_of)
     return tr
 
 
 def _publish_build_probes(ctx: RankContext) -> None:
-    local = ctx.doc["probes"].pop("_local_build")
+    local, ctx.local_build_probes = ctx.local_build_probes, None
     per_rank = _gather(ctx, local)
-    ctx.doc["probes"]["index_map"] = {
-        "applicable": per_rank[0]["index_map"]["applicable"],
-        "misaligned_total": sum(r["index_map"]["misaligned_total"] for r in per_rank),
-        "per_rank": [r["index_map"] for r in per_rank],
-    }
-    if "index_map_effective" in per_rank[0]:
-        ctx.doc["probes"]["index_map_effective"] = {
-            "applicable": per_rank[0]["index_map_effective"]["applicable"],
-            "misaligned_total": sum(r["index_map_effective"]["misaligned_total"] for r in per_rank),
-            "per_rank": [r["index_map_effective"] for r in per_rank],
-        }
-    ctx.doc["probes"]["buckets"] = {
-        "applicable": per_rank[0]["buckets"]["applicable"],
-        "unaligned_total": sum(r["buckets"]["unaligned_total"] for r in per_rank),
-        "per_rank": [r["buckets"] for r in per_rank],
+    probes = ctx.doc["probes"]
+    for key in (INDEX_MAP, INDEX_MAP_EFFECTIVE):
+        if key in per_rank[0]:
+            probes[key] = {
+                "applicable": per_rank[0][key]["applicable"],
+                "misaligned_total": sum(r[key]["misaligned_total"] for r in per_rank),
+                "per_rank": [r[key] for r in per_rank],
+            }
+    probes[BUCKETS] = {
+        "applicable": per_rank[0][BUCKETS]["applicable"],
+        "unaligned_total": sum(r[BUCKETS]["unaligned_total"] for r in per_rank),
+        "per_rank": [r[BUCKETS] for r in per_rank],
     }
     if REALIGN in ctx.doc["workarounds"]:
         reports = _gather(ctx, ctx.doc["workarounds"][REALIGN])
@@ -75,19 +78,22 @@ def _publish_build_probes(ctx: RankContext) -> None:
         }
 
 
-def _state_probe(ctx: RankContext, tr: model.Trainee, key: str, with_slots: bool) -> None:
+def _state_probe(ctx: RankContext, tr: model.Trainee, moment: Moment, with_slots: bool) -> None:
     local = {
         "owned": fingerprints.owned(tr.optimizer, tr.name_of),
         "slots": fingerprints.slots(tr.optimizer, tr.name_of) if with_slots else None,
         "groups": groups.local_groups(tr.optimizer),
     }
     per_rank = _gather(ctx, local)
-    ctx.doc["probes"][f"fingerprints_{key}"] = {
+    ctx.doc["probes"][FINGERPRINTS[moment]] = {
         "owned": [r["owned"] for r in per_rank],
         "slots": [r["slots"] for r in per_rank] if with_slots else None,
     }
-    ctx.doc["probes"][f"param_groups_{key}"] = {
-        **groups.check_agreement([r["groups"] for r in per_rank]),
+    agreement = groups.check_agreement([r["groups"] for r in per_rank])
+    ctx.doc["probes"][PARAM_GROUPS[moment]] = {
+        "agree": agreement["agree"],
+        "disagreements": agreement["disagreements"],
+        "empty_rank_groups": agreement["empty_rank_groups"],
         "per_rank": [r["groups"] for r in per_rank],
     }
 
@@ -101,7 +107,7 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     no_grad = REALIGN in spec.workarounds or LOAD_NO_GRAD in spec.workarounds
     ctx.run("load", lambda: checkpoint.apply(tr, loaded, no_grad=no_grad), timeout_s, agree=True)
     if no_grad:
-        ctx.doc["workarounds"]["load-under-no-grad"] = True
+        ctx.doc["workarounds"][LOAD_NO_GRAD] = True
     info = ctx.doc["info"]
     info["load_seconds"] = round(time.perf_counter() - t0, 4)
     info["checkpoint"] = checkpoint.describe(ckpt)
@@ -132,7 +138,7 @@ def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: P
     info["checkpoint"] = checkpoint.describe(ckpt)
 
 
-def _one_step(tr: model.Trainee, step: int, world: int) -> dict[str, Any]:
+def _one_step(tr: model.Trainee, step: int, world: int) -> StepRecord:
     t0 = time.perf_counter()
     lr = float(tr.optimizer.param_groups[0]["lr"])  # the lr this step applies
     tr.ddp.zero_grad_buffer()
@@ -156,7 +162,7 @@ def _one_step(tr: model.Trainee, step: int, world: int) -> dict[str, Any]:
     }
 
 
-def train(
+def run_steps(
     ctx: RankContext,
     tr: model.Trainee,
     spec: RunSpec,
@@ -166,12 +172,12 @@ def train(
     save_timeout_s: float,
 ) -> None:
     """Run steps first..M, recording each; save the checkpoint after step `save_at`."""
-    if "_local_build" in ctx.doc["probes"]:
+    if ctx.local_build_probes is not None:
         _publish_build_probes(ctx)
     world = torch.distributed.get_world_size()
     t0 = time.perf_counter()
     for step in range(first, spec.steps + 1):
-        record = ctx.run("train", functools.partial(_one_step, tr, step, world), STEP_TIMEOUT_S)
+        record = ctx.run("step", functools.partial(_one_step, tr, step, world), STEP_TIMEOUT_S)
         ctx.doc["steps"].append(record)
         if step == save_at:
             ctx.doc["info"]["train_seconds_before_save"] = round(time.perf_counter() - t0, 4)

@@ -6,7 +6,8 @@ Pure functions over plain data; no torch. Verdict rules:
   phase crashed and the crash is explained by a known cause (e.g. the dp_reshardable assertion
   with a detected misalignment). Restored state is compared exactly whatever the tolerance
   profile: loading is a copy, so any difference is a defect, not numerical noise.
-- `error`: a phase crashed with no known cause, or a document is missing.
+- `error`: a phase crashed with no known cause, a document is missing, or a finished phase's
+  document lacks a probe its spec requires (`required_probes`): missing evidence is never a pass.
 - `pass`: otherwise. Latent findings (kind "latent") go to `advisories` and do not fail a run.
 """
 
@@ -14,10 +15,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobs.contract import (
+    SIGNATURE_IDS,
+    ErrorRecord,
+    ParityResult,
+    PhaseDocument,
+    PhaseSummary,
+    SignatureId,
+    StepRecord,
+    StepRow,
+    Verdict,
+    error_record,
+    parity_result,
+    required_probes,
+)
 from jobs.spec import RunSpec, SpecError
+from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from jobs.verdict.evidence import collect_evidence, probe_findings
 from jobs.verdict.signatures import SIGNATURES, classify_error
-from jobs.verdict.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 
 
 def _delta(a: float | None, b: float | None) -> tuple[float | None, float | None]:
@@ -27,25 +42,33 @@ def _delta(a: float | None, b: float | None) -> tuple[float | None, float | None
     return d, (abs(d) / abs(a) if a != 0 else (0.0 if d == 0 else float("inf")))
 
 
+# The per-step values compared side by side (keys of StepRecord).
+STEP_KEYS: tuple[str, ...] = ("loss", "lr", "grad_norm", "num_zeros", "wall_s")
+
+
+def _value(record: StepRecord | None, key: str) -> Any:
+    return None if record is None else record[key]  # type: ignore[literal-required]
+
+
 def _close(a: float, b: float, rtol: float, atol: float) -> bool:
     return a == b or abs(b - a) <= atol + rtol * abs(a)
 
 
 def step_rows(
-    spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None, profile: ToleranceProfile
-) -> list[dict[str, Any]]:
+    spec: RunSpec, baseline: PhaseDocument | None, resumed: PhaseDocument | None, profile: ToleranceProfile
+) -> list[StepRow]:
     """Join both runs per step (1..M) with loss/lr deltas and the exact/tolerance checks.
 
     `*_abs_delta` is resumed - baseline (signed); `*_rel_delta` is |delta| / |baseline|.
     """
-    base = {r["step"]: r for r in (baseline or {}).get("steps", [])}
-    res = {r["step"]: r for r in (resumed or {}).get("steps", [])}
-    rows = []
+    base = {r["step"]: r for r in (baseline["steps"] if baseline else [])}
+    res = {r["step"]: r for r in (resumed["steps"] if resumed else [])}
+    rows: list[StepRow] = []
     for step in range(1, spec.steps + 1):
         b, r = base.get(step), res.get(step)
         row: dict[str, Any] = {"step": step, "resumed_phase": step > spec.save_step}
-        for key in ("loss", "lr", "grad_norm", "num_zeros", "wall_s"):
-            row[f"{key}_baseline"], row[f"{key}_resumed"] = (b or {}).get(key), (r or {}).get(key)
+        for key in STEP_KEYS:
+            row[f"{key}_baseline"], row[f"{key}_resumed"] = _value(b, key), _value(r, key)
         for key in ("loss", "lr"):
             row[f"{key}_abs_delta"], row[f"{key}_rel_delta"] = _delta(row[f"{key}_baseline"], row[f"{key}_resumed"])
         row["within_tolerance"] = None
@@ -54,11 +77,11 @@ def step_rows(
             row["loss_within_tolerance"] = _close(b["loss"], r["loss"], profile.loss_rtol, profile.loss_atol)
             row["lr_within_tolerance"] = _close(b["lr"], r["lr"], profile.lr_rtol, profile.lr_atol)
             row["within_tolerance"] = row["loss_within_tolerance"] and row["lr_within_tolerance"]
-        rows.append(row)
+        rows.append(row)  # type: ignore[arg-type]  # built key by key above; StepRow lists every key
     return rows
 
 
-def lanes(spec: RunSpec, rows: list[dict[str, Any]], profile: ToleranceProfile) -> dict[str, Any]:
+def lanes(spec: RunSpec, rows: list[StepRow], profile: ToleranceProfile) -> dict[str, Any]:
     """Summarise the exact lane and the tolerance lane over the resumed steps."""
     compared = [r for r in rows if r["resumed_phase"] and "exact" in r]
     complete = len(compared) == len(spec.resumed_steps)
@@ -85,11 +108,11 @@ def lanes(spec: RunSpec, rows: list[dict[str, Any]], profile: ToleranceProfile) 
     }
 
 
-def _phase_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+def _phase_summary(doc: PhaseDocument | None) -> PhaseSummary | None:
     if doc is None:
         return None
     return {
-        "status": doc.get("status"),
+        "status": doc["status"],
         "error": doc.get("error"),
         "info": doc.get("info", {}),
         "stage_seconds": doc.get("stage_seconds", {}),
@@ -97,11 +120,27 @@ def _phase_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def _error_verdict(errors: list[dict[str, Any]], causes: list[str]) -> tuple[str, list[str]]:
-    names: list[str] = []
+def missing_probes(spec: RunSpec, doc: PhaseDocument | None) -> list[ErrorRecord]:
+    """An error record for each probe a finished phase's spec requires but its document lacks."""
+    if doc is None or doc.get("status") != "ok":
+        return []
+    probes = doc.get("probes") or {}
+    return [
+        error_record(
+            "MissingProbe",
+            f"probes.{key}: the {doc['phase']} document lacks a probe its spec requires",
+            stage="evaluate",
+        )
+        for key in required_probes(doc["phase"], spec.workarounds)
+        if not probes.get(key)
+    ]
+
+
+def _error_verdict(errors: list[ErrorRecord], causes: list[SignatureId]) -> tuple[Verdict, list[SignatureId]]:
+    names: list[SignatureId] = []
     for err in errors:
         names += [n for n in classify_error(err) if n not in names]
-    explained = [n for n in names if SIGNATURES[n].kind == "cause"]
+    explained: list[SignatureId] = [n for n in names if SIGNATURES[n].kind == "cause"]
     for err in errors:
         # A save/load crash on a build whose index map the probe found misaligned is Bug A.
         if err.get("stage") in ("save", "load") and "optimizer-index-misalignment" in causes:
@@ -111,74 +150,53 @@ def _error_verdict(errors: list[dict[str, Any]], causes: list[str]) -> tuple[str
 
 
 def evaluate(
-    spec_dict: dict[str, Any], baseline_doc: dict[str, Any] | None, resumed_doc: dict[str, Any] | None
-) -> dict[str, Any]:
+    spec_dict: dict[str, Any], baseline_doc: PhaseDocument | None, resumed_doc: PhaseDocument | None
+) -> ParityResult:
     """Evaluate one parity run from its two phase documents (either may be None if not run)."""
     try:
         spec = RunSpec.from_dict(spec_dict)
     except SpecError as exc:
-        err = {"type": "SpecError", "message": str(exc), "traceback": "", "stage": "spec"}
-        return {
-            "verdict": "error",
-            "signatures": [],
-            "advisories": [],
-            "worked_around": [],
-            "evidence": {},
-            "errors": [err],
-            "error": err,
-            "probe_findings": [],
-            "first_divergent_step": None,
-            "first_step_beyond_tolerance": None,
-            "lanes": {},
-            "steps": [],
-            "spec": spec_dict,
-            "probes": {},
-            "phases": {},
-        }
+        return parity_result("error", spec_dict, errors=[error_record("SpecError", str(exc), stage="spec")])
     profile = TOLERANCE_PROFILES[spec.tolerance]
     rows = step_rows(spec, baseline_doc, resumed_doc, profile)
     lane = lanes(spec, rows, profile)
     evidence = collect_evidence(spec, baseline_doc, resumed_doc, lane)
     worked_around = evidence.pop("_worked_around", [])
-    causes = [n for n in evidence if SIGNATURES[n].kind == "cause"]
-    advisories = [n for n in evidence if SIGNATURES[n].kind == "latent"]
-    errors = [d["error"] for d in (baseline_doc, resumed_doc) if d and d.get("status") == "error" and d.get("error")]
+    causes = [n for n in SIGNATURE_IDS if n in evidence and SIGNATURES[n].kind == "cause"]
+    advisories = [n for n in SIGNATURE_IDS if n in evidence and SIGNATURES[n].kind == "latent"]
+    errors = [e for d in (baseline_doc, resumed_doc) if d and d.get("status") == "error" and (e := d.get("error"))]
+    missing = missing_probes(spec, baseline_doc) + missing_probes(spec, resumed_doc)
+    verdict: Verdict
     if baseline_doc is None or (resumed_doc is None and not errors):
         verdict, signatures = "error", causes
-        errors = errors or [
-            {
-                "type": "MissingResult",
-                "message": "a phase produced no document",
-                "traceback": "",
-                "stage": "launch",
-            }
-        ]
+        errors = errors or [error_record("MissingResult", "a phase produced no document", stage="launch")]
     elif errors:
         verdict, crash_names = _error_verdict(errors, causes)
         signatures = crash_names + [c for c in causes if c not in crash_names]
+    elif missing:
+        verdict, signatures, errors = "error", causes, missing
     else:
         if not lane["tolerance"]["pass"] and not causes:
             causes.append("loss-divergence-unexplained")
             evidence["loss-divergence-unexplained"] = {"failing_steps": lane["tolerance"]["failing_steps"]}
         verdict = "fail" if causes or not lane["tolerance"]["pass"] else "pass"
         signatures = causes
-    return {
-        "verdict": verdict,
-        "signatures": signatures,
-        "advisories": advisories,
-        "worked_around": worked_around,
-        "evidence": evidence,
-        "errors": errors,
-        "error": errors[0] if errors else None,
-        "probe_findings": probe_findings(baseline_doc, resumed_doc),
-        "first_divergent_step": lane["exact"]["first_divergent_step"],
-        "first_step_beyond_tolerance": lane["tolerance"]["first_step_beyond_tolerance"],
-        "lanes": lane,
-        "steps": rows,
-        "spec": spec.to_dict(),
-        "probes": {
-            "train_and_save": (baseline_doc or {}).get("probes"),
-            "resume": (resumed_doc or {}).get("probes"),
+    return parity_result(
+        verdict,
+        spec.to_dict(),
+        errors=errors,
+        signatures=signatures,
+        advisories=advisories,
+        worked_around=worked_around,
+        evidence=evidence,
+        probe_findings=probe_findings(baseline_doc, resumed_doc),
+        first_divergent_step=lane["exact"]["first_divergent_step"],
+        first_step_beyond_tolerance=lane["tolerance"]["first_step_beyond_tolerance"],
+        lanes=lane,
+        steps=rows,
+        probes={
+            "train_and_save": None if baseline_doc is None else baseline_doc.get("probes"),
+            "resume": None if resumed_doc is None else resumed_doc.get("probes"),
         },
-        "phases": {"train_and_save": _phase_summary(baseline_doc), "resume": _phase_summary(resumed_doc)},
-    }
+        phases={"train_and_save": _phase_summary(baseline_doc), "resume": _phase_summary(resumed_doc)},
+    )

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobs.contract import (
+    BUCKETS,
+    FINGERPRINTS,
+    INDEX_MAP,
+    INDEX_MAP_EFFECTIVE,
+    PARAM_GROUPS,
+    FindingProbe,
+    PhaseDocument,
+    PhaseName,
+    PhaseProbes,
+    ProbeFindingRow,
+)
 from jobs.spec import RunSpec
 
 MAX_ITEMS = 12
@@ -31,17 +43,17 @@ def _short(v: Any) -> Any:
     return v
 
 
-def _probes(doc: dict[str, Any] | None) -> dict[str, Any]:
-    return (doc or {}).get("probes") or {}
+def _probes(doc: PhaseDocument | None) -> PhaseProbes:
+    return (doc.get("probes") or {}) if doc else {}
 
 
-def index_map_findings(doc: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
+def index_map_findings(doc: PhaseDocument | None) -> tuple[dict[str, Any] | None, bool]:
     """Return (evidence of an effective misalignment or None, whether a raw one was worked around)."""
     probes = _probes(doc)
-    raw = probes.get("index_map")
+    raw = probes.get(INDEX_MAP)
     if not raw:
         return None, False
-    effective = probes.get("index_map_effective") or raw
+    effective = probes.get(INDEX_MAP_EFFECTIVE) or raw
     worked_around = raw["misaligned_total"] > 0 and effective["misaligned_total"] == 0
     if effective["misaligned_total"] == 0:
         return None, worked_around
@@ -72,7 +84,7 @@ def _per_rank_diffs(before: list[Any] | None, after: list[Any] | None) -> list[d
 
 
 def collect_evidence(
-    spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None, lane: dict[str, Any]
+    spec: RunSpec, baseline: PhaseDocument | None, resumed: PhaseDocument | None, lane: dict[str, Any]
 ) -> dict[str, Any]:
     """Return {signature name: evidence} for every signature the probes support."""
     ev: dict[str, Any] = {}
@@ -81,8 +93,8 @@ def collect_evidence(
         misaligned, worked_around = index_map_findings(resumed)
     if misaligned:
         ev["optimizer-index-misalignment"] = misaligned
-    at_save = _probes(baseline).get("fingerprints_at_save") or {}
-    after_load = _probes(resumed).get("fingerprints_after_load") or {}
+    at_save: dict[str, Any] = dict(_probes(baseline).get(FINGERPRINTS["at_save"]) or {})
+    after_load: dict[str, Any] = dict(_probes(resumed).get(FINGERPRINTS["after_load"]) or {})
     slot_diffs = _per_rank_diffs(at_save.get("owned"), at_save.get("slots"))
     restore_diffs = _per_rank_diffs(at_save.get("owned"), after_load.get("owned"))
     state_diffs = [d for d in restore_diffs if d["key"] != "step"]
@@ -93,7 +105,7 @@ def collect_evidence(
         }
     step_diffs = [d for d in restore_diffs if d["key"] == "step"]
     if step_diffs:
-        info = (resumed or {}).get("info", {})
+        info = resumed["info"] if resumed else {}
         ev["adam-step-not-restored"] = {
             "step": spec.save_step + 1,
             "checkpoint_step": info.get("checkpoint_adam_step"),
@@ -106,14 +118,14 @@ def collect_evidence(
             "steps": lane["lr_mismatched_steps"][:MAX_ITEMS],
             "first_step": lane["lr_mismatched_steps"][0],
         }
-    groups = _probes(resumed).get("param_groups_after_load") or {}
-    if groups and not groups.get("agree", True):
+    groups = _probes(resumed).get(PARAM_GROUPS["after_load"])
+    if groups and not groups["agree"]:
         ev["layerwise-metadata-mismatch"] = {
             "disagreements": groups["disagreements"][:MAX_ITEMS],
-            "empty_rank_groups": groups.get("empty_rank_groups"),
+            "empty_rank_groups": groups["empty_rank_groups"],
         }
-    buckets = _probes(baseline).get("buckets") or _probes(resumed).get("buckets") or {}
-    if buckets.get("unaligned_total"):
+    buckets = _probes(baseline).get(BUCKETS) or _probes(resumed).get(BUCKETS)
+    if buckets and buckets["unaligned_total"]:
         issues = [
             {"rank": r, "buffer": b["buffer"], **i}
             for r, rep in enumerate(buckets["per_rank"])
@@ -129,19 +141,22 @@ def collect_evidence(
 MAX_FINDINGS = 200
 
 
-def _finding(phase: str, probe: str, ok: bool, param_name: str | None = None, **detail: Any) -> dict[str, Any]:
+def _finding(
+    phase: PhaseName, probe: FindingProbe, ok: bool, param_name: str | None = None, **detail: Any
+) -> ProbeFindingRow:
     return {"phase": phase, "probe": probe, "ok": ok, "param_name": param_name, "detail": detail}
 
 
-def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | None) -> list[dict[str, Any]]:
+def probe_findings(baseline: PhaseDocument | None, resumed: PhaseDocument | None) -> list[ProbeFindingRow]:
     """Flatten both documents' probes into rows: one per probe, plus one per implicated param."""
-    rows: list[dict[str, Any]] = []
-    at_save = _probes(baseline).get("fingerprints_at_save") or {}
-    for phase, doc in (("train_and_save", baseline), ("resume", resumed)):
+    rows: list[ProbeFindingRow] = []
+    at_save: dict[str, Any] = dict(_probes(baseline).get(FINGERPRINTS["at_save"]) or {})
+    phases: tuple[tuple[PhaseName, PhaseDocument | None], ...] = (("train_and_save", baseline), ("resume", resumed))
+    for phase, doc in phases:
         probes = _probes(doc)
-        imap = probes.get("index_map_effective") or probes.get("index_map")
-        if imap and imap.get("applicable"):
-            raw = probes.get("index_map") or imap
+        imap = probes.get(INDEX_MAP_EFFECTIVE) or probes.get(INDEX_MAP)
+        if imap and imap["applicable"]:
+            raw = probes.get(INDEX_MAP) or imap
             rows.append(
                 _finding(
                     phase,
@@ -154,8 +169,8 @@ def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | No
             for rank, rep in enumerate(imap["per_rank"]):
                 for o in rep["optimizers"]:
                     rows += [_finding(phase, "index_map", False, m["param"], rank=rank, **m) for m in o["misaligned"]]
-        buckets = probes.get("buckets")
-        if buckets and buckets.get("applicable"):
+        buckets = probes.get(BUCKETS)
+        if buckets and buckets["applicable"]:
             rows.append(
                 _finding(
                     phase,
@@ -170,7 +185,7 @@ def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | No
                         _finding(phase, "bucket_offsets", False, i["param"], rank=rank, buffer=b["buffer"], **i)
                         for i in b["issues"]
                     ]
-        groups = probes.get("param_groups_after_load") or probes.get("param_groups_at_save")
+        groups = probes.get(PARAM_GROUPS["after_load"]) or probes.get(PARAM_GROUPS["at_save"])
         if groups:
             rows.append(
                 _finding(
@@ -185,7 +200,7 @@ def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | No
         diffs = _per_rank_diffs(at_save.get("owned"), at_save.get("slots"))
         rows.append(_finding("train_and_save", "checkpoint_slot_fingerprints", not diffs, differing=len(diffs)))
         rows += [_finding("train_and_save", "checkpoint_slot_fingerprints", False, d["param"], **d) for d in diffs]
-    after = _probes(resumed).get("fingerprints_after_load") or {}
+    after: dict[str, Any] = dict(_probes(resumed).get(FINGERPRINTS["after_load"]) or {})
     if at_save.get("owned") and after.get("owned"):
         diffs = _per_rank_diffs(at_save.get("owned"), after.get("owned"))
         rows.append(_finding("resume", "restored_state_fingerprints", not diffs, differing=len(diffs)))

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.contract import ErrorRecord, SignatureId, SignatureKind, Stage
+
 ISSUE_2777 = "https://github.com/NVIDIA/Megatron-LM/issues/2777"
 PR_5835 = "https://github.com/NVIDIA/Megatron-LM/pull/5835"
 PR_2872 = "https://github.com/NVIDIA/Megatron-LM/pull/2872"
@@ -26,16 +28,16 @@ LAYER_WISE = "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/opti
 class Signature:
     """One known signature."""
 
-    name: str
-    kind: str
+    name: SignatureId
+    kind: SignatureKind
     title: str
     meaning: str
     references: tuple[str, ...] = ()
-    match_stage: str | None = None
+    match_stage: Stage | None = None
     match_type: str | None = None
     match_message: str | None = None
 
-    def matches(self, error: dict[str, Any]) -> bool:
+    def matches(self, error: ErrorRecord) -> bool:
         """Return True if a phase error record fits this signature's match rule."""
         if self.match_stage is None:
             return False
@@ -169,7 +171,7 @@ _TABLE = (
     ),
 )
 
-SIGNATURES: dict[str, Signature] = {s.name: s for s in _TABLE}
+SIGNATURES: dict[SignatureId, Signature] = {s.name: s for s in _TABLE}
 
 
 def signature_table() -> list[dict[str, Any]]:
@@ -177,6 +179,6 @@ def signature_table() -> list[dict[str, Any]]:
     return [s.to_dict() for s in _TABLE]
 
 
-def classify_error(error: dict[str, Any]) -> list[str]:
+def classify_error(error: ErrorRecord) -> list[SignatureId]:
     """Return the names of the signatures whose match rule fits a phase error record."""
     return [s.name for s in _TABLE if s.matches(error)]
