@@ -158,7 +158,7 @@ def fetch_result(job: PhaseJob) -> tuple[PhaseDocument | None, str | None]:
 
 def job_result(job: PhaseJob) -> Any:
     """The return value of a one-task job; raises the job's own exception when it failed."""
-    return _job(job).result()
+    return _submitit_job(job).result()
 
 
 def cancel(job: PhaseJob) -> None:
