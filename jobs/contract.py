@@ -47,6 +47,7 @@ SignatureId = Literal[
     "fp32-view-inplace-load",
     "checkpoint-save-crash",
     "checkpoint-load-crash",
+    "unsupported-by-build",
 ]
 SIGNATURE_IDS: tuple[SignatureId, ...] = get_args(SignatureId)
 SignatureKind = Literal["cause", "latent", "crash"]
@@ -121,6 +122,7 @@ class IndexMapReport(TypedDict):
     applicable: bool
     misaligned_total: int
     per_rank: list[dict[str, Any]]
+    reason: NotRequired[str]  # why the probe could not look ("not applicable on this build: ...")
 
 
 class BucketsReport(TypedDict):
@@ -129,6 +131,7 @@ class BucketsReport(TypedDict):
     applicable: bool
     unaligned_total: int
     per_rank: list[dict[str, Any]]
+    reason: NotRequired[str]  # why the probe could not look ("not applicable on this build: ...")
 
 
 class FingerprintsReport(TypedDict):

@@ -26,7 +26,7 @@ from jobs.contract import (
     Moment,
     StepRecord,
 )
-from jobs.rank import checkpoint, dist, model
+from jobs.rank import checkpoint, compat, dist, model
 from jobs.rank.context import RankContext
 from jobs.rank.probes import buckets, fingerprints, groups, index_map
 from jobs.rank.workarounds import adam_steps, realign_param_index, restore_adam_step
@@ -42,11 +42,13 @@ def _gather(ctx: RankContext, value: Any) -> list[Any]:
 
 def build(ctx: RankContext, spec: RunSpec) -> model.Trainee:
     """Build the trainee; probe the index map and buckets; apply realign-param-index if asked."""
+    compat.check_spec(spec)  # an option this build lacks is unsupported-by-build, before anything runs
+    ctx.doc["info"]["compat_shims"] = compat.install_shims()
     tr = model.build(get_config(spec.config), spec.seed, spec.steps)
     # Local reports wait here until the first collective stage gathers them (_publish_build_probes).
     ctx.local_build_probes = {
-        INDEX_MAP: index_map.probe(tr.optimizer, tr.name_of),
-        BUCKETS: buckets.probe(tr.ddp, tr.name_of),
+        INDEX_MAP: compat.guarded(index_map.probe, optimizers=[], misaligned_total=0)(tr.optimizer, tr.name_of),
+        BUCKETS: compat.guarded(buckets.probe, buffers=[], unaligned_total=0)(tr.ddp, tr.name_of),
     }
     if REALIGN in spec.workarounds:
         ctx.doc["workarounds"][REALIGN] = realign_param_index(tr.optimizer)
@@ -70,6 +72,11 @@ def _publish_build_probes(ctx: RankContext) -> None:
         "unaligned_total": sum(r[BUCKETS]["unaligned_total"] for r in per_rank),
         "per_rank": [r[BUCKETS] for r in per_rank],
     }
+    # not applicable on this build: say why, once
+    if "reason" in per_rank[0][INDEX_MAP] and INDEX_MAP in probes:
+        probes[INDEX_MAP]["reason"] = per_rank[0][INDEX_MAP]["reason"]
+    if "reason" in per_rank[0][BUCKETS]:
+        probes[BUCKETS]["reason"] = per_rank[0][BUCKETS]["reason"]
     if REALIGN in ctx.doc["workarounds"]:
         reports = _gather(ctx, ctx.doc["workarounds"][REALIGN])
         ctx.doc["workarounds"][REALIGN] = {

@@ -154,6 +154,18 @@ _TABLE = (
         r"view of a leaf Variable that requires grad",
     ),
     Signature(
+        "unsupported-by-build",
+        "crash",
+        "Option not supported by this build",
+        "The build under test does not offer a requested option (e.g. a sharding type added in a "
+        "later release: 0.13/0.14 raise 'Unknown sharding_type'). The check cannot run here; nothing "
+        "is blamed on a known bug.",
+        (),
+        "build",
+        None,
+        r"Unknown sharding_type|UnsupportedByBuild|not supported by this build",
+    ),
+    Signature(
         "checkpoint-save-crash",
         "crash",
         "Checkpoint save crashed",

@@ -254,3 +254,16 @@ def test_realign_requires_the_effective_index_map() -> None:
 
 def test_every_contract_signature_id_has_a_table_row() -> None:
     assert set(SIGNATURES) == set(SIGNATURE_IDS)
+
+
+def test_an_option_the_build_lacks_is_unsupported_by_build_never_a_bug() -> None:
+    unsupported = {
+        "type": "UnsupportedByBuild", "stage": "build", "traceback": "",
+        "message": "sharding 'dp_reshardable' is not supported by this build (megatron-core 0.14.0): its "
+                   "DistributedOptimizer offers only dp_zero_gather_scatter, fully_sharded_model_space",
+    }
+    # the check runs in the build stage before any probe, so nothing else is on record
+    r = evaluate(SPEC, _baseline(probes={}, status="error", error=unsupported), None)
+    assert r["verdict"] == "error"
+    assert r["signatures"] == ["unsupported-by-build"]
+    assert r["error"] is not None and "dp_zero_gather_scatter" in r["error"]["message"]
