@@ -14,13 +14,10 @@ from typing import Any
 
 import torch
 
+from jobs.rank import compat
 from jobs.rank.model import Trainee
 from jobs.rank.probes.index_map import distributed_optimizers
 from jobs.rank.workarounds import adam_steps
-
-
-def _metadata(sharding: str) -> dict[str, Any]:
-    return {"distrib_optim_sharding_type": sharding}
 
 
 def build_save_state(tr: Trainee, sharding: str, iteration: int) -> dict[str, Any]:
@@ -29,7 +26,7 @@ def build_save_state(tr: Trainee, sharding: str, iteration: int) -> dict[str, An
     steps = adam_steps(tr.optimizer)
     return {
         "model": msd,
-        "optimizer": tr.optimizer.sharded_state_dict(msd, metadata=_metadata(sharding)),
+        "optimizer": tr.optimizer.sharded_state_dict(msd, **compat.sharding_kwargs(sharding)),
         # Common (non-sharded) entries: written once by rank 0 into common.pt.
         "scheduler": tr.scheduler.state_dict(),
         "iteration": iteration,
@@ -77,7 +74,7 @@ def build_load_state(tr: Trainee, sharding: str) -> dict[str, Any]:
     msd = tr.sharded_model_state()
     return {
         "model": msd,
-        "optimizer": tr.optimizer.sharded_state_dict(msd, is_loading=True, metadata=_metadata(sharding)),
+        "optimizer": tr.optimizer.sharded_state_dict(msd, is_loading=True, **compat.sharding_kwargs(sharding)),
     }
 
 

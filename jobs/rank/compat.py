@@ -119,3 +119,21 @@ def _is_te_fallback(fn: Callable[..., Any]) -> bool:
     except (OSError, TypeError):
         return False
     return "Invalid Transformer Engine version" in source and source.count("\n") <= 3
+
+
+@functools.cache
+def _takes_metadata() -> bool:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return "metadata" in inspect.signature(DistributedOptimizer.sharded_state_dict).parameters
+
+
+def sharding_kwargs(sharding: str) -> dict[str, Any]:
+    """How this build's optimizer.sharded_state_dict is told the sharding type.
+
+    0.13+ read it from `metadata={"distrib_optim_sharding_type": ...}`; 0.12.x take a
+    `sharding_type=` argument (and reject `metadata`).
+    """
+    if _takes_metadata():
+        return {"metadata": {"distrib_optim_sharding_type": sharding}}
+    return {"sharding_type": sharding}
