@@ -86,7 +86,7 @@ class ErrorRecord(TypedDict):
     message: str
     traceback: str
     stage: Stage
-    rank: NotRequired[int | None]
+    rank: int | None
     rank_errors: NotRequired[list[ErrorRecord]]
 
 
@@ -165,7 +165,7 @@ class PhaseProbes(TypedDict, total=False):
 class PhaseDocument(TypedDict):
     """What one phase returns: rank 0's document, carrying every rank's probes."""
 
-    schema_version: NotRequired[int]
+    schema_version: int
     status: PhaseStatus
     phase: PhaseName
     rank: int
@@ -197,14 +197,27 @@ def phase_document(
     }
 
 
-def required_probes(phase: str, workarounds: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """The probes a phase that finished ("ok") must carry; a missing one is an error, not "no finding"."""
+# Per phase: (stages entered only after the build probes are in the document, the state probes of
+# the phase, stages entered only after those are in). A phase that failed in such a stage carries them.
+_PROBES_BEFORE: dict[str, tuple[tuple[Stage, ...], tuple[str, ...], tuple[Stage, ...]]] = {
+    "train_and_save": (("step", "save"), (FINGERPRINTS["at_save"], PARAM_GROUPS["at_save"]), ("save",)),
+    "resume": (("load", "step"), (FINGERPRINTS["after_load"], PARAM_GROUPS["after_load"]), ("step",)),
+    "uninterrupted": (("step",), (), ()),
+}
+
+
+def required_probes(
+    phase: str, workarounds: list[str] | tuple[str, ...], failed_stage: str | None = None
+) -> tuple[str, ...]:
+    """The probes a phase must carry: all of them once it finished, or those taken before the stage it failed in.
+
+    A required probe missing from a document is an error, never "no finding".
+    """
     build = (INDEX_MAP, BUCKETS, *((INDEX_MAP_EFFECTIVE,) if REALIGN in workarounds else ()))
-    if phase == "train_and_save":
-        return (*build, FINGERPRINTS["at_save"], PARAM_GROUPS["at_save"])
-    if phase == "resume":
-        return (*build, FINGERPRINTS["after_load"], PARAM_GROUPS["after_load"])
-    return build
+    after_build, state, after_state = _PROBES_BEFORE.get(phase, ((), (), ()))
+    if failed_stage is None:
+        return (*build, *state)
+    return (*(build if failed_stage in after_build else ()), *(state if failed_stage in after_state else ()))
 
 
 class StepRow(TypedDict):
@@ -255,7 +268,7 @@ class PhaseSummary(TypedDict):
 class ParityResult(TypedDict):
     """What `evaluate()` returns: the verdict and everything that explains it."""
 
-    schema_version: NotRequired[int]
+    schema_version: int
     verdict: Verdict
     signatures: list[SignatureId]
     advisories: list[SignatureId]
@@ -273,6 +286,8 @@ class ParityResult(TypedDict):
     phases: dict[str, PhaseSummary | None]
     run_folder: NotRequired[str]
     timing: NotRequired[dict[str, float | None]]
+    # "process" (a forked child per phase in one job) or "job" (a job per phase); absent before it existed
+    isolation: NotRequired[str]
 
 
 def parity_result(

@@ -28,11 +28,21 @@ def _is_secondary(error: ErrorRecord) -> bool:
 
 
 def merge_rank_documents(docs: list[PhaseDocument]) -> PhaseDocument | None:
-    """Return rank 0's document, carrying the root-cause error of whichever rank failed first."""
+    """Return rank 0's document, carrying the root-cause error of whichever rank failed first.
+
+    `rank_errors` lists each failing rank's own record once: ranks that agreed on a failure already
+    carry the agreed list, so it is flattened rather than nested.
+    """
     if not docs:
         return None
     main = next((d for d in docs if d.get("rank") == 0), docs[0])
-    errors = [e for d in docs if d.get("status") == "error" and (e := d.get("error"))]
+    errors: list[ErrorRecord] = []
+    for doc in docs:
+        err = doc.get("error") if doc.get("status") == "error" else None
+        for own in (err.get("rank_errors") or [err]) if err else []:
+            record: ErrorRecord = {k: v for k, v in own.items() if k != "rank_errors"}  # type: ignore[assignment]
+            if record not in errors:
+                errors.append(record)
     if errors:
         root = next((e for e in errors if not _is_secondary(e)), errors[0])
         main = {**main, "status": "error", "error": {**root, "rank_errors": errors}}

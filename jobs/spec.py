@@ -25,6 +25,10 @@ DEFAULT_SHARDING = "dp_reshardable"
 WORKAROUNDS = WORKAROUND_NAMES
 TOLERANCES = tuple(TOLERANCE_PROFILES)
 REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
+# "process": one job per attempt whose tasks fork a fresh child per phase (the default);
+# "job": each phase is its own job (resume in another allocation, possibly another node).
+ISOLATION_MODES = ("process", "job")
+DEFAULT_ISOLATION = "process"
 
 
 class SpecError(ValueError):
@@ -60,8 +64,13 @@ class RunSpec:
     seed: int = 1234
     tolerance: str = DEFAULT_TOLERANCE
     workarounds: tuple[str, ...] = ()
+    isolation: str = DEFAULT_ISOLATION
 
     def __post_init__(self) -> None:
+        # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
+        for name in ("config", "sharding", "tolerance"):
+            if not isinstance(getattr(self, name), str):
+                raise SpecError(name, f"must be a string, got {type(getattr(self, name)).__name__}")
         if self.config not in CONFIGS:
             raise SpecError("config", f"unknown config {self.config!r}", config_names())
         max_dp = min(MAX_DP, CONFIGS[self.config].max_dp)
@@ -84,8 +93,10 @@ class RunSpec:
         if isinstance(self.workarounds, str) or not isinstance(self.workarounds, (tuple, list)):
             raise SpecError("workarounds", f"must be a list of names, got {self.workarounds!r}", list(WORKAROUNDS))
         for w in self.workarounds:
-            if w not in WORKAROUNDS:
+            if not isinstance(w, str) or w not in WORKAROUNDS:
                 raise SpecError("workarounds", f"unknown workaround {w!r}", list(WORKAROUNDS))
+        if self.isolation not in ISOLATION_MODES:
+            raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
 
@@ -126,5 +137,6 @@ def allowed_values() -> dict[str, Any]:
         "sharding": list(SHARDING_TYPES),
         "tolerance": list(TOLERANCES),
         "workarounds": list(WORKAROUNDS),
+        "isolation": list(ISOLATION_MODES),
         "steps": {"min": 2, "max": MAX_STEPS},
     }

@@ -3,9 +3,12 @@
 from models.base import Base
 from models.environment import Environment
 from models.event import RunEvent, SchedulerHeartbeat
+from models.known_failure import KnownFailure
 from models.metric import StepMetric
+from models.notification import NotificationChannel, OutboxMessage
 from models.phase import Phase
 from models.probe import ProbeFinding
+from models.regression import Regression
 from models.run import Run
 from models.token import ApiToken
 
@@ -13,8 +16,12 @@ __all__ = [
     "ApiToken",
     "Base",
     "Environment",
+    "KnownFailure",
+    "NotificationChannel",
+    "OutboxMessage",
     "Phase",
     "ProbeFinding",
+    "Regression",
     "Run",
     "RunEvent",
     "SchedulerHeartbeat",

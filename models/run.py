@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -19,10 +19,12 @@ if TYPE_CHECKING:
 class Run(CreatedAt, Base):
     __tablename__ = "runs"
     __table_args__ = (
-        # the regression lookup and the dashboard matrix: latest finished run per config × environment
-        Index("ix_runs_config_env_finished", "config", "environment_id", "finished_at"),
+        # the history lookup and the dashboard matrix: latest finished run per check × track
+        Index("ix_runs_check_track_finished", "check_key", "track", "finished_at"),
         Index("ix_runs_labels", "labels", postgresql_using="gin"),
         Index("ix_runs_state_created", "state", "created_at"),
+        # an Idempotency-Key belongs to the token that sent it: two CI systems may pick the same key
+        UniqueConstraint("token_id", "idempotency_key", name="uq_runs_token_id_idempotency_key"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -31,8 +33,15 @@ class Run(CreatedAt, Base):
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), index=True)
     labels: Mapped[dict[str, str]] = mapped_column(JSONB, default=dict)
     requester: Mapped[str | None] = mapped_column(String(200))
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    # the token that queued the run (None for runs made outside the API)
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
     rerun_of_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    # the check (service/checks.py): hash of the canonical spec, and its readable form
+    check_key: Mapped[str] = mapped_column(String(16), index=True)
+    check_name: Mapped[str] = mapped_column(String(500))
+    # the history this run belongs to: its branch label, else its environment's name
+    track: Mapped[str] = mapped_column(String(200), index=True)
 
     state: Mapped[str] = mapped_column(String(32), default="queued")
     # bumped on every transition; the scheduler's claim compares it to avoid double work
@@ -42,6 +51,9 @@ class Run(CreatedAt, Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # retention (service/retention.py): when the checkpoints, then the whole run folder, were deleted
+    checkpoints_deleted_at: Mapped[datetime | None]
+    files_deleted_at: Mapped[datetime | None]
 
     verdict: Mapped[str | None] = mapped_column(String(16), index=True)
     signatures: Mapped[list[str]] = mapped_column(JSONB, default=list)
@@ -55,6 +67,9 @@ class Run(CreatedAt, Base):
     last_good_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     # for "still failing": the run where the current failure streak began
     failing_since_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    # whose history the verdict was compared with: the run's own track, or its base track when the
+    # track had no history of its own ("regresses against main"); None when nothing was compared
+    compared_track: Mapped[str | None] = mapped_column(String(200))
 
     environment: Mapped[Environment] = relationship(lazy="raise")
     phases: Mapped[list[Phase]] = relationship(

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from jobs.contract import ParityResult, PhaseDocument, Verdict, exception_record, parity_result
 from jobs.verdict.compare import evaluate
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
-from service import regressions
+from service import known_failures, regression_tracker, regressions
 from service.documents import validate_result
 from service.state import RunState, transition
 
@@ -42,8 +42,9 @@ def evaluate_one(session: Session) -> bool:
     except Exception as exc:  # a bug in comparison (or an invalid result) must not wedge the queue
         log.exception("evaluation of run %s failed", run.id)
         result = parity_result("error", run.spec, errors=[exception_record(exc, "evaluate")])
-    store_result(session, run, result)
+    # packages first: the known-failure rules match on the build this run used
     record_packages(session, run, docs)
+    store_result(session, run, result)
     transition(session, run, VERDICT_STATE[result["verdict"]], f"verdict {result['verdict']}")
     return True
 
@@ -82,11 +83,20 @@ def store_result(session: Session, run: Run, result: ParityResult) -> None:
     run.first_step_beyond_tolerance = result["first_step_beyond_tolerance"]
     deltas = [abs(d) for s in steps if (d := s["loss_abs_delta"]) is not None]
     run.max_abs_loss_delta = max(deltas) if deltas else None
-    run.summary = {k: v for k, v in result.items() if k not in ("steps", "probes")}
+    kept = {k: run.summary[k] for k in ("packages",) if k in (run.summary or {})}
+    run.summary = {**kept, **{k: v for k, v in result.items() if k not in ("steps", "probes")}}
     err = result["error"]
     if err and not run.error_message:
         run.error_message = f"{err['type']}: {err['message']}"[:4000]
+    judge(session, run)
+
+
+def judge(session: Session, run: Run) -> None:
+    """After the verdict: known upstream bugs, the history flags, then the regression object (and its outbox)."""
+    # may turn fail/error into known-failure (a service verdict: the run's state stays failed/error)
+    known_failures.apply(session, run)
     regressions.flag(session, run)
+    regression_tracker.on_verdict(session, run)
 
 
 def probe_findings(result: ParityResult) -> list[dict[str, Any]]:

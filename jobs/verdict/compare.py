@@ -121,17 +121,19 @@ def _phase_summary(doc: PhaseDocument | None) -> PhaseSummary | None:
 
 
 def missing_probes(spec: RunSpec, doc: PhaseDocument | None) -> list[ErrorRecord]:
-    """An error record for each probe a finished phase's spec requires but its document lacks."""
-    if doc is None or doc.get("status") != "ok":
+    """An error record for each probe the phase's spec (and the stage it reached) requires but its document lacks."""
+    if doc is None:
         return []
     probes = doc.get("probes") or {}
+    err = doc.get("error")
+    failed_stage = None if doc.get("status") == "ok" else (err["stage"] if err else "start")
     return [
         error_record(
             "MissingProbe",
             f"probes.{key}: the {doc['phase']} document lacks a probe its spec requires",
             stage="evaluate",
         )
-        for key in required_probes(doc["phase"], spec.workarounds)
+        for key in required_probes(doc["phase"], spec.workarounds, failed_stage)
         if not probes.get(key)
     ]
 
@@ -173,14 +175,14 @@ def evaluate(
     elif errors:
         verdict, crash_names = _error_verdict(errors, causes)
         signatures = crash_names + [c for c in causes if c not in crash_names]
-    elif missing:
-        verdict, signatures, errors = "error", causes, missing
     else:
         if not lane["tolerance"]["pass"] and not causes:
             causes.append("loss-divergence-unexplained")
             evidence["loss-divergence-unexplained"] = {"failing_steps": lane["tolerance"]["failing_steps"]}
         verdict = "fail" if causes or not lane["tolerance"]["pass"] else "pass"
         signatures = causes
+    if missing:  # evidence the spec requires is absent: whatever the rest says, the run is not judged
+        verdict, errors = "error", [*missing, *errors]
     return parity_result(
         verdict,
         spec.to_dict(),
@@ -194,6 +196,7 @@ def evaluate(
         first_step_beyond_tolerance=lane["tolerance"]["first_step_beyond_tolerance"],
         lanes=lane,
         steps=rows,
+        isolation=spec.isolation,
         probes={
             "train_and_save": None if baseline_doc is None else baseline_doc.get("probes"),
             "resume": None if resumed_doc is None else resumed_doc.get("probes"),

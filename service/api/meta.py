@@ -11,8 +11,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 from sqlalchemy import func, select, text
 
 from jobs.configs import list_configs
-from models import Phase, Run, SchedulerHeartbeat
+from models import Phase, Regression, Run, SchedulerHeartbeat
 from models.base import utcnow
+from service import retention
 from service.api.deps import ReadAccess, SessionDep, SettingsDep
 from service.api.schemas import ERROR_RESPONSES
 from service.db import session_scope
@@ -45,21 +46,22 @@ def healthz(settings: SettingsDep) -> JSONResponse:
         body["scheduler"] = {"ok": False, "last_heartbeat": None}
     reachable, detail = slurm_status()
     body["slurm"] = {"ok": reachable, "detail": detail, "executor": pick_executor(settings)}
+    body["disk"] = retention.disk_usage(settings)
     body["status"] = "ok" if body["database"]["ok"] else "degraded"
     return JSONResponse(body, status_code=200 if body["database"]["ok"] else 503)
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics_alias(session: SessionDep) -> Response:
+def metrics_alias(session: SessionDep, settings: SettingsDep) -> Response:
     """Same as /metrics, under the API prefix."""
-    return prometheus_metrics(session)
+    return prometheus_metrics(session, settings)
 
 
 metrics_router = APIRouter()
 
 
 @metrics_router.get("/metrics", tags=["meta"], response_class=PlainTextResponse)
-def prometheus_metrics(session: SessionDep) -> Response:
+def prometheus_metrics(session: SessionDep, settings: SettingsDep) -> Response:
     """Prometheus text: queue depth, runs by state and verdict, phase durations."""
     registry = CollectorRegistry()
     queue = Gauge("parity_queue_depth", "Runs waiting to be submitted", registry=registry)
@@ -84,4 +86,38 @@ def prometheus_metrics(session: SessionDep) -> Response:
         select(Phase.name, func.avg(Phase.duration_s)).where(Phase.duration_s.is_not(None)).group_by(Phase.name)
     ).tuples():
         durations.labels(name).set(float(avg or 0))
+    oncall_metrics(session, registry)
+    usage = retention.disk_usage(settings)
+    Gauge("parity_run_folder_bytes", "Bytes used by the run folder (logs, checkpoints)",
+          registry=registry).set(usage["run_folder_bytes"])
+    Gauge("parity_run_folder_fs_free_bytes", "Free bytes on the run folder's file system",
+          registry=registry).set(usage["fs_free_bytes"])
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+# at most this many (check, track) series; the rest are summed into check="other", track="other"
+MAX_REGRESSION_SERIES = 50
+
+
+def oncall_metrics(session: SessionDep, registry: CollectorRegistry) -> None:
+    """Open regressions per check × track (bounded cardinality) and the age of the oldest queued run."""
+    open_regs = Gauge("parity_open_regressions", "Unresolved regressions by check and track",
+                      ["check", "check_name", "track", "state"], registry=registry)
+    oldest = Gauge("parity_oldest_queued_run_age_seconds", "Age of the oldest run still queued (0 when none)",
+                   registry=registry)
+    rows = session.execute(
+        select(Regression.check_key, Regression.check_name, Regression.track, Regression.state, func.count())
+        .where(Regression.state.in_(("open", "acknowledged")))
+        .group_by(Regression.check_key, Regression.check_name, Regression.track, Regression.state)
+        .order_by(func.min(Regression.created_at))
+    ).tuples().all()
+    overflow: dict[str, int] = {}
+    for i, (key, name, track, state, n) in enumerate(rows):
+        if i < MAX_REGRESSION_SERIES:
+            open_regs.labels(key, name[:100], track[:100], state).set(n)
+        else:
+            overflow[state] = overflow.get(state, 0) + n
+    for state, n in overflow.items():
+        open_regs.labels("other", "other", "other", state).set(n)
+    first = session.scalar(select(func.min(Run.created_at)).where(Run.state == RunState.QUEUED.value))
+    oldest.set(max(0.0, (utcnow() - first).total_seconds()) if first else 0.0)

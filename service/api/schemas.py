@@ -5,9 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from jobs.contract import Verdict
+from service.api.limits import MAX_LABELS
 
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
+
+
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, StringConstraints(max_length=500)]
 
 
 class RunCreate(BaseModel):
@@ -19,20 +26,12 @@ class RunCreate(BaseModel):
         description="Run spec: config, dp, steps, save_step, sharding, seed, tolerance, workarounds",
         examples=[{"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}],
     )
-    environment: str = Field(default="default", description="Name of a registered environment")
-    labels: dict[str, str] = Field(default_factory=dict, description="CI labels: commit, branch, pr, pipeline_url")
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        import re
-
-        for key, value in labels.items():
-            if not re.match(LABEL_KEY_PATTERN, key):
-                raise ValueError(f"label key {key!r} must match {LABEL_KEY_PATTERN}")
-            if len(value) > 500:
-                raise ValueError(f"label {key!r} is longer than 500 characters")
-        return labels
+    # bounded like the column it lands in (environments.name is 200 characters)
+    environment: str = Field(default="default", max_length=200, description="Name of a registered environment")
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_LABELS,
+        description=f"CI labels (at most {MAX_LABELS}): commit, branch, pr, pipeline_url",
+    )
 
 
 class RunLinks(BaseModel):
@@ -66,11 +65,22 @@ class RunOut(BaseModel):
     id: int
     config: str
     spec: dict[str, Any]
+    check_key: str = Field(description="Stable hash of the canonical spec: runs with equal keys are one check")
+    check_name: str = Field(description="Readable form of the check")
+    track: str = Field(description="Where the check's history accumulates: the branch label, else the environment")
+    compared_track: str | None = Field(description="Whose history the verdict was compared with (own or base track)")
+    regression_text: str | None = Field(default=None, description="e.g. 'regresses against main'")
+    known_failures: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Known upstream bugs that explain a known-failure verdict: id, signature, link")
+    fixed_known: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="'fixed?': known failures the previous run of this check had and this one lacks")
     environment: str
     labels: dict[str, str]
     requester: str | None
     state: str
-    verdict: str | None
+    verdict: Verdict | None
     signatures: list[str]
     regression: bool
     first_divergent_step: int | None
@@ -190,5 +200,5 @@ class ErrorOut(BaseModel):
 
 # Every route can answer with the one error shape; documenting it keeps the OpenAPI document true.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 422, 503)
+    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 422, 429, 503)
 }

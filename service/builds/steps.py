@@ -8,6 +8,7 @@ submitted from it is adopted, never submitted twice (the same rule as phases).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 from datetime import timedelta
@@ -34,6 +35,14 @@ def _job(env: Environment) -> launcher.PhaseJob:
                              job_id=env.job_id or "", tasks=1)
 
 
+def pip_environment() -> frozenset[str]:
+    """Names of the variables pip needs in a build job (its config, proxies, CA bundles), never secrets."""
+    keep = ("PIP_", "UV_")
+    names = {"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "XDG_CONFIG_DIRS", "XDG_CACHE_HOME",
+             "GIT_SSL_CAINFO"}
+    return frozenset(k for k in os.environ if k.startswith(keep) or k.lower().endswith("_proxy") or k in names)
+
+
 def launch_builds(session: Session, *, settings: Settings, limit: int = 2) -> int:
     """Submit (or adopt) up to `limit` pending builds. Returns how many."""
     envs = session.scalars(
@@ -51,7 +60,7 @@ def launch_builds(session: Session, *, settings: Settings, limit: int = 2) -> in
                 job = launcher.submit_phase(
                     executor=pick_executor(settings), folder=job_folder, python=sys.executable, tasks=1,
                     settings=settings, name=f"parity-env-{env.id}", function=build_environment,
-                    args=(str(folder), list(env.requirements or [])),
+                    args=(str(folder), list(env.requirements or [])), env_names=pip_environment(),
                 )
             except Exception as exc:  # sbatch refused: the build cannot start, say why
                 env.error_message = f"submitting the build failed: {exc}"[-4000:]

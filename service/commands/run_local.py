@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-EXIT = {"pass": 0, "fail": 1, "error": 2}
+from jobs.contract import Verdict
+
+EXIT: dict[Verdict, int] = {"pass": 0, "fail": 1, "error": 2}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `run-local` subcommand."""
-    from jobs.spec import DEFAULT_SHARDING, SHARDING_TYPES, TOLERANCES, WORKAROUNDS
+    from jobs.spec import DEFAULT_ISOLATION, DEFAULT_SHARDING, ISOLATION_MODES, SHARDING_TYPES, TOLERANCES, WORKAROUNDS
     from jobs.tolerance import DEFAULT_TOLERANCE
 
     p = subparsers.add_parser(
@@ -35,7 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--tolerance", default=DEFAULT_TOLERANCE, help=f"one of {', '.join(TOLERANCES)}")
-    p.add_argument("--run-folder", type=Path, default=None, help="where logs and checkpoints go (default: temp)")
+    p.add_argument(
+        "--isolation",
+        default=DEFAULT_ISOLATION,
+        help=f"one of {', '.join(ISOLATION_MODES)}: fork a fresh child per phase in one job, or one job per phase",
+    )
+    p.add_argument("--run-folder", type=Path, default=None,
+                   help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
     p.add_argument("--python", help="run the phases with this Python (e.g. a built environment's venv/bin/python)")
     p.set_defaults(func=handle)
@@ -55,6 +65,7 @@ def handle(args: argparse.Namespace) -> int:
             seed=args.seed,
             tolerance=args.tolerance,
             workarounds=tuple(args.workarounds),
+            isolation=args.isolation,
         )
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)
@@ -63,7 +74,13 @@ def handle(args: argparse.Namespace) -> int:
 
     folder = args.run_folder or Path(tempfile.mkdtemp(prefix="parity-run-"))
     print(f"parity run-local: run folder {folder}", file=sys.stderr)
-    result = run_parity(spec, folder, executor=_executor_for(args.python) if args.python else None)
+    try:
+        result = run_parity(spec, folder, executor=_executor_for(args.python) if args.python else None)
+    finally:
+        # a temporary folder holds a checkpoint per run: gone unless asked for; a named one is the user's
+        if args.run_folder is None and not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"parity run-local: removed {folder} (--keep keeps it)", file=sys.stderr)
     if args.json:
         sys.stdout.write(json.dumps(result, default=str) + "\n")
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,8 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from jobs.configs import config_names
-from jobs.contract import VERDICTS
 from models import Environment, Run
+from service.known_failures import RUN_VERDICTS
 from service.runs import RunFilter, filtered_runs
 from service.state import RunState
 
@@ -25,8 +26,9 @@ SORTS: dict[str, Any] = {
     "verdict": Run.verdict,
     "delta": Run.max_abs_loss_delta,
 }
+VERDICTS = RUN_VERDICTS
 STATES = tuple(s.value for s in RunState)
-FILTER_KEYS = ("config", "environment", "state", "verdict", "regression", "label", "since", "until")
+FILTER_KEYS = ("config", "check", "track", "environment", "state", "verdict", "regression", "label", "since", "until")
 
 
 @dataclass
@@ -96,14 +98,19 @@ def parse_query(args: dict[str, list[str]]) -> ListQuery:
     if until is not None and len(one["until"]) <= 10:
         until += timedelta(days=1)  # a bare date means "through the end of that day"
     labels = _labels(args.get("label", []), problems)
-    filters = RunFilter(config=one.get("config") or None, environment=one.get("environment") or None,
+    filters = RunFilter(config=one.get("config") or None, check=one.get("check") or None,
+                        track=one.get("track") or None, environment=one.get("environment") or None,
                         state=state, verdict=verdict, regression=regression, labels=labels or None,
                         since=since, until=until)
     sort = one.get("sort") or "id"
     if sort not in SORTS:
         problems.append(f"sort: expected one of {', '.join(SORTS)}, got {sort!r}")
         sort = "id"
-    page = int(one["page"]) if one.get("page", "").isdigit() and int(one["page"]) > 0 else 1
+    # ASCII digits only: str.isdigit() accepts "²", which int() then refuses (a 500 before)
+    raw_page = one.get("page", "")
+    page = int(raw_page) if re.fullmatch(r"[0-9]{1,9}", raw_page) and int(raw_page) > 0 else 1
+    if raw_page and page == 1 and raw_page != "1":
+        problems.append(f"page: expected a positive whole number, got {raw_page[:20]!r}")
     params: dict[str, Any] = {k: one.get(k, "") for k in FILTER_KEYS if k != "label"}
     params["label"] = [f"{k}={v}" for k, v in labels.items()]
     return ListQuery(filters=filters, params=params, sort=sort, descending=one.get("dir", "desc") != "asc",

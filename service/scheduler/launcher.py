@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -19,6 +24,10 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# One sacct call for every Slurm job at most this often: finished phases are noticed from their
+# result files (a stat), so sacct only has to catch jobs that died without writing one.
+SACCT_MIN_INTERVAL_S = 5.0
+_last_sacct = float("-inf")
 
 # Slurm states that mean the infrastructure, not the code under test, stopped the phase.
 INFRA_STATES = frozenset(
@@ -44,16 +53,55 @@ class JobStatus:
     raw: str
 
 
+# What a job may see of the scheduler's environment: the code under test must never get the
+# database URL (with its password), API tokens or cloud credentials. Names listed exactly, or by prefix.
+JOB_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
+    "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "SLURM_CONF",
+    # job-side knobs read by jobs/ (fault injection in tests, checkpoint save manager, fast exit)
+    "PARITY_INJECT_FAULT", "PARITY_SAVE_MANAGER_QUEUE", "PARITY_FAST_EXIT",
+})
+JOB_ENV_PREFIXES = ("LC_", "SLURM_", "SUBMITIT_", "OMP_", "MKL_", "NCCL_", "GLOO_", "TORCH_")
+_ENV_LOCK = threading.Lock()
+
+
+def job_environment(environ: Mapping[str, str], extra: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The allow-listed part of environ that a job may inherit (plus the names in `extra`)."""
+    return {k: v for k, v in environ.items()
+            if k in JOB_ENV_NAMES or k in extra or k.startswith(JOB_ENV_PREFIXES)}
+
+
+@contextmanager
+def only_job_environment(
+    extra: frozenset[str] = frozenset(), values: Mapping[str, str] | None = None
+) -> Iterator[None]:
+    """Within the block, os.environ is the job allow-list: sbatch (whose --export=ALL is the default)
+    and submitit's local Popen both copy os.environ into the job, so this is what they hand on."""
+    with _ENV_LOCK:
+        saved = dict(os.environ)
+        try:
+            os.environ.clear()
+            os.environ.update(job_environment(saved, extra))
+            os.environ.update(values or {})
+            yield
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
 # Local jobs are children of this process: keep their Popen handles so they get reaped.
 _LOCAL_JOBS: dict[str, Job[Any]] = {}
 
 
 def submit_phase(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
-    function: Any, args: tuple[Any, ...],
+    function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(),
 ) -> PhaseJob:
-    """Submit function(*args) as one job of `tasks` ranks; return its (folder, job id)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Submit function(*args) as one job of `tasks` ranks; return its (folder, job id).
+
+    env_names: variables this job may inherit beyond the allow-list (a build needs pip's).
+    """
+    private_dirs(settings.resolved_run_folder, folder)
     timeout = settings.phase_timeout_min if executor == "local" else settings.slurm_time_limit_min
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")
@@ -77,12 +125,25 @@ def submit_phase(
     else:
         ex = submitit.LocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
         ex.update_parameters(tasks_per_node=tasks, timeout_min=timeout)
-        os.environ["PYTHONPATH"] = pythonpath
-    job = ex.submit(function, *args)
+    local_path = {"PYTHONPATH": pythonpath} if executor == "local" else {}
+    with only_job_environment(settings.job_env_names() | env_names, local_path):
+        job = ex.submit(function, *args)
     if executor == "local":
         _LOCAL_JOBS[job.job_id] = job
     log.info("submitted %s as %s job %s in %s", name, executor, job.job_id, folder)
     return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks)
+
+
+def private_dirs(root: Path, folder: Path) -> None:
+    """Create root and every folder down to `folder` as 0700 (owner only).
+
+    A run folder holds checkpoints, logs and the result pickles the scheduler unpickles: whoever can
+    write there can run code in the scheduler, so nobody but the service's user may.
+    """
+    for path in [root, *reversed([p for p in folder.parents if p.is_relative_to(root) and p != root]), folder]:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o700)
 
 
 def find_submitted(folder: Path) -> str | None:
@@ -107,11 +168,21 @@ def _local_pid_alive(job_id: str) -> bool:
 
 
 def poll(jobs: list[PhaseJob]) -> dict[PhaseJob, JobStatus]:
-    """States of many jobs; Slurm jobs share one sacct call through submitit's watcher."""
+    """States of many jobs; all Slurm jobs share one sacct call, made at most every SACCT_MIN_INTERVAL_S."""
+    global _last_sacct
     handles = {j: _submitit_job(j) for j in jobs}
+    slurm = [j for j in jobs if j.executor == "slurm"]
+    if slurm and time.monotonic() - _last_sacct >= SACCT_MIN_INTERVAL_S:
+        # submitit would call sacct on every state read after a handle registers; call it once, here
+        submitit.SlurmJob.watcher.update()
+        _last_sacct = time.monotonic()
     out: dict[PhaseJob, JobStatus] = {}
     for spec, handle in handles.items():
-        raw = str(handle.state).split()[0].upper() if handle.state else "UNKNOWN"
+        if spec.executor == "slurm":
+            state = submitit.SlurmJob.watcher.get_state(spec.job_id, mode="cache")
+        else:
+            state = handle.state
+        raw = str(state).split()[0].upper() if state else "UNKNOWN"
         if spec.executor == "local" and spec.job_id not in _LOCAL_JOBS:
             # re-attached after a restart: no Popen handle, so judge by the pid and the result file
             if handle.paths.result_pickle.exists():
@@ -122,6 +193,25 @@ def poll(jobs: list[PhaseJob]) -> dict[PhaseJob, JobStatus]:
                 raw = "LOST"
         out[spec] = JobStatus(kind=_kind(raw), raw=raw)
     return out
+
+
+def rank_result_paths(phase_folder: Path, tasks: int) -> list[Path]:
+    """The per-rank documents a phase writes under <run>/<phase>/ when it ends (any isolation)."""
+    return [phase_folder / f"result.rank{rank}.json" for rank in range(tasks)]
+
+
+def results_on_disk(phase_folder: Path, tasks: int) -> PhaseDocument | None:
+    """The phase's merged document once every rank has written its own, else None."""
+    paths = rank_result_paths(phase_folder, tasks)
+    if not all(p.exists() for p in paths):
+        return None
+    return merge_rank_documents([json.loads(p.read_text()) for p in paths])
+
+
+def clear_results(phase_folder: Path) -> None:
+    """Remove an earlier attempt's rank documents before a new attempt runs the phase."""
+    for path in [*phase_folder.glob("result.rank*.json"), *phase_folder.glob("crash.rank*.txt")]:
+        path.unlink(missing_ok=True)
 
 
 def _kind(raw: str) -> str:
@@ -136,24 +226,28 @@ def _kind(raw: str) -> str:
     return "active"
 
 
-def fetch_result(job: PhaseJob) -> tuple[PhaseDocument | None, str | None]:
+def fetch_result(job: PhaseJob, phase: str) -> tuple[PhaseDocument | None, str | None]:
     """(the phase's document, None) or (None, the error of a job whose ranks all raised or vanished).
 
     Every rank's document is read: when one rank fails, its own error is the root cause, not the
-    "connection reset" its peers saw.
+    "connection reset" its peers saw. Under isolation "process" a task returns every phase it ran.
     """
     handle = _submitit_job(job)
     docs, errors = [], []
     for task in range(job.tasks):
         try:
-            docs.append(handle.task(task).result())
+            doc = handle.task(task).result()
         except Exception as exc:  # submitit wraps the remote traceback in the exception text
             errors.append(f"rank {task}: {type(exc).__name__}: {exc}"[-8000:])
+            continue
+        if isinstance(doc, dict) and "phases" in doc:
+            doc = doc["phases"].get(phase)
+        docs.append(doc)
     # unvalidated here: the reconciler validates what it ingests
     merged = merge_rank_documents(cast(list[PhaseDocument], [d for d in docs if isinstance(d, dict)]))
     if merged is not None:
         return merged, None
-    return None, "\n".join(errors) or "no rank returned a result"
+    return None, "\n".join(errors) or f"no rank returned a {phase} result"
 
 
 def job_result(job: PhaseJob) -> Any:

@@ -3,6 +3,11 @@
 Every step is idempotent and all state lives in Postgres and the run folders, so a killed scheduler
 restarts where it left off and several replicas can run side by side. If the database goes away,
 the loop logs one line per attempt, backs off, and carries on when it returns.
+
+Between ticks the loop sleeps on events (service/scheduler/wakeup.py): a NOTIFY from the API when a
+run is queued, or a rank document appearing for an in-flight phase; the poll interval is only the
+fallback. A tick that changed something is followed at once by another, so the next step (submit
+the resume, evaluate) does not wait for an event that already happened.
 """
 
 from __future__ import annotations
@@ -11,17 +16,22 @@ import logging
 import os
 import socket
 import threading
+import time
+from pathlib import Path
 
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from models import SchedulerHeartbeat
 from models.base import utcnow
+from service import retention
 from service.builds import steps as builds
-from service.db import session_scope
+from service.db import get_engine, session_scope
 from service.evaluation import evaluate_one
-from service.scheduler.reconciler import reconcile
+from service.notifications.deliver import deliver_step
+from service.scheduler.reconciler import reconcile, watched_files
 from service.scheduler.submitter import claim_queued, launch_one
+from service.scheduler.wakeup import Wakeup
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,7 +51,7 @@ def heartbeat(name: str) -> None:
 
 def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
-    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "builds": 0}
+    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "notified": 0, "pruned": 0, "builds": 0}
     with session_scope() as session:
         done["builds"] = builds.launch_builds(session, settings=settings)
     with session_scope() as session:
@@ -62,23 +72,42 @@ def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
             if not evaluate_one(session):
                 break
         done["evaluated"] += 1
+    done["notified"] = deliver_step()
+    with session_scope() as session:
+        done["pruned"] = sum(retention.apply(session, settings).values())
     return done
+
+
+def _database_url() -> str:
+    return get_engine().url.render_as_string(hide_password=False)
+
+
+def _watch(settings: Settings) -> list[Path]:
+    with session_scope() as session:
+        return watched_files(session, settings=settings)
 
 
 def run_forever(settings: Settings, stop: threading.Event | None = None) -> None:
     """Loop until stop is set (or forever), surviving database outages."""
     stop = stop or threading.Event()
     name = replica_name()
+    wake = Wakeup(_database_url, stop)
     failures = 0
-    log.info("scheduler %s started (poll every %.1fs)", name, settings.scheduler_poll_seconds)
+    last_beat = float("-inf")
+    log.info("scheduler %s started (events, polling every %.1fs)", name, settings.scheduler_poll_seconds)
     while not stop.is_set():
+        watch: list[Path] = []
         try:
-            heartbeat(name)
+            if time.monotonic() - last_beat >= min(settings.scheduler_poll_seconds, 10.0):
+                heartbeat(name)
+                last_beat = time.monotonic()
             done = tick(settings)
             if any(done.values()):
                 log.info("tick: %s", done)
             failures = 0
-            delay = settings.scheduler_poll_seconds
+            # something moved: tick again now, its follow-up (a resume to submit, a run to evaluate) is ready
+            delay = 0.0 if any(done.values()) else settings.scheduler_poll_seconds
+            watch = _watch(settings) if delay else []
         except (OperationalError, DBAPIError) as exc:
             failures += 1
             delay = min(30.0, settings.scheduler_poll_seconds * 2**failures)
@@ -87,7 +116,7 @@ def run_forever(settings: Settings, stop: threading.Event | None = None) -> None
             failures += 1
             delay = min(30.0, settings.scheduler_poll_seconds * 2**failures)
             log.exception("scheduler step failed; retrying in %.0fs", delay)
-        stop.wait(delay)
+        if delay:
+            wake.wait(delay, watch)
+    wake.close()
     log.info("scheduler %s stopped", name)
-
-

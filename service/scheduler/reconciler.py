@@ -14,12 +14,12 @@ from typing import Any, cast
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from jobs.contract import ErrorRecord, PhaseName, error_record, phase_document
+from jobs.contract import ErrorRecord, PhaseDocument, PhaseName, error_record, phase_document
 from models import Phase, Run
 from models.base import utcnow
 from service.documents import InvalidDocument, rejected_document, validate_phase_document
 from service.scheduler import launcher
-from service.scheduler.submitter import PHASES, SUBMITTED_STATE, new_phase, retry_or_give_up
+from service.scheduler.submitter import PHASES, SUBMITTED_STATE, isolation, new_phase, retry_or_give_up, run_dir
 from service.settings import Settings
 from service.state import RunState, transition
 
@@ -33,8 +33,17 @@ def _phase_job(phase: Phase, run: Run) -> launcher.PhaseJob:
     )
 
 
+def _phase_folder(settings: Settings, run: Run, phase: Phase) -> Path:
+    return run_dir(settings, run.id) / phase.name
+
+
 def reconcile(session: Session, *, settings: Settings) -> int:
-    """One pass over all submitted/running phases (row-locked, skipping ones another replica holds)."""
+    """One pass over all submitted/running phases (row-locked, skipping ones another replica holds).
+
+    A phase has finished when every rank's document is on disk (a stat per rank); sacct, rate
+    limited in launcher.poll, only has to say which jobs ended without them. Returns how many
+    phases changed state.
+    """
     rows = session.execute(
         select(Phase, Run).join(Run, Run.id == Phase.run_id)
         .where(Phase.state.in_(("submitted", "running")))
@@ -43,21 +52,38 @@ def reconcile(session: Session, *, settings: Settings) -> int:
     if not rows:
         return 0
     statuses = launcher.poll([_phase_job(phase, run) for phase, run in rows])
+    changed = 0
     for phase, run in rows:
         job = _phase_job(phase, run)
         status = statuses[job]
+        folder = _phase_folder(settings, run, phase)
+        doc = None if run.cancel_requested else launcher.results_on_disk(folder, job.tasks)
+        before = phase.state
         if run.cancel_requested:
             _cancel(session, phase, run, job)
-        elif status.kind == "running" and phase.state == "submitted":
+        elif doc is not None or status.kind in ("done", "failed"):
+            # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so
+            _finished(session, phase, run, job, settings, doc)
+        elif status.kind == "infra":
+            _infra_failure(session, phase, run, status.raw, settings)
+        elif phase.state == "submitted" and (status.kind == "running" or (folder / "rank0.log").exists()):
             phase.state, phase.started_at = "running", utcnow()
             if run.state == SUBMITTED_STATE[phase.name]:
                 transition(session, run, RUNNING_STATE[phase.name], f"{phase.executor} job {phase.job_id} running")
-        elif status.kind in ("done", "failed"):
-            # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so
-            _finished(session, phase, run, job, settings)
-        elif status.kind == "infra":
-            _infra_failure(session, phase, run, status.raw, settings)
-    return len(rows)
+        changed += phase.state != before
+    return changed
+
+
+def watched_files(session: Session, *, settings: Settings) -> list[Path]:
+    """The rank documents whose appearance means an in-flight phase has finished (what the loop stats)."""
+    rows = session.execute(
+        select(Phase.name, Run.id, Run.spec).join(Run, Run.id == Phase.run_id)
+        .where(Phase.state.in_(("submitted", "running")))
+    ).tuples().all()
+    return [
+        path for name, run_id, spec in rows
+        for path in launcher.rank_result_paths(run_dir(settings, run_id) / name, int(spec["dp"]))
+    ]
 
 
 def _close(phase: Phase, state: str, job: launcher.PhaseJob, reason: str | None = None) -> None:
@@ -76,8 +102,13 @@ def collect_log_paths(phase: Phase, job: launcher.PhaseJob) -> list[str]:
     return [str(p) for p in own if p.is_file()] + launcher.log_paths(job)
 
 
-def _finished(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, settings: Settings) -> None:
-    raw, error = launcher.fetch_result(job)
+def _finished(
+    session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, settings: Settings,
+    raw: PhaseDocument | None = None,
+) -> None:
+    error = None
+    if raw is None:
+        raw, error = launcher.fetch_result(job, phase.name)
     if raw is None:
         _job_raised(session, phase, run, job, error)
         return
@@ -92,12 +123,24 @@ def _finished(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, 
     phase.save_s, phase.load_s = info.get("save_seconds"), info.get("load_seconds")
     ok = doc["status"] == "ok"
     _close(phase, "succeeded" if ok else "failed", job, None if ok else _doc_error(doc["error"]))
-    if ok and phase.name == PHASES[0]:
+    if ok and phase.name == PHASES[0] and isolation(run) == "process":
+        _resume_in_same_job(session, phase, run, settings)
+    elif ok and phase.name == PHASES[0]:
         new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings)
         transition(session, run, RunState.RESUME_SUBMITTED, f"{phase.name} finished; resume queued")
     else:
         # both phases done, or a phase crashed inside the job: either way the evaluator decides
         transition(session, run, RunState.EVALUATING, f"{phase.name} returned {doc['status']}")
+
+
+def _resume_in_same_job(session: Session, saved: Phase, run: Run, settings: Settings) -> None:
+    """Isolation "process": the attempt's job forks the resume child itself; record it as running."""
+    resume = new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings)
+    now = utcnow()
+    resume.folder, resume.job_id, resume.executor = saved.folder, saved.job_id, saved.executor
+    resume.state, resume.submitted_at, resume.started_at = "running", now, now
+    transition(session, run, RunState.RESUME_SUBMITTED, f"{saved.name} finished; resume forked in the same job")
+    transition(session, run, RunState.RESUME_RUNNING, f"{saved.executor} job {saved.job_id} running resume")
 
 
 def _doc_error(err: ErrorRecord | None) -> str:

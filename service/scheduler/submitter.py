@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from jobs.contract import PhaseName
+from jobs.rank.attempt import run_attempt
 from jobs.rank.entry import run_rank_phase
 from models import Environment, Phase, Run
 from models.base import utcnow
+from service.notifications.events import infra_error_streak
 from service.scheduler import launcher
 from service.settings import Settings
 from service.slurm import pick_executor
@@ -31,6 +34,19 @@ SUBMITTED_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_SUBMITT
 def run_dir(settings: Settings, run_id: int) -> Path:
     """Where one run's checkpoints, probes and job folders live."""
     return settings.resolved_run_folder / f"run-{run_id}"
+
+
+def isolation(run: Run) -> str:
+    """The run's isolation mode; runs stored before the field existed ran a job per phase."""
+    return str(run.spec.get("isolation", "job"))
+
+
+def _payload(run: Run, phase: Phase, folder: Path) -> tuple[Any, tuple[Any, ...], tuple[str, ...]]:
+    """(function, args, phases it runs): one phase per job, or under "process" the rest of the attempt."""
+    if isolation(run) == "process":
+        phases = PHASES if phase.name == PHASES[0] else (phase.name,)
+        return run_attempt, (run.spec, str(folder), phases), phases
+    return run_rank_phase, (run.spec, str(folder), phase.name), (phase.name,)
 
 
 def new_phase(session: Session, *, run: Run, name: str, attempt: int, settings: Settings, delay_s: float = 0) -> Phase:
@@ -64,6 +80,7 @@ def retry_or_give_up(session: Session, *, phase: Phase, run: Run, what: str, set
         f"{phase.name}: {what} on {phase.attempt} attempt(s); infrastructure failure, not a parity result"
     )
     transition(session, run, RunState.ERROR, run.error_message)
+    infra_error_streak(session, run, settings.notify_infra_errors_after)
 
 
 def claim_queued(session: Session, *, settings: Settings, limit: int = 20) -> int:
@@ -101,11 +118,13 @@ def launch_one(session: Session, *, settings: Settings) -> bool:
     if job_id is None:
         env = session.get(Environment, run.environment_id)
         assert env is not None
+        function, args, phases = _payload(run, phase, run_dir(settings, run.id))
+        for name in phases:  # an earlier attempt's documents must not read as this one's
+            launcher.clear_results(run_dir(settings, run.id) / name)
         try:
             job = launcher.submit_phase(
                 executor=phase.executor, folder=folder, python=env.python, tasks=int(run.spec["dp"]),
-                settings=settings, name=f"parity-{run.id}-{phase.name}", function=run_rank_phase,
-                args=(run.spec, str(run_dir(settings, run.id)), phase.name),
+                settings=settings, name=f"parity-{run.id}-{phase.name}", function=function, args=args,
             )
         except Exception as exc:  # sbatch refused or the executor broke: the infrastructure, not the code
             reason = " ".join(str(exc).split())[-1500:] or type(exc).__name__

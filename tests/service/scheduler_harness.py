@@ -37,7 +37,24 @@ def run_to_end(env: dict[str, str], run_id: int, log: Path, timeout: float) -> R
         wait_for(lambda: run_row(run_id).finished_at, timeout, "the run to end", alive=[scheduler])
     finally:
         stop(scheduler)
+    jobs_gone(run_id)
     return run_row(run_id)
+
+
+def jobs_gone(run_id: int, timeout: float = 60) -> None:
+    """Wait until the run's Slurm jobs have left the queue.
+
+    A verdict is read from the documents on disk, so a job can still be exiting when its run has
+    ended; the next test (run ids restart per test) must not find it under the same job name.
+    """
+    ids = {p.job_id for p in phases(run_id) if p.job_id and p.executor == "slurm"}
+    if ids:
+        wait_for(lambda: not ids & set(_squeue_ids()), timeout, f"the jobs of run {run_id} to leave the queue")
+
+
+def _squeue_ids() -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=False)
+    return out.stdout.split()
 
 
 def free_port() -> int:

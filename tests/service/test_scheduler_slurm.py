@@ -11,6 +11,7 @@ import pytest
 
 from tests.service.scheduler_harness import (
     GOOD,
+    jobs_gone,
     phases,
     queue,
     queued_jobs,
@@ -29,9 +30,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 SMALL = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4, "workarounds": GOOD}
 
 
-@pytest.mark.parametrize("executor", ["slurm", "local"])
+@pytest.mark.parametrize(
+    ("executor", "isolation"), [("slurm", "process"), ("slurm", "job"), ("local", "process")]
+)
 def test_scheduler_killed_mid_run_resumes_without_double_submission(
-    committed_db: str, slurm: str, tmp_path: Path, executor: str
+    committed_db: str, slurm: str, tmp_path: Path, executor: str, isolation: str
 ) -> None:
     env = service_env(tmp_path, PARITY_EXECUTOR=executor)
     # the run's environment names its own Python: a wrapper that leaves a mark, then runs ours
@@ -40,11 +43,11 @@ def test_scheduler_killed_mid_run_resumes_without_double_submission(
     wrapper.write_text(f'#!/bin/sh\necho "$$" >> {marker}\nexec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     since = slurm_now()
-    run_id = queue(SMALL, environment=register_environment("wrapped", str(wrapper)))
+    run_id = queue({**SMALL, "isolation": isolation}, environment=register_environment("wrapped", str(wrapper)))
     first = start(["scheduler"], env, tmp_path / "scheduler-1.log")
     try:
-        wait_for(lambda: run_row(run_id).state in ("train_running", "resume_submitted"), 120, "phase 1 running",
-                 alive=[first])
+        wait_for(lambda: run_row(run_id).state in ("train_running", "resume_submitted", "resume_running"), 120,
+                 "phase 1 running", alive=[first])
     finally:
         stop(first, signal.SIGKILL)  # no clean shutdown: the job keeps running (in Slurm, or orphaned locally)
     second = start(["scheduler"], env, tmp_path / "scheduler-2.log")
@@ -54,16 +57,24 @@ def test_scheduler_killed_mid_run_resumes_without_double_submission(
         stop(second)
     run = run_row(run_id)
     assert run.state == "passed", (run.state, run.error_message, run.signatures)
+    assert run.summary["isolation"] == isolation
     rows = phases(run_id)
     assert [(p.name, p.attempt, p.state) for p in rows] == [
         ("train_and_save", 1, "succeeded"), ("resume", 1, "succeeded"),
     ]
+    jobs = 1 if isolation == "process" else 2  # one allocation runs both phases, or one job per phase
+    assert len({p.job_id for p in rows}) == jobs
     if executor == "slurm":
+        jobs_gone(run_id)
         # accounting lags the job's end by a moment
-        wait_for(lambda: sacct_jobs(f"parity-{run_id}-resume", since), 30, "accounting of the resume job")
+        wait_for(lambda: sacct_jobs(f"parity-{run_id}-train_and_save", since), 30, "accounting of the job")
         assert sacct_jobs(f"parity-{run_id}-train_and_save", since) == [rows[0].job_id]
-        assert sacct_jobs(f"parity-{run_id}-resume", since) == [rows[1].job_id]
-    assert len(marker.read_text().split()) == 4  # 2 phases × 2 ranks ran under the environment's Python
+        if isolation == "job":
+            wait_for(lambda: sacct_jobs(f"parity-{run_id}-resume", since), 30, "accounting of the resume job")
+            assert sacct_jobs(f"parity-{run_id}-resume", since) == [rows[1].job_id]
+        else:
+            assert sacct_jobs(f"parity-{run_id}-resume", since) == []
+    assert len(marker.read_text().split()) == 2 * jobs  # every job's 2 ranks ran under the environment's Python
     assert run.summary["packages"]["megatron_core"] == "0.16.1"
 
 
