@@ -32,7 +32,9 @@ def environments(session: SessionDep, settings: SettingsDep, _: ReadAccess) -> l
     return [EnvironmentOut.model_validate(e) for e in list_environments(session)]
 
 
-@router.post("", status_code=201, response_model=EnvironmentOut)
+@router.post("", status_code=201, response_model=EnvironmentOut, responses={
+    200: {"model": EnvironmentOut, "description": "An identical requirement set is already built: that environment"},
+})
 def add_environment(
     body: EnvironmentIn, session: SessionDep, settings: SettingsDep, response: Response,
     authorization: Annotated[str | None, Header()] = None,
@@ -65,7 +67,8 @@ def environment(name: str, session: SessionDep, _: ReadAccess) -> EnvironmentOut
     return EnvironmentOut.model_validate(get_environment(session, name=name))
 
 
-@router.get("/{name}/log", response_class=PlainTextResponse)
+@router.get("/{name}/log", responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                           "description": "The tail of the build log"}})
 def build_log(name: str, session: SessionDep, _: ReadAccess) -> PlainTextResponse:
     """The tail of a built environment's build log (pip's output)."""
     env = get_environment(session, name=name)
