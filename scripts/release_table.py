@@ -32,11 +32,12 @@ def install(release: str, cache: Path) -> Path:
     return target
 
 
-def check(release_dir: Path, config: str, out: Path) -> dict[str, Any]:
+def check(release_dir: Path, config: str, out: Path, extra: list[str]) -> dict[str, Any]:
     """Run one parity check on one release; return its result document (or an error stub)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(release_dir), str(REPO)]))
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "run-local", "--config", config, *SPEC, "--json"],
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "run-local", "--config", config, *SPEC, *extra,
+                           "--json"],
                           env=env, capture_output=True, text=True, timeout=1800)
     try:
         result: dict[str, Any] = json.loads(proc.stdout)
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+")
     parser.add_argument("--cache", type=Path, default=Path("/var/tmp/parity-releases"))
     parser.add_argument("--out", type=Path, default=Path("release-table"))
+    parser.add_argument("--sharding", help="optimizer sharding type (default: the spec's, dp_reshardable)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from jobs.configs import config_names
@@ -74,7 +76,8 @@ def main() -> None:
         folder = install(release, args.cache)
         cells = []
         for config in configs:
-            result = check(folder, config, args.out / f"{release}-{config}.json")
+            extra = ["--sharding", args.sharding] if args.sharding else []
+            result = check(folder, config, args.out / f"{release}-{config}.json", extra)
             cells.append(cell(result))
             print(f"{release} {config}: {cells[-1]} ({result['wall_s']} s)", file=sys.stderr, flush=True)
         rows.append(f"| {release} | " + " | ".join(cells) + " |")
