@@ -169,7 +169,9 @@ def main() -> int:
             for statement in filter(str.strip, SEED_SQL.split(";")):
                 conn.execute(statement, {"n": args.runs, "python": sys.executable})
         print(f"seeded {args.runs} runs in {time.perf_counter() - t0:.1f}s")
-        env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": "local"}
+        # no scheduler drains the queue here: lift the admission caps, or POSTs would measure 429s
+        env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": "local",
+               "PARITY_MAX_IN_FLIGHT": "1000000", "PARITY_MAX_QUEUED_PER_REQUESTER": "1000000"}
         token = subprocess.run(
             [sys.executable, "-m", "service.cli", "token", "create", "--name", "bench", "--scope", "submit"],
             env=env, capture_output=True, text=True, check=True, cwd=ROOT,

@@ -65,6 +65,13 @@ class Settings(BaseSettings):
     phase_timeout_min: int = Field(default=60, ge=1)
     # Built environments no run has used for this many days have their virtualenv deleted.
     env_keep_days: float = Field(default=14.0, ge=0)
+    # a phase not running this long after submission (PENDING, or a state nobody can read) is
+    # cancelled and retried as an infrastructure failure
+    pending_timeout_s: float = Field(default=3600.0, gt=0)
+    # a phase still running this long past its time limit (Slurm's or phase_timeout_min) is stopped
+    phase_grace_s: float = Field(default=300.0, ge=0)
+    # consecutive failed scheduler steps on one run (its data refused, not an outage) before it ends in error
+    max_row_failures: int = Field(default=5, ge=1)
 
     # retention (service/retention.py): checkpoints of failing runs, then whole run folders, in days
     keep_failed_days: float = Field(default=14, ge=0)

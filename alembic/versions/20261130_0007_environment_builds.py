@@ -1,7 +1,7 @@
 """environments the service builds: state, requirements, content hash, build results
 
 Revision ID: 0007
-Revises: 0008
+Revises: 0003
 Create Date: 2026-11-30
 """
 
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 revision = '0007'
-down_revision = '0008'
+down_revision = '0003'
 branch_labels = None
 depends_on = None
 

@@ -73,6 +73,12 @@ def step_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def poll_interval(waited_s: float) -> float:
+    """Seconds between polls: 0.25 s for the first minute (a GET is cheap; each second here is CI's),
+    growing to 2 s for long waits."""
+    return min(2.0, 0.25 + max(0.0, waited_s - 60.0) / 60.0)
+
+
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
     url = (args.url or settings.service_url or settings.base_url).rstrip("/")
@@ -101,9 +107,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"check {run_doc['check_key']} ({run_doc['check_name']}) on track {run_doc['track']}")
         if not args.wait:
             return 0
-        deadline = time.monotonic() + args.timeout
+        started = time.monotonic()
+        deadline = started + args.timeout
         while run_doc["state"] not in TERMINAL and time.monotonic() < deadline:
-            time.sleep(2)
+            time.sleep(poll_interval(time.monotonic() - started))
             try:
                 run_doc = client.get(f"/api/v1/runs/{run_doc['id']}").json()
             except httpx.HTTPError as exc:  # the service restarting is not a verdict: keep waiting

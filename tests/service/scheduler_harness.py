@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from models import Phase, Run
+from models import Phase, PhaseEvent, Run
 from service.db import session_scope
 from service.environments import create_environment, ensure_default_environment, get_environment
 from service.runs import create_run, validate_spec
@@ -149,15 +149,35 @@ def wait_for(
 
 
 def sacct_jobs(name: str, since: str) -> list[str]:
-    """Job ids Slurm accounting knows under a job name, submitted since `since` (allocations only)."""
+    """Job ids Slurm accounting knows under a job name, submitted since `since` from this checkout
+    (allocations only). The Slurm is shared and run ids repeat across test sessions, so another
+    checkout's job may carry the same name: the submitting directory tells them apart."""
     out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", f"--name={name}", "-o", "JobID", "-S", since],
+        ["sacct", "-n", "-X", "-P", f"--name={name}", "-o", "JobID,WorkDir", "-S", since],
         capture_output=True, text=True, check=True,
     )
-    return [line for line in out.stdout.split() if line]
+    here = os.getcwd()
+    rows = [line.split("|", 1) for line in out.stdout.splitlines() if line.strip()]
+    return [job for job, work_dir in rows if work_dir == here]
 
 
 def queued_jobs(name: str) -> list[str]:
     """Job ids in the Slurm queue under a job name."""
     out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, check=True)
     return out.stdout.split()
+
+
+def phase_moves(run_id: int) -> list[tuple[str | None, str]]:
+    """Every recorded phase state change of a run, oldest first."""
+    with session_scope() as session:
+        return list(session.execute(
+            select(PhaseEvent.from_state, PhaseEvent.to_state).where(PhaseEvent.run_id == run_id)
+            .order_by(PhaseEvent.id)
+        ).tuples())
+
+
+def job_name(phase: Phase) -> str:
+    """The Slurm job name the scheduler gives a phase attempt (with this test's settings)."""
+    from service.scheduler.submitter import job_name as name_of
+
+    return name_of(get_settings(), phase)
