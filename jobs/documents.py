@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from jobs.errors import dedupe_errors, with_rank_errors
+
 
 def read_rank_documents(run_folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
     """The result.rank{r}.json documents the ranks of a phase wrote (those that exist)."""
@@ -31,8 +33,8 @@ def merge_rank_documents(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not docs:
         return None
     main = next((d for d in docs if d.get("rank") == 0), docs[0])
-    errors = [d["error"] for d in docs if d.get("status") == "error" and d.get("error")]
+    errors = dedupe_errors([d["error"] for d in docs if d.get("status") == "error" and d.get("error")])
     if errors:
         root = next((e for e in errors if not _is_secondary(e)), errors[0])
-        main = dict(main, status="error", error=dict(root, rank_errors=errors))
+        main = dict(main, status="error", error=with_rank_errors(root, errors))
     return main

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobs.errors import with_rank_errors
 from jobs.rank.context import PhaseAbort, RankContext, error_record, write_json
 from jobs.spec import RunSpec, SpecError
 
@@ -103,7 +104,7 @@ def run_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: in
         doc["status"] = "ok"
     except PhaseAbort as abort:
         doc["status"] = "error"
-        doc["error"] = dict(abort.errors[0], all_ranks=abort.errors)
+        doc["error"] = with_rank_errors(abort.errors[0], abort.errors)
     except Exception as exc:  # noqa: BLE001 - a phase returns a document, whatever happened
         doc["status"] = "error"
         doc["error"] = error_record(exc, ctx.stage, rank)
@@ -154,8 +155,6 @@ def _shutdown(ctx: RankContext) -> None:
 def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_port: int | None) -> None:
     from jobs.rank import dist
 
-    doc = ctx.doc
-
     def imports() -> None:
         # torch first, so rank 0's rendezvous server is listening while everyone imports Megatron.
         dist.start_rendezvous(master_port, COLLECTIVE_TIMEOUT_S)
@@ -165,17 +164,30 @@ def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_p
         import megatron.core  # noqa: F401 - import cost is part of what the stage measures
 
     ctx.run("import", imports, STAGE_TIMEOUT_S["import"])
+    from jobs.rank import mutants
     from jobs.rank import training as runner
 
+    # Inside the phase body, so a forked child and a fresh interpreter inject alike.
+    undo = mutants.install(spec.mutants, phase)
+    try:
+        _body(ctx, spec, phase, run_folder, master_port, runner)
+    finally:
+        undo()
+
+
+def _body(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_port: int | None, runner: Any) -> None:
+    from jobs.rank import dist
+
+    doc = ctx.doc
     info = ctx.run("init", lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S), STAGE_TIMEOUT_S["init"])
     ctx.distributed = True
     doc["info"].update(_environment(info))
-    trainee = ctx.run("build", lambda: runner.build(ctx, spec), STAGE_TIMEOUT_S["build"], agree=True)
+    trainee = ctx.run("build", lambda: runner.build(ctx, spec, phase), STAGE_TIMEOUT_S["build"], agree=True)
     ckpt = run_folder / "checkpoint" / f"step{spec.save_step}"
     first = 1
     if phase == "resume":
         runner.load(ctx, trainee, spec, ckpt, STAGE_TIMEOUT_S["load"])
-        first = spec.save_step + 1
+        first = trainee.iteration + 1  # the restored iteration drives the loop (checked to be N)
     save_at = spec.save_step if phase == "train_and_save" else None
     runner.train(ctx, trainee, spec, first, save_at, ckpt, STAGE_TIMEOUT_S["save"])
 

@@ -5,6 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.spec import RunSpec
+from jobs.verdict.state_diff import (
+    final_findings,
+    groups_after_optimizer_load,
+    mutation_findings,
+    restore_findings,
+)
 
 MAX_ITEMS = 12
 
@@ -71,36 +77,98 @@ def _per_rank_diffs(before: list[Any] | None, after: list[Any] | None) -> list[d
     return out
 
 
+def _legacy_restore(spec: RunSpec, at_save: dict[str, Any], after_load: dict[str, Any]) -> dict[str, Any]:
+    """Restore evidence from documents written before the state snapshot existed."""
+    ev: dict[str, Any] = {}
+    restore_diffs = _per_rank_diffs(at_save.get("owned"), after_load.get("owned"))
+    state_diffs = [d for d in restore_diffs if d["key"] != "step"]
+    if state_diffs:
+        ev["optimizer-state-mismatch"] = {
+            "after_load_differs_from_save": {"count": len(state_diffs), "items": state_diffs[:MAX_ITEMS]}
+        }
+    step_diffs = [d for d in restore_diffs if d["key"] == "step"]
+    if step_diffs:
+        ev["adam-step-not-restored"] = {"params_affected": len(step_diffs), "items": step_diffs[:3]}
+    return ev
+
+
+def _restore_evidence(
+    spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(findings after every workaround, findings a post-load workaround neutralised)."""
+    saved = _probes(baseline).get("state_at_save")
+    raw = _probes(resumed).get("state_after_load_raw")
+    if not saved or not raw:
+        at_save = _probes(baseline).get("fingerprints_at_save") or {}
+        after_load = _probes(resumed).get("fingerprints_after_load") or {}
+        return _legacy_restore(spec, at_save, after_load), {}
+    effective = restore_findings(saved, _probes(resumed).get("state_after_load") or raw)
+    before_workarounds = restore_findings(saved, raw)
+    hidden = {k: v for k, v in before_workarounds.items() if k not in effective}
+    return effective, hidden
+
+
+def _step_details(spec: RunSpec, resumed: dict[str, Any] | None, ev: dict[str, Any]) -> dict[str, Any]:
+    info = (resumed or {}).get("info", {})
+    return {
+        "step": spec.save_step + 1,
+        "checkpoint_step": info.get("checkpoint_adam_step"),
+        "adam_steps_after_load": info.get("adam_steps_after_load"),
+        "params_affected": ev.get("count", ev.get("params_affected")),
+        **ev,
+    }
+
+
+def _fp32_view(resumed: dict[str, Any] | None) -> dict[str, Any] | None:
+    per_rank = _probes(resumed).get("fp32_view_inplace") or []
+    hits = [{"rank": r, **p} for r, p in enumerate(per_rank) if p and p.get("would_raise")]
+    if not hits:
+        return None
+    return {"ranks": [h["rank"] for h in hits], "params": hits[0]["params"], "message": hits[0]["message"]}
+
+
 def collect_evidence(
     spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None, lane: dict[str, Any]
 ) -> dict[str, Any]:
-    """Return {signature name: evidence} for every signature the probes support."""
+    """Return {signature name: evidence} for every signature the probes support.
+
+    The entry `_worked_around` maps each finding a workaround neutralised to {"by", "evidence"}.
+    """
     ev: dict[str, Any] = {}
+    hidden: dict[str, Any] = {}
     misaligned, worked_around = index_map_findings(baseline)
     if misaligned is None and baseline is None:
         misaligned, worked_around = index_map_findings(resumed)
     if misaligned:
         ev["optimizer-index-misalignment"] = misaligned
+    if worked_around:
+        raw = _probes(baseline or resumed).get("index_map") or {}
+        hidden["optimizer-index-misalignment"] = {
+            "by": "realign-param-index",
+            "evidence": {"misaligned_total": raw.get("misaligned_total")},
+        }
     at_save = _probes(baseline).get("fingerprints_at_save") or {}
-    after_load = _probes(resumed).get("fingerprints_after_load") or {}
     slot_diffs = _per_rank_diffs(at_save.get("owned"), at_save.get("slots"))
-    restore_diffs = _per_rank_diffs(at_save.get("owned"), after_load.get("owned"))
-    state_diffs = [d for d in restore_diffs if d["key"] != "step"]
-    if slot_diffs or state_diffs:
-        ev["optimizer-state-mismatch"] = {
-            "checkpoint_slot_differs_from_owner": {"count": len(slot_diffs), "items": slot_diffs[:MAX_ITEMS]},
-            "after_load_differs_from_save": {"count": len(state_diffs), "items": state_diffs[:MAX_ITEMS]},
+    restored, hidden_by_restore = _restore_evidence(spec, baseline, resumed)
+    for name, found in hidden_by_restore.items():
+        hidden[name] = {"by": "restore-adam-step", "evidence": found}
+    if slot_diffs:
+        restored.setdefault("optimizer-state-mismatch", {})["checkpoint_slot_differs_from_owner"] = {
+            "count": len(slot_diffs),
+            "items": slot_diffs[:MAX_ITEMS],
         }
-    step_diffs = [d for d in restore_diffs if d["key"] == "step"]
-    if step_diffs:
-        info = (resumed or {}).get("info", {})
-        ev["adam-step-not-restored"] = {
-            "step": spec.save_step + 1,
-            "checkpoint_step": info.get("checkpoint_adam_step"),
-            "adam_steps_after_load": info.get("adam_steps_after_load"),
-            "params_affected": len(step_diffs),
-            "items": step_diffs[:3],
-        }
+    if "adam-step-not-restored" in restored:
+        restored["adam-step-not-restored"] = _step_details(spec, resumed, restored["adam-step-not-restored"])
+    ev.update(restored)
+    ev.update(mutation_findings(_probes(baseline).get("state_at_save"), _probes(baseline).get("state_after_save")))
+    bug_c = groups_after_optimizer_load(
+        _probes(baseline).get("state_at_save"), _probes(resumed).get("param_groups_after_optimizer_load")
+    )
+    for name, found in bug_c.items():
+        if name in ev:
+            ev[name] = {**ev[name], "after_optimizer_load": found}
+        else:
+            ev[name] = found
     if lane["lr_mismatched_steps"]:
         ev["lr-schedule-mismatch"] = {
             "steps": lane["lr_mismatched_steps"][:MAX_ITEMS],
@@ -108,10 +176,11 @@ def collect_evidence(
         }
     groups = _probes(resumed).get("param_groups_after_load") or {}
     if groups and not groups.get("agree", True):
-        ev["layerwise-metadata-mismatch"] = {
+        legacy = {
             "disagreements": groups["disagreements"][:MAX_ITEMS],
             "empty_rank_groups": groups.get("empty_rank_groups"),
         }
+        ev["layerwise-metadata-mismatch"] = {**legacy, **ev.get("layerwise-metadata-mismatch", {})}
     buckets = _probes(baseline).get("buckets") or _probes(resumed).get("buckets") or {}
     if buckets.get("unaligned_total"):
         issues = [
@@ -121,9 +190,18 @@ def collect_evidence(
             for i in b["issues"]
         ]
         ev["bucket-offset-unaligned"] = {"count": len(issues), "items": issues[:MAX_ITEMS]}
-    if worked_around:
-        ev["_worked_around"] = ["optimizer-index-misalignment"]
+    view = _fp32_view(resumed)
+    if view:
+        by = "load-no-grad" if "load-no-grad" in spec.workarounds else "realign-param-index"
+        hidden["fp32-view-inplace-load"] = {"by": by, "evidence": view}
+    if hidden:
+        ev["_worked_around"] = hidden
     return ev
+
+
+def final_state_evidence(baseline: dict[str, Any] | None, resumed: dict[str, Any] | None) -> dict[str, Any]:
+    """Evidence that the state after the last step differs between the runs, or {}."""
+    return final_findings(_probes(baseline).get("state_final"), _probes(resumed).get("state_final"))
 
 
 MAX_FINDINGS = 200

@@ -1,0 +1,50 @@
+"""Rank error records, de-duplicated: one record per distinct error, with the ranks that raised it.
+
+Used by every document that carries errors (a rank's phase document, the merged phase document,
+the verdict), so a failure seen by all ranks is one traceback, not one per rank per level.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NESTED = ("rank_errors", "all_ranks")
+
+
+def _key(err: dict[str, Any]) -> tuple[Any, ...]:
+    return (err.get("type"), err.get("stage"), err.get("message"))
+
+
+def _flatten(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for err in errors:
+        out.append(err)
+        for key in NESTED:
+            out += _flatten(err.get(key) or [])
+    return out
+
+
+def dedupe_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge error records (also those nested in `rank_errors` / `all_ranks`) by (type, stage, message).
+
+    Each result keeps the first traceback seen and lists `ranks` (sorted); order is first-seen.
+    """
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for err in _flatten(errors):
+        ranks = set(err.get("ranks") or []) | ({err["rank"]} if err.get("rank") is not None else set())
+        record = merged.get(_key(err))
+        if record is None:
+            record = {k: v for k, v in err.items() if k not in NESTED}
+            merged[_key(err)] = record
+        record["ranks"] = sorted(set(record.get("ranks") or []) | ranks)
+        if not record.get("traceback") and err.get("traceback"):
+            record["traceback"] = err["traceback"]
+    return list(merged.values())
+
+
+def with_rank_errors(root: dict[str, Any], errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return `root` (de-duplicated, with its ranks) carrying the other distinct errors, tracebacks omitted."""
+    distinct = dedupe_errors([root, *errors])
+    head = distinct[0]
+    others = [{k: v for k, v in e.items() if k != "traceback"} for e in distinct[1:]]
+    return {**head, "rank_errors": others} if others else head
