@@ -10,28 +10,22 @@ from pathlib import Path
 from typing import Any
 
 from jobs.launch.local import run_parity
-from jobs.selftest.catalogue import BASE_SPEC, COMBINED, MUTANTS, Mutant, judge
+from jobs.selftest.catalogue import BASE_SPEC, COMBINED, MUTANTS, Mutant, combined_mutant, judge
 from jobs.spec import RunSpec
 
-CONTROL = "(none: control)"
-COMBINED_NAME = "(combined: " + ", ".join(COMBINED) + ")"
-
-
-def _combined() -> Mutant:
-    expect = tuple(dict.fromkeys(s for name in COMBINED for s in MUTANTS[name].expect))
-    return Mutant(COMBINED_NAME, "combined", "independent mutants injected together", expect)
+CONTROL = "control"
 
 
 def run_one(mutant: Mutant | None, dp: int, folder: Path, executor: Any = None) -> dict[str, Any]:
     """Run one mutant (None: the control; a combined mutant: all of COMBINED) at `dp`; judge it."""
     if mutant is None:
         fields = {**BASE_SPEC, "dp": dp}
-    elif mutant.name == COMBINED_NAME:
+    elif mutant.kind == "combined":
         fields = {**BASE_SPEC, "dp": dp, "mutants": list(COMBINED)}
     else:
         fields = mutant.run_spec(dp)
     result = run_parity(RunSpec.from_dict(fields), folder, executor)
-    row = judge(None if mutant is None else mutant, result)
+    row = judge(mutant, result)
     return {
         "mutant": CONTROL if mutant is None else mutant.name,
         "kind": "control" if mutant is None else mutant.kind,
@@ -51,7 +45,7 @@ def run_selftest(
     """Run the catalogue (or the fast combined subset) at each DP; return the matrix and totals."""
     chosen: list[Mutant | None] = [None]
     if fast:
-        chosen += [_combined(), MUTANTS["benign-reordered-state-dict"]]
+        chosen += [combined_mutant(), MUTANTS["benign-reordered-state-dict"]]
     else:
         chosen += [MUTANTS[n] for n in (names or list(MUTANTS))]
     rows = []

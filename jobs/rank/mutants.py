@@ -58,15 +58,22 @@ def _states(opt: Any) -> list[dict[str, Any]]:
 def model_weight_skipped() -> list[Patch]:
     from megatron.core.transformer.module import Float16Module
 
-    def keep_one(self: Any, *args: Any, **kwargs: Any) -> None:
-        name, param = next((n, p) for n, p in self.named_parameters() if p.dim() == 2)
-        fresh = param.detach().clone()
-        self.module.load_state_dict(*args, **kwargs)
-        param.data.copy_(fresh)
+    # torch_dist loads model tensors in place during the read, so the fresh value is taken when
+    # the load's sharded state dict is built (before the read) and put back by load_state_dict.
+    fresh: dict[str, Any] = {}
 
-    original = Float16Module.load_state_dict
-    Float16Module.load_state_dict = keep_one
-    return [(Float16Module, "load_state_dict", original)]
+    def remember(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        if not fresh:
+            param = next(p for p in self.parameters() if p.dim() == 2)
+            fresh.update(param=param, value=param.detach().clone())
+        return result
+
+    def put_back(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        if fresh:
+            fresh["param"].data.copy_(fresh["value"])
+        return result
+
+    return [_after(Float16Module, "sharded_state_dict", remember), _after(Float16Module, "load_state_dict", put_back)]
 
 
 def main_params_from_model() -> list[Patch]:

@@ -124,3 +124,32 @@ def judge(mutant: Mutant | None, result: dict[str, Any]) -> dict[str, Any]:
         "signatures": sigs,
         "first_divergent_step": result.get("first_divergent_step"),
     }
+
+
+def combined_mutant() -> Mutant:
+    """The CI subset as one mutant: every COMBINED fault at once, expecting all their signatures."""
+    expect = tuple(dict.fromkeys(s for name in COMBINED for s in MUTANTS[name].expect))
+    return Mutant("combined", "combined", "independent faults injected together: " + ", ".join(COMBINED), expect)
+
+
+def expectation(mutants: list[str] | tuple[str, ...]) -> Mutant | None:
+    """What a run with these mutants must report (None: a clean control that must pass)."""
+    names = sorted(mutants)
+    if not names:
+        return None
+    if len(names) == 1:
+        return MUTANTS[names[0]]
+    if names == sorted(COMBINED):
+        return combined_mutant()
+    expect = tuple(dict.fromkeys(s for n in names for s in MUTANTS[n].expect))
+    return Mutant("+".join(names), "combined", "several mutants", expect)
+
+
+def health_specs(dp: int = 2) -> list[tuple[str, dict[str, Any]]]:
+    """The periodic detector-health batch: a control, the combined faults, one benign change."""
+    benign = MUTANTS["benign-reordered-state-dict"]
+    return [
+        ("control", {**BASE_SPEC, "dp": dp}),
+        ("combined", {**BASE_SPEC, "dp": dp, "mutants": list(COMBINED)}),
+        (benign.name, benign.run_spec(dp)),
+    ]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from models import Environment, Run
+from service.selftest import detector_health
 from service.state import IN_FLIGHT, RunState
 
 BAD = ("fail", "error")
@@ -28,6 +30,19 @@ class Cell:
     signatures: list[str]
     failing_since_run_id: int | None
     counts: dict[str, int] = field(default_factory=dict)
+    label: str | None = None  # "pass (worked around)" where a workaround hid a finding
+    worked_around_by: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def shown(self) -> str:
+        """The verdict as the matrix shows it."""
+        return self.label or self.verdict
+
+    @property
+    def hidden(self) -> list[str]:
+        """'passes only with workaround X, which hides Y' lines for a worked-around pass."""
+        return [f"passes only with workaround {w}, which hides {', '.join(sigs)}"
+                for w, sigs in sorted(self.worked_around_by.items())] if self.verdict == "pass" else []
 
     @property
     def bad(self) -> bool:
@@ -44,13 +59,16 @@ class Matrix:
     failing: list[Cell]
     totals: dict[str, int]
     in_flight: dict[str, int]
+    health: dict[str, Any] | None = None
 
 
 def latest_cells(session: Session) -> list[Cell]:
     """One cell per config × environment: DISTINCT ON picks the latest verdict without a Python scan."""
     latest = (
         select(Run.id, Run.config, Run.environment_id, Run.verdict, Run.regression, Run.finished_at,
-               Run.max_abs_loss_delta, Run.signatures, Run.failing_since_run_id)
+               Run.max_abs_loss_delta, Run.signatures, Run.failing_since_run_id,
+               Run.summary["verdict_label"].astext.label("label"),
+               Run.summary["worked_around_by"].label("worked_around_by"))
         .where(Run.verdict.is_not(None))
         .distinct(Run.config, Run.environment_id)
         .order_by(Run.config, Run.environment_id, Run.finished_at.desc().nulls_last(), Run.id.desc())
@@ -75,7 +93,8 @@ def latest_cells(session: Session) -> list[Cell]:
     return [
         Cell(run_id=r.id, config=r.config, environment=r.name, verdict=r.verdict, regression=r.regression,
              finished_at=r.finished_at, max_abs_loss_delta=r.max_abs_loss_delta, signatures=list(r.signatures or []),
-             failing_since_run_id=r.failing_since_run_id,
+             failing_since_run_id=r.failing_since_run_id, label=r.label,
+             worked_around_by=dict(r.worked_around_by or {}),
              counts={"pass": r.n_pass, "fail": r.n_fail, "error": r.n_error})
         for r in rows
     ]
@@ -110,4 +129,5 @@ def matrix(session: Session) -> Matrix:
         failing=failing,
         totals=totals,
         in_flight=in_flight_counts(session),
+        health=detector_health(session),
     )

@@ -21,6 +21,7 @@ from service.db import session_scope
 from service.evaluation import evaluate_one
 from service.scheduler.reconciler import reconcile
 from service.scheduler.submitter import claim_queued, launch_one
+from service.selftest import enqueue_due
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,9 @@ def heartbeat(name: str) -> None:
 
 def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
-    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0}
+    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "selftest_queued": 0}
+    with session_scope() as session:
+        done["selftest_queued"] = enqueue_due(session, settings=settings)
     with session_scope() as session:
         done["claimed"] = claim_queued(session, settings=settings)
     for _ in range(max_launches):
