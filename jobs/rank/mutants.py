@@ -108,13 +108,13 @@ def adam_step_saved_off_by_one() -> list[Patch]:
 def scheduler_one_step_behind() -> list[Patch]:
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    def behind(self: Any, state_dict: dict[str, Any]) -> None:
-        self.num_steps = 0  # load adds the saved count to the current one
-        behind.original(self, {**state_dict, "num_steps": state_dict["num_steps"] - 1})
+    original = OptimizerParamScheduler.load_state_dict
 
-    behind.original = OptimizerParamScheduler.load_state_dict  # type: ignore[attr-defined]
-    OptimizerParamScheduler.load_state_dict = behind
-    return [(OptimizerParamScheduler, "load_state_dict", behind.original)]  # type: ignore[attr-defined]
+    def behind(self: Any, state_dict: dict[str, Any]) -> None:
+        original(self, {**state_dict, "num_steps": state_dict["num_steps"] - 1})
+
+    OptimizerParamScheduler.load_state_dict = behind  # type: ignore[method-assign]
+    return [(OptimizerParamScheduler, "load_state_dict", original)]
 
 
 def iteration_one_behind() -> list[Patch]:
