@@ -107,6 +107,7 @@ def seed(plain_url: str, runs: int, steps: int) -> None:
         for statement in filter(str.strip, SEED_SQL.split(";\n")):
             conn.execute(statement, params)
         counts = conn.execute("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM step_metrics)").fetchone()
+        assert counts is not None
     print(f"seeded {counts[0]:,} runs and {counts[1]:,} step_metrics rows")
 
 

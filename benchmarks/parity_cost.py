@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs.launch.local import run_parity, run_phase_job
+from jobs.contract import ParityResult
+from jobs.launch.local import launch_phase, run_parity
 from jobs.spec import RunSpec
 
 WORKAROUNDS = ("realign-param-index", "restore-adam-step")
@@ -28,6 +29,11 @@ WORKAROUNDS = ("realign-param-index", "restore-adam-step")
 
 def _rank_docs(folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
     return [json.loads((folder / phase / f"result.rank{r}.json").read_text()) for r in range(dp)]
+
+
+def _info(result: ParityResult, index: int) -> dict[str, Any]:
+    summary = list(result["phases"].values())[index]
+    return summary["info"] if summary else {}
 
 
 def _breakdown(doc: dict[str, Any]) -> dict[str, Any]:
@@ -47,7 +53,7 @@ def measure(spec: RunSpec, root: Path, index: int) -> dict[str, Any]:
     """Run one uninterrupted launch and one full parity check; return their figures."""
     base_folder, full_folder = root / f"base{index}", root / f"full{index}"
     t0 = time.perf_counter()
-    base = run_phase_job(spec, base_folder, "train")
+    base = launch_phase(spec, base_folder, "uninterrupted")
     t_base = time.perf_counter() - t0
     t0 = time.perf_counter()
     result = run_parity(spec, full_folder)
@@ -55,7 +61,9 @@ def measure(spec: RunSpec, root: Path, index: int) -> dict[str, Any]:
     if base["status"] != "ok" or result["verdict"] != "pass":
         raise SystemExit(f"benchmark run did not pass: base {base['status']}, full {result['verdict']}")
     peak = {
-        "uninterrupted": [d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "train", spec.dp)],
+        "uninterrupted": [
+            d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "uninterrupted", spec.dp)
+        ],
         "train_and_save": [
             d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(full_folder, "train_and_save", spec.dp)
         ],
@@ -66,13 +74,9 @@ def measure(spec: RunSpec, root: Path, index: int) -> dict[str, Any]:
         "full_check_s": round(t_full, 3),
         "ratio": round(t_full / t_base, 3),
         "breakdown": {
-            "uninterrupted": _breakdown(base),
-            "train_and_save": _breakdown(
-                _rank_docs(full_folder, "train_and_save", 1)[0] | {"info": result["phases"]["train_and_save"]["info"]}
-            ),
-            "resume": _breakdown(
-                _rank_docs(full_folder, "resume", 1)[0] | {"info": result["phases"]["resume"]["info"]}
-            ),
+            "uninterrupted": _breakdown(dict(base)),
+            "train_and_save": _breakdown(_rank_docs(full_folder, "train_and_save", 1)[0] | {"info": _info(result, 0)}),
+            "resume": _breakdown(_rank_docs(full_folder, "resume", 1)[0] | {"info": _info(result, 1)}),
         },
         "peak_rss_bytes_per_rank": peak,
     }

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
+from jobs.contract import ErrorRecord, PhaseDocument
 from jobs.errors import dedupe_errors, with_rank_errors
 
 
-def read_rank_documents(run_folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
+def read_rank_documents(run_folder: Path, phase: str, dp: int) -> list[PhaseDocument]:
     """The result.rank{r}.json documents the ranks of a phase wrote (those that exist)."""
     docs = []
     for rank in range(dp):
@@ -24,17 +24,17 @@ def read_rank_documents(run_folder: Path, phase: str, dp: int) -> list[dict[str,
 _PEER_FAILURE = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|StageTimeout|timed out", re.I)
 
 
-def _is_secondary(error: dict[str, Any]) -> bool:
+def _is_secondary(error: ErrorRecord) -> bool:
     return bool(_PEER_FAILURE.search(f"{error.get('type', '')} {error.get('message', '')}"))
 
 
-def merge_rank_documents(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+def merge_rank_documents(docs: list[PhaseDocument]) -> PhaseDocument | None:
     """Return rank 0's document, carrying the root-cause error of whichever rank failed first."""
     if not docs:
         return None
     main = next((d for d in docs if d.get("rank") == 0), docs[0])
-    errors = dedupe_errors([d["error"] for d in docs if d.get("status") == "error" and d.get("error")])
+    errors = dedupe_errors([e for d in docs if d.get("status") == "error" and (e := d.get("error"))])
     if errors:
         root = next((e for e in errors if not _is_secondary(e)), errors[0])
-        main = dict(main, status="error", error=with_rank_errors(root, errors))
+        main = {**main, "status": "error", "error": with_rank_errors(root, errors)}
     return main

@@ -6,35 +6,38 @@ the verdict), so a failure seen by all ranks is one traceback, not one per rank 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
+
+from jobs.contract import ErrorRecord
 
 NESTED = ("rank_errors", "all_ranks")
 
 
-def _key(err: dict[str, Any]) -> tuple[Any, ...]:
+def _key(err: ErrorRecord) -> tuple[Any, ...]:
     return (err.get("type"), err.get("stage"), err.get("message"))
 
 
-def _flatten(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _flatten(errors: list[ErrorRecord]) -> list[ErrorRecord]:
     out = []
     for err in errors:
         out.append(err)
         for key in NESTED:
-            out += _flatten(err.get(key) or [])
+            out += _flatten(cast(list[ErrorRecord], err.get(key) or []))
     return out
 
 
-def dedupe_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def dedupe_errors(errors: list[ErrorRecord]) -> list[ErrorRecord]:
     """Merge error records (also those nested in `rank_errors` / `all_ranks`) by (type, stage, message).
 
     Each result keeps the first traceback seen and lists `ranks` (sorted); order is first-seen.
     """
-    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    merged: dict[tuple[Any, ...], ErrorRecord] = {}
     for err in _flatten(errors):
-        ranks = set(err.get("ranks") or []) | ({err["rank"]} if err.get("rank") is not None else set())
+        rank = err.get("rank")
+        ranks = set(err.get("ranks") or []) | ({rank} if rank is not None else set())
         record = merged.get(_key(err))
         if record is None:
-            record = {k: v for k, v in err.items() if k not in NESTED}
+            record = cast(ErrorRecord, {k: v for k, v in err.items() if k not in NESTED})
             merged[_key(err)] = record
         record["ranks"] = sorted(set(record.get("ranks") or []) | ranks)
         if not record.get("traceback") and err.get("traceback"):
@@ -42,9 +45,9 @@ def dedupe_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
-def with_rank_errors(root: dict[str, Any], errors: list[dict[str, Any]]) -> dict[str, Any]:
+def with_rank_errors(root: ErrorRecord, errors: list[ErrorRecord]) -> ErrorRecord:
     """Return `root` (de-duplicated, with its ranks) carrying the other distinct errors, tracebacks omitted."""
     distinct = dedupe_errors([root, *errors])
     head = distinct[0]
-    others = [{k: v for k, v in e.items() if k != "traceback"} for e in distinct[1:]]
+    others = [cast(ErrorRecord, {k: v for k, v in e.items() if k != "traceback"}) for e in distinct[1:]]
     return {**head, "rank_errors": others} if others else head

@@ -10,8 +10,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from jobs.configs import CONFIGS, config_names
+from jobs.contract import WORKAROUND_NAMES
 from jobs.selftest.catalogue import mutant_names
-from jobs.verdict.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
+from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
 
 MAX_DP = 8
 MAX_STEPS = 10_000
@@ -22,7 +23,7 @@ SHARDING_TYPES = (
     "fully_sharded_model_space",
 )
 DEFAULT_SHARDING = "dp_reshardable"
-WORKAROUNDS = ("realign-param-index", "restore-adam-step", "load-no-grad")
+WORKAROUNDS = WORKAROUND_NAMES
 TOLERANCES = tuple(TOLERANCE_PROFILES)
 REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
 

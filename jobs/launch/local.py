@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from jobs.contract import ParityResult, PhaseDocument, PhaseName, error_record, phase_document
 from jobs.documents import merge_rank_documents, read_rank_documents
 from jobs.rank.context import write_json
 from jobs.rank.dist import free_port
-from jobs.rank.entry import run_phase
+from jobs.rank.entry import run_rank_phase
 from jobs.spec import RunSpec
 from jobs.verdict.compare import evaluate
 
@@ -31,41 +32,32 @@ def local_executor(folder: Path) -> Any:
     return submitit.AutoExecutor(folder=str(folder), cluster="local")
 
 
-def _failed_doc(spec: RunSpec, phase: str, stage: str, message: str, tb: str = "") -> dict[str, Any]:
-    return {
-        "status": "error",
-        "phase": phase,
-        "rank": 0,
-        "spec": spec.to_dict(),
-        "steps": [],
-        "probes": {},
-        "workarounds": {},
-        "info": {},
-        "error": {"type": "PhaseFailed", "message": message[:2000], "traceback": tb[-8000:], "stage": stage},
-    }
+def _failed_doc(spec: RunSpec, phase: str, message: str, tb: str = "") -> PhaseDocument:
+    error = error_record("PhaseFailed", message, stage="launch", rank=0, traceback=tb)
+    return phase_document(spec.to_dict(), cast(PhaseName, phase), 0, status="error", error=error)
 
 
-def run_phase_job(
+def launch_phase(
     spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
-) -> dict[str, Any]:
+) -> PhaseDocument:
     """Submit one phase with tasks_per_node = dp, wait for it, and return rank 0's document."""
     folder = run_folder / "submitit" / phase
     ex = executor(folder) if callable(executor) else executor or local_executor(folder)
     ex.update_parameters(tasks_per_node=spec.dp, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
     t0 = time.perf_counter()
-    job = ex.submit(run_phase, spec.to_dict(), str(run_folder), phase, free_port())
+    job = ex.submit(run_rank_phase, spec.to_dict(), str(run_folder), phase, free_port())
     # submitit's own wait() polls once a second; a tighter poll keeps launch overhead honest.
     while not job.done():
         if time.perf_counter() - t0 > timeout_s:
             job.cancel()
-            return _failed_doc(spec, phase, "launch", f"phase {phase} timed out after {timeout_s:.0f} s")
+            return _failed_doc(spec, phase, f"phase {phase} timed out after {timeout_s:.0f} s")
         time.sleep(POLL_S)
     try:
         doc = merge_rank_documents(list(job.results()))
     except Exception as exc:  # noqa: BLE001 - a dead task: fall back to what the ranks wrote
         doc = merge_rank_documents(read_rank_documents(run_folder, phase, spec.dp))
         if doc is None:
-            doc = _failed_doc(spec, phase, "launch", f"{type(exc).__name__}: {exc}", str(exc))
+            doc = _failed_doc(spec, phase, f"{type(exc).__name__}: {exc}", str(exc))
     assert doc is not None
     doc.setdefault("info", {})["launch_wall_seconds"] = round(time.perf_counter() - t0, 4)
     doc["info"]["submitit"] = {"folder": str(folder), "job_id": str(job.job_id)}
@@ -74,15 +66,15 @@ def run_phase_job(
 
 def run_parity(
     spec: RunSpec, run_folder: Path, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
-) -> dict[str, Any]:
+) -> ParityResult:
     """Run train_and_save then resume (if a checkpoint was written) and evaluate them."""
     run_folder = Path(run_folder)
     run_folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    baseline = run_phase_job(spec, run_folder, "train_and_save", executor, timeout_s)
+    baseline = launch_phase(spec, run_folder, "train_and_save", executor, timeout_s)
     resumed = None
     if baseline.get("status") == "ok":
-        resumed = run_phase_job(spec, run_folder, "resume", executor, timeout_s)
+        resumed = launch_phase(spec, run_folder, "resume", executor, timeout_s)
     result = evaluate(spec.to_dict(), baseline, resumed)
     result["run_folder"] = str(run_folder)
     result["timing"] = {
@@ -98,7 +90,7 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def format_step_table(result: dict[str, Any]) -> str:
+def format_step_table(result: ParityResult) -> str:
     """Render the per-step comparison and the verdict as a plain-text table."""
     lines = [
         f"{'step':>5} {'loss baseline':>14} {'loss resumed':>14} {'d loss':>10} "

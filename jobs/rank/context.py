@@ -12,11 +12,12 @@ import logging
 import os
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+
+from jobs.contract import ErrorRecord, PhaseDocument, Stage, error_record, exception_record
 
 T = TypeVar("T")
 log = logging.getLogger("jobs.rank.entry")
@@ -25,23 +26,12 @@ log = logging.getLogger("jobs.rank.entry")
 class PhaseAbort(Exception):
     """Raised to stop a phase; carries the error records of every rank that failed."""
 
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
+    def __init__(self, errors: list[ErrorRecord]) -> None:
         super().__init__(errors[0]["message"] if errors else "phase aborted")
         self.errors = errors
 
 
-def error_record(exc: BaseException, stage: str, rank: int) -> dict[str, Any]:
-    """Describe an exception for the result document."""
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc)[:2000],
-        "traceback": "".join(traceback.format_exception(exc))[-8000:],
-        "stage": stage,
-        "rank": rank,
-    }
-
-
-def write_json(path: Path, doc: dict[str, Any]) -> None:
+def write_json(path: Path, doc: Any) -> None:
     """Write a JSON document atomically (a reader never sees half a file)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=str))
@@ -51,12 +41,14 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 class RankContext:
     """Per-rank state of one phase: its document, its folder, and the current stage."""
 
-    def __init__(self, folder: Path, rank: int, doc: dict[str, Any]) -> None:
+    def __init__(self, folder: Path, rank: int, doc: PhaseDocument) -> None:
         self.folder = folder
         self.rank = rank
         self.doc = doc
-        self.stage = "start"
+        self.stage: Stage = "start"
         self.distributed = False
+        # This rank's build-time probe reports, until a collective gathers them into the document.
+        self.local_build_probes: dict[str, Any] | None = None
         self._timer: threading.Timer | None = None
 
     @property
@@ -64,17 +56,11 @@ class RankContext:
         """Where this rank's result document is written."""
         return self.folder / f"result.rank{self.rank}.json"
 
-    def _on_timeout(self, stage: str, seconds: float) -> None:
+    def _on_timeout(self, stage: Stage, seconds: float) -> None:
         msg = f"stage {stage!r} exceeded {seconds:.0f} s (hung collective or peer died)"
         log.error(msg)
         self.doc["status"] = "error"
-        self.doc["error"] = {
-            "type": "StageTimeout",
-            "message": msg,
-            "traceback": "",
-            "stage": stage,
-            "rank": self.rank,
-        }
+        self.doc["error"] = error_record("StageTimeout", msg, stage=stage, rank=self.rank)
         try:
             write_json(self.result_path, self.doc)
         finally:
@@ -82,7 +68,7 @@ class RankContext:
             os._exit(124)  # the only way out of a collective that never returns
 
     @contextmanager
-    def stage_scope(self, name: str, timeout_s: float) -> Iterator[None]:
+    def stage_scope(self, name: Stage, timeout_s: float) -> Iterator[None]:
         """Mark the current stage and arm the watchdog for it."""
         self.stage = name
         timer = threading.Timer(timeout_s, self._on_timeout, args=(name, timeout_s))
@@ -96,12 +82,12 @@ class RankContext:
             seconds = self.doc.setdefault("stage_seconds", {})
             seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - t0, 4)
 
-    def run(self, name: str, fn: Callable[[], T], timeout_s: float, agree: bool = False) -> T:
+    def run(self, name: Stage, fn: Callable[[], T], timeout_s: float, agree: bool = False) -> T:
         """Run one stage; on failure raise PhaseAbort (after all ranks agree, when `agree`)."""
         from jobs.rank import dist
 
         with self.stage_scope(name, timeout_s):
-            err: dict[str, Any] | None = None
+            err: ErrorRecord | None = None
             value: Any = None
             try:
                 # Test hook for one-sided failures: PARITY_INJECT_FAULT="stage:rank".
@@ -109,7 +95,7 @@ class RankContext:
                     raise RuntimeError(f"injected fault in stage {name} on rank {self.rank}")
                 value = fn()
             except Exception as exc:  # noqa: BLE001 - every failure becomes part of the document
-                err = error_record(exc, name, self.rank)
+                err = exception_record(exc, name, self.rank)
                 log.error("stage %s failed: %s", name, err["traceback"])
             if agree and self.distributed:
                 errors = [e for e in dist.gather(err) if e]

@@ -1,7 +1,7 @@
 """The job payload: one phase of a parity run on one rank (a submitit task).
 
 Phases: `train_and_save` (steps 1..M uninterrupted, checkpoint at N on the way), `resume`
-(fresh processes load step N and run N+1..M) and `train` (steps 1..M, no checkpoint; the
+(fresh processes load step N and run N+1..M) and `uninterrupted` (steps 1..M, no checkpoint; the
 benchmark's uninterrupted launch). Arguments are plain data; the return value is a JSON-ready
 document. Keep the module importable without torch: the service pickles a reference to it.
 """
@@ -17,13 +17,13 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from jobs.contract import PHASE_NAMES, PhaseDocument, PhaseName, exception_record, phase_document
 from jobs.errors import with_rank_errors
-from jobs.rank.context import PhaseAbort, RankContext, error_record, write_json
+from jobs.rank.context import PhaseAbort, RankContext, write_json
 from jobs.spec import RunSpec, SpecError
 
-PHASES = ("train_and_save", "resume", "train")
 COLLECTIVE_TIMEOUT_S = 90.0
 STAGE_TIMEOUT_S = {"import": 180.0, "init": 120.0, "build": 120.0, "save": 180.0, "load": 180.0}
 log = logging.getLogger("jobs.rank.entry")
@@ -73,32 +73,18 @@ def _peak_memory() -> dict[str, Any]:
     return out
 
 
-def _new_doc(spec: dict[str, Any], phase: str, rank: int) -> dict[str, Any]:
-    return {
-        "status": "running",
-        "phase": phase,
-        "rank": rank,
-        "spec": spec,
-        "steps": [],
-        "probes": {},
-        "workarounds": {},
-        "info": {},
-        "error": None,
-    }
-
-
-def run_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None) -> dict[str, Any]:
+def run_rank_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None) -> PhaseDocument:
     """Run one phase on this rank and return its result document (never raises)."""
     t_start = time.time()
     rank = _env_rank()
-    doc = _new_doc(spec, phase, rank)
+    doc = phase_document(spec, cast(PhaseName, phase), rank)
     folder = Path(run_folder) / phase
     folder.mkdir(parents=True, exist_ok=True)
     _setup_logging(folder, rank)
     ctx = RankContext(folder, rank, doc)
     try:
-        if phase not in PHASES:
-            raise SpecError("phase", f"unknown phase {phase!r}", list(PHASES))
+        if phase not in PHASE_NAMES:
+            raise SpecError("phase", f"unknown phase {phase!r}", list(PHASE_NAMES))
         run_spec = RunSpec.from_dict(spec)
         _run(ctx, run_spec, phase, Path(run_folder), master_port)
         doc["status"] = "ok"
@@ -107,7 +93,7 @@ def run_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: in
         doc["error"] = with_rank_errors(abort.errors[0], abort.errors)
     except Exception as exc:  # noqa: BLE001 - a phase returns a document, whatever happened
         doc["status"] = "error"
-        doc["error"] = error_record(exc, ctx.stage, rank)
+        doc["error"] = exception_record(exc, ctx.stage, rank)
     doc["info"]["wall_seconds"] = round(time.time() - t_start, 4)
     try:
         doc["info"]["peak_memory"] = _peak_memory()
@@ -164,32 +150,33 @@ def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_p
         import megatron.core  # noqa: F401 - import cost is part of what the stage measures
 
     ctx.run("import", imports, STAGE_TIMEOUT_S["import"])
-    from jobs.rank import mutants
-    from jobs.rank import training as runner
+    from jobs.rank import mutants, training
 
     # Inside the phase body, so a forked child and a fresh interpreter inject alike.
     undo = mutants.install(spec.mutants, phase)
     try:
-        _body(ctx, spec, phase, run_folder, master_port, runner)
+        _body(ctx, spec, phase, run_folder, master_port, training)
     finally:
         undo()
 
 
-def _body(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_port: int | None, runner: Any) -> None:
+def _body(
+    ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_port: int | None, training: Any
+) -> None:
     from jobs.rank import dist
 
     doc = ctx.doc
     info = ctx.run("init", lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S), STAGE_TIMEOUT_S["init"])
     ctx.distributed = True
     doc["info"].update(_environment(info))
-    trainee = ctx.run("build", lambda: runner.build(ctx, spec, phase), STAGE_TIMEOUT_S["build"], agree=True)
+    trainee = ctx.run("build", lambda: training.build(ctx, spec, phase), STAGE_TIMEOUT_S["build"], agree=True)
     ckpt = run_folder / "checkpoint" / f"step{spec.save_step}"
     first = 1
     if phase == "resume":
-        runner.load(ctx, trainee, spec, ckpt, STAGE_TIMEOUT_S["load"])
+        training.load(ctx, trainee, spec, ckpt, STAGE_TIMEOUT_S["load"])
         first = trainee.iteration + 1  # the restored iteration drives the loop (checked to be N)
     save_at = spec.save_step if phase == "train_and_save" else None
-    runner.train(ctx, trainee, spec, first, save_at, ckpt, STAGE_TIMEOUT_S["save"])
+    training.run_steps(ctx, trainee, spec, first, save_at, ckpt, STAGE_TIMEOUT_S["save"])
 
 
 def _main(argv: list[str]) -> int:
@@ -197,7 +184,7 @@ def _main(argv: list[str]) -> int:
     import json
 
     os.environ["PARITY_FAST_EXIT"] = "0"  # the exit code below must survive
-    doc = run_phase(json.loads(argv[0]), argv[1], argv[2])
+    doc = run_rank_phase(json.loads(argv[0]), argv[1], argv[2])
     return 0 if doc["status"] == "ok" else 1
 
 

@@ -14,19 +14,30 @@ from typing import Any
 import torch
 
 from jobs.configs import get_config
+from jobs.contract import (
+    BUCKETS,
+    FINGERPRINTS,
+    FP32_VIEW_INPLACE,
+    GROUPS_AFTER_OPTIMIZER_LOAD,
+    INDEX_MAP,
+    INDEX_MAP_EFFECTIVE,
+    LOAD_NO_GRAD,
+    PARAM_GROUPS,
+    REALIGN,
+    RESTORE_STEP,
+    STATE_AFTER_LOAD,
+    STATE_AFTER_LOAD_RAW,
+    STATE_AFTER_SAVE,
+    STATE_AT_SAVE,
+    STATE_FINAL,
+    Moment,
+    StepRecord,
+)
 from jobs.rank import checkpoint, dist, model
 from jobs.rank.context import RankContext
 from jobs.rank.probes import buckets, fingerprints, groups, index_map
 from jobs.rank.probes import state as state_probe
-from jobs.rank.workarounds import (
-    LOAD_NO_GRAD,
-    REALIGN,
-    RESTORE_STEP,
-    adam_steps,
-    fp32_leaf_views,
-    realign_param_index,
-    restore_adam_step,
-)
+from jobs.rank.workarounds import adam_steps, fp32_leaf_views, realign_param_index, restore_adam_step
 from jobs.spec import RunSpec
 
 PROBE_TIMEOUT_S = 60.0
@@ -51,34 +62,32 @@ def build(ctx: RankContext, spec: RunSpec, phase: str = "train_and_save") -> mod
     """
     init_seed = resume_init_seed(spec.seed) if phase == "resume" else None
     tr = model.build(get_config(spec.config), spec.seed, spec.steps, init_seed)
-    ctx.doc["probes"]["_local_build"] = {
-        "index_map": index_map.probe(tr.optimizer, tr.name_of),
-        "buckets": buckets.probe(tr.ddp, tr.name_of),
+    # Local reports wait here until the first collective stage gathers them (_publish_build_probes).
+    ctx.local_build_probes = {
+        INDEX_MAP: index_map.probe(tr.optimizer, tr.name_of),
+        BUCKETS: buckets.probe(tr.ddp, tr.name_of),
     }
     if REALIGN in spec.workarounds:
         ctx.doc["workarounds"][REALIGN] = realign_param_index(tr.optimizer)
-        ctx.doc["probes"]["_local_build"]["index_map_effective"] = index_map.probe(tr.optimizer, tr.name_of)
+        ctx.local_build_probes[INDEX_MAP_EFFECTIVE] = index_map.probe(tr.optimizer, tr.name_of)
     return tr
 
 
 def _publish_build_probes(ctx: RankContext) -> None:
-    local = ctx.doc["probes"].pop("_local_build")
+    local, ctx.local_build_probes = ctx.local_build_probes, None
     per_rank = _gather(ctx, local)
-    ctx.doc["probes"]["index_map"] = {
-        "applicable": per_rank[0]["index_map"]["applicable"],
-        "misaligned_total": sum(r["index_map"]["misaligned_total"] for r in per_rank),
-        "per_rank": [r["index_map"] for r in per_rank],
-    }
-    if "index_map_effective" in per_rank[0]:
-        ctx.doc["probes"]["index_map_effective"] = {
-            "applicable": per_rank[0]["index_map_effective"]["applicable"],
-            "misaligned_total": sum(r["index_map_effective"]["misaligned_total"] for r in per_rank),
-            "per_rank": [r["index_map_effective"] for r in per_rank],
-        }
-    ctx.doc["probes"]["buckets"] = {
-        "applicable": per_rank[0]["buckets"]["applicable"],
-        "unaligned_total": sum(r["buckets"]["unaligned_total"] for r in per_rank),
-        "per_rank": [r["buckets"] for r in per_rank],
+    probes = ctx.doc["probes"]
+    for key in (INDEX_MAP, INDEX_MAP_EFFECTIVE):
+        if key in per_rank[0]:
+            probes[key] = {
+                "applicable": per_rank[0][key]["applicable"],
+                "misaligned_total": sum(r[key]["misaligned_total"] for r in per_rank),
+                "per_rank": [r[key] for r in per_rank],
+            }
+    probes[BUCKETS] = {
+        "applicable": per_rank[0][BUCKETS]["applicable"],
+        "unaligned_total": sum(r[BUCKETS]["unaligned_total"] for r in per_rank),
+        "per_rank": [r[BUCKETS] for r in per_rank],
     }
     if REALIGN in ctx.doc["workarounds"]:
         reports = _gather(ctx, ctx.doc["workarounds"][REALIGN])
@@ -88,19 +97,22 @@ def _publish_build_probes(ctx: RankContext) -> None:
         }
 
 
-def _state_probe(ctx: RankContext, tr: model.Trainee, key: str, with_slots: bool) -> None:
+def _state_probe(ctx: RankContext, tr: model.Trainee, moment: Moment, with_slots: bool) -> None:
     local = {
         "owned": fingerprints.owned(tr.optimizer, tr.name_of),
         "slots": fingerprints.slots(tr.optimizer, tr.name_of) if with_slots else None,
         "groups": groups.local_groups(tr.optimizer),
     }
     per_rank = _gather(ctx, local)
-    ctx.doc["probes"][f"fingerprints_{key}"] = {
+    ctx.doc["probes"][FINGERPRINTS[moment]] = {
         "owned": [r["owned"] for r in per_rank],
         "slots": [r["slots"] for r in per_rank] if with_slots else None,
     }
-    ctx.doc["probes"][f"param_groups_{key}"] = {
-        **groups.check_agreement([r["groups"] for r in per_rank]),
+    agreement = groups.check_agreement([r["groups"] for r in per_rank])
+    ctx.doc["probes"][PARAM_GROUPS[moment]] = {
+        "agree": agreement["agree"],
+        "disagreements": agreement["disagreements"],
+        "empty_rank_groups": agreement["empty_rank_groups"],
         "per_rank": [r["groups"] for r in per_rank],
     }
 
@@ -115,13 +127,13 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     no_grad = REALIGN in spec.workarounds or LOAD_NO_GRAD in spec.workarounds
     local: dict[str, Any] = {}
     if no_grad:  # before the load: the trial must see the shards as the build left them
-        local["fp32_view_inplace"] = fp32_leaf_views(tr.optimizer, tr.name_of)
+        local["fp32_view"] = fp32_leaf_views(tr.optimizer, tr.name_of)
     t0 = time.perf_counter()
     state = ctx.run("load", lambda: checkpoint.build_load_state(tr, spec.sharding), timeout_s, agree=True)
     loaded = ctx.run("load", lambda: checkpoint.read(state, ckpt), timeout_s, agree=True)
 
     def groups_now() -> None:  # Bug C: before the scheduler rewrites lr / weight decay
-        local["groups_after_optimizer_load"] = state_probe.param_groups(tr.optimizer)
+        local["groups"] = state_probe.param_groups(tr.optimizer)
 
     ctx.run(
         "load",
@@ -130,7 +142,7 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
         agree=True,
     )
     if no_grad:
-        ctx.doc["workarounds"]["load-under-no-grad"] = True
+        ctx.doc["workarounds"][LOAD_NO_GRAD] = True
     info = ctx.doc["info"]
     info["load_seconds"] = round(time.perf_counter() - t0, 4)
     info["checkpoint"] = checkpoint.describe(ckpt)
@@ -148,19 +160,19 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
         local["after"] = state_probe.snapshot(tr)
     per_rank = _gather(ctx, local)
     probes = ctx.doc["probes"]
-    probes["state_after_load_raw"] = [r["raw"] for r in per_rank]
+    probes[STATE_AFTER_LOAD_RAW] = [r["raw"] for r in per_rank]
     if "after" in local:
-        probes["state_after_load"] = [r["after"] for r in per_rank]
-    probes["param_groups_after_optimizer_load"] = [r["groups_after_optimizer_load"] for r in per_rank]
+        probes[STATE_AFTER_LOAD] = [r["after"] for r in per_rank]
+    probes[GROUPS_AFTER_OPTIMIZER_LOAD] = [r["groups"] for r in per_rank]
     if no_grad:
-        probes["fp32_view_inplace"] = [r["fp32_view_inplace"] for r in per_rank]
+        probes[FP32_VIEW_INPLACE] = [r["fp32_view"] for r in per_rank]
     _state_probe(ctx, tr, "after_load", with_slots=False)
 
 
 def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: Path, timeout_s: float) -> None:
     # Evidence first: if the save crashes, the fingerprints still show what it would have written.
     _state_probe(ctx, tr, "at_save", with_slots=True)
-    ctx.doc["probes"]["state_at_save"] = _gather(ctx, state_probe.snapshot(tr))
+    ctx.doc["probes"][STATE_AT_SAVE] = _gather(ctx, state_probe.snapshot(tr))
     t0 = time.perf_counter()
     state = ctx.run("save", lambda: checkpoint.build_save_state(tr, spec.sharding, step), timeout_s, agree=True)
     t1 = time.perf_counter()
@@ -172,10 +184,10 @@ def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: P
     info["save_seconds"] = round(time.perf_counter() - t0, 4)
     info["checkpoint"] = checkpoint.describe(ckpt)
     # Saving must not change the live run: the same snapshot again, right after the write.
-    ctx.doc["probes"]["state_after_save"] = _gather(ctx, state_probe.snapshot(tr))
+    ctx.doc["probes"][STATE_AFTER_SAVE] = _gather(ctx, state_probe.snapshot(tr))
 
 
-def _one_step(tr: model.Trainee, step: int, world: int) -> dict[str, Any]:
+def _one_step(tr: model.Trainee, step: int, world: int) -> StepRecord:
     t0 = time.perf_counter()
     lr = float(tr.optimizer.param_groups[0]["lr"])  # the lr this step applies
     tr.ddp.zero_grad_buffer()
@@ -200,7 +212,7 @@ def _one_step(tr: model.Trainee, step: int, world: int) -> dict[str, Any]:
     }
 
 
-def train(
+def run_steps(
     ctx: RankContext,
     tr: model.Trainee,
     spec: RunSpec,
@@ -210,16 +222,16 @@ def train(
     save_timeout_s: float,
 ) -> None:
     """Run steps first..M, recording each; save the checkpoint after step `save_at`."""
-    if "_local_build" in ctx.doc["probes"]:
+    if ctx.local_build_probes is not None:
         _publish_build_probes(ctx)
     world = torch.distributed.get_world_size()
     t0 = time.perf_counter()
     for step in range(first, spec.steps + 1):
-        record = ctx.run("train", functools.partial(_one_step, tr, step, world), STEP_TIMEOUT_S)
+        record = ctx.run("step", functools.partial(_one_step, tr, step, world), STEP_TIMEOUT_S)
         ctx.doc["steps"].append(record)
         if step == save_at:
             ctx.doc["info"]["train_seconds_before_save"] = round(time.perf_counter() - t0, 4)
             _save(ctx, tr, spec, step, ckpt, save_timeout_s)
     ctx.doc["info"]["train_seconds"] = round(time.perf_counter() - t0, 4)
     # After step M in both runs: what the update of the last step left behind.
-    ctx.doc["probes"]["state_final"] = _gather(ctx, state_probe.snapshot(tr))
+    ctx.doc["probes"][STATE_FINAL] = _gather(ctx, state_probe.snapshot(tr))

@@ -16,11 +16,8 @@ from typing import Any
 
 import torch
 
+from jobs.contract import REALIGN, RESTORE_STEP
 from jobs.rank.probes.index_map import distributed_optimizers, installed_order
-
-REALIGN = "realign-param-index"
-LOAD_NO_GRAD = "load-no-grad"
-RESTORE_STEP = "restore-adam-step"
 
 
 def realign_param_index(optimizer: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ not what it is, and must pass.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +107,7 @@ def mutant_names() -> list[str]:
     return list(MUTANTS)
 
 
-def judge(mutant: Mutant | None, result: dict[str, Any]) -> dict[str, Any]:
+def judge(mutant: Mutant | None, result: Mapping[str, Any]) -> dict[str, Any]:
     """Compare a run's verdict with what the catalogue expects: caught, missed or false alarm."""
     sigs = list(result.get("signatures") or [])
     verdict = result.get("verdict")

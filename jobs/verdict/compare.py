@@ -6,7 +6,8 @@ Pure functions over plain data; no torch. Verdict rules:
   phase crashed and the crash is explained by a known cause (e.g. the dp_reshardable assertion
   with a detected misalignment). Restored state is compared exactly whatever the tolerance
   profile: loading is a copy, so any difference is a defect, not numerical noise.
-- `error`: a phase crashed with no known cause, or a document is missing.
+- `error`: a phase crashed with no known cause, a document is missing, or a finished phase's
+  document lacks a probe its spec requires (`required_probes`): missing evidence is never a pass.
 - `pass`: otherwise. Latent findings (kind "latent") go to `advisories` and do not fail a run.
 """
 
@@ -15,11 +16,25 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from jobs.contract import (
+    SIGNATURE_IDS,
+    ErrorRecord,
+    ParityResult,
+    PhaseDocument,
+    PhaseSummary,
+    SignatureId,
+    StepRecord,
+    StepRow,
+    Verdict,
+    error_record,
+    parity_result,
+    required_probes,
+)
 from jobs.errors import dedupe_errors
 from jobs.spec import RunSpec, SpecError
+from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from jobs.verdict.evidence import collect_evidence, final_state_evidence, probe_findings
 from jobs.verdict.signatures import SIGNATURES, UNSUPPORTED, classify_error
-from jobs.verdict.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 
 
 def _delta(a: float | None, b: float | None) -> tuple[float | None, float | None]:
@@ -31,9 +46,17 @@ def _delta(a: float | None, b: float | None) -> tuple[float | None, float | None
     return d, (abs(d) / abs(a) if a != 0 else (0.0 if d == 0 else float("inf")))
 
 
+# The per-step values compared side by side (keys of StepRecord).
+STEP_KEYS: tuple[str, ...] = ("loss", "lr", "grad_norm", "num_zeros", "wall_s")
+
+
+def _value(record: StepRecord | None, key: str) -> Any:
+    return None if record is None else record[key]  # type: ignore[literal-required]
+
+
 def same(a: Any, b: Any) -> bool:
     """Exact equality where two NaNs of the same metric count as equal (both runs blew up alike)."""
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+    return bool(a == b) or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
@@ -41,49 +64,50 @@ def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
         return True
     if a is None or b is None or math.isnan(a) or math.isnan(b):
         return False
-    return abs(b - a) <= atol + rtol * abs(a)
+    return bool(abs(b - a) <= atol + rtol * abs(a))
 
 
 # Per-step metrics compared besides the lr: Megatron's own resume test compares num-zeros.
-COMPARED_METRICS = ("loss", "grad_norm", "num_zeros")
+COMPARED_METRICS: tuple[str, ...] = ("loss", "grad_norm", "num_zeros")
 
 
 def step_rows(
-    spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None, profile: ToleranceProfile
-) -> list[dict[str, Any]]:
+    spec: RunSpec, baseline: PhaseDocument | None, resumed: PhaseDocument | None, profile: ToleranceProfile
+) -> list[StepRow]:
     """Join both runs per step (1..M) with loss/lr deltas and the exact/tolerance checks.
 
     `*_abs_delta` is resumed - baseline (signed); `*_rel_delta` is |delta| / |baseline|.
     """
-    base = {r["step"]: r for r in (baseline or {}).get("steps", [])}
-    res = {r["step"]: r for r in (resumed or {}).get("steps", [])}
-    rows = []
+    base = {r["step"]: r for r in (baseline["steps"] if baseline else [])}
+    res = {r["step"]: r for r in (resumed["steps"] if resumed else [])}
+    rows: list[StepRow] = []
     for step in range(1, spec.steps + 1):
         b, r = base.get(step), res.get(step)
         row: dict[str, Any] = {"step": step, "resumed_phase": step > spec.save_step}
-        for key in ("loss", "lr", "grad_norm", "num_zeros", "wall_s"):
-            row[f"{key}_baseline"], row[f"{key}_resumed"] = (b or {}).get(key), (r or {}).get(key)
+        for key in STEP_KEYS:
+            row[f"{key}_baseline"], row[f"{key}_resumed"] = _value(b, key), _value(r, key)
         for key in ("loss", "lr"):
             row[f"{key}_abs_delta"], row[f"{key}_rel_delta"] = _delta(row[f"{key}_baseline"], row[f"{key}_resumed"])
         row["within_tolerance"] = None
         if b is not None and r is not None:
-            differing = [k for k in (*COMPARED_METRICS, "lr") if not same(b.get(k), r.get(k))]
+            differing = [k for k in (*COMPARED_METRICS, "lr") if not same(_value(b, k), _value(r, k))]
             row["exact"] = not differing
             row["differing_metrics"] = differing
             row["loss_within_tolerance"] = _close(b["loss"], r["loss"], profile.loss_rtol, profile.loss_atol)
             row["lr_within_tolerance"] = _close(b["lr"], r["lr"], profile.lr_rtol, profile.lr_atol)
             # grad norm and num-zeros get the loss's tolerance (Megatron compares num-zeros like loss)
             row["metrics_within_tolerance"] = all(
-                _close(b.get(k), r.get(k), profile.loss_rtol, profile.loss_atol) for k in ("grad_norm", "num_zeros")
+                _close(_value(b, k), _value(r, k), profile.loss_rtol, profile.loss_atol)
+                for k in ("grad_norm", "num_zeros")
             )
             row["within_tolerance"] = (
                 row["loss_within_tolerance"] and row["lr_within_tolerance"] and row["metrics_within_tolerance"]
             )
-        rows.append(row)
+        rows.append(row)  # type: ignore[arg-type]  # built key by key above; StepRow lists every key
     return rows
 
 
-def lanes(spec: RunSpec, rows: list[dict[str, Any]], profile: ToleranceProfile) -> dict[str, Any]:
+def lanes(spec: RunSpec, rows: list[StepRow], profile: ToleranceProfile) -> dict[str, Any]:
     """Summarise the exact lane and the tolerance lane over the resumed steps."""
     compared = [r for r in rows if r["resumed_phase"] and "exact" in r]
     complete = len(compared) == len(spec.resumed_steps)
@@ -110,11 +134,11 @@ def lanes(spec: RunSpec, rows: list[dict[str, Any]], profile: ToleranceProfile) 
     }
 
 
-def _phase_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+def _phase_summary(doc: PhaseDocument | None) -> PhaseSummary | None:
     if doc is None:
         return None
     return {
-        "status": doc.get("status"),
+        "status": doc["status"],
         "error": doc.get("error"),
         "info": doc.get("info", {}),
         "stage_seconds": doc.get("stage_seconds", {}),
@@ -122,14 +146,32 @@ def _phase_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def _error_verdict(errors: list[dict[str, Any]], causes: list[str]) -> tuple[str, list[str], list[str]]:
+def missing_probes(spec: RunSpec, doc: PhaseDocument | None) -> list[ErrorRecord]:
+    """An error record for each probe a finished phase's spec requires but its document lacks."""
+    if doc is None or doc.get("status") != "ok":
+        return []
+    probes = doc.get("probes") or {}
+    return [
+        error_record(
+            "MissingProbe",
+            f"probes.{key}: the {doc['phase']} document lacks a probe its spec requires",
+            stage="evaluate",
+        )
+        for key in required_probes(doc["phase"], spec.workarounds)
+        if not probes.get(key)
+    ]
+
+
+def _error_verdict(
+    errors: list[ErrorRecord], causes: list[SignatureId]
+) -> tuple[Verdict, list[SignatureId], list[SignatureId]]:
     """(verdict, signatures, causes moved to advisories) for a run in which a phase crashed.
 
     A crash is attributed to a known bug only by its own stage, type and message; a crash that
     comes with measured evidence (a probe's cause) is a `fail` with that evidence. An option the
     build does not have is `unsupported-by-build` and an `error`: no measured finding explains it.
     """
-    names: list[str] = []
+    names: list[SignatureId] = []
     for err in errors:
         names += [n for n in classify_error(err) if n not in names]
     if UNSUPPORTED in names:
@@ -139,63 +181,40 @@ def _error_verdict(errors: list[dict[str, Any]], causes: list[str]) -> tuple[str
     return ("fail" if explained else "error"), names, []
 
 
-def verdict_label(verdict: str, worked_around: list[str]) -> str:
+def verdict_label(verdict: Verdict, worked_around: list[SignatureId]) -> str:
     """The verdict as the matrix shows it: a pass that needed a workaround to hide a finding is
     `pass (worked around)`, never a plain pass."""
     return "pass (worked around)" if verdict == "pass" and worked_around else verdict
 
 
 def evaluate(
-    spec_dict: dict[str, Any], baseline_doc: dict[str, Any] | None, resumed_doc: dict[str, Any] | None
-) -> dict[str, Any]:
+    spec_dict: dict[str, Any], baseline_doc: PhaseDocument | None, resumed_doc: PhaseDocument | None
+) -> ParityResult:
     """Evaluate one parity run from its two phase documents (either may be None if not run)."""
     try:
         spec = RunSpec.from_dict(spec_dict)
     except SpecError as exc:
-        err = {"type": "SpecError", "message": str(exc), "traceback": "", "stage": "spec"}
-        return {
-            "verdict": "error",
-            "verdict_label": "error",
-            "signatures": [],
-            "advisories": [],
-            "worked_around": [],
-            "worked_around_by": {},
-            "worked_around_evidence": {},
-            "evidence": {},
-            "errors": [err],
-            "error": err,
-            "probe_findings": [],
-            "first_divergent_step": None,
-            "first_step_beyond_tolerance": None,
-            "lanes": {},
-            "steps": [],
-            "spec": spec_dict,
-            "probes": {},
-            "phases": {},
-        }
+        return parity_result("error", spec_dict, errors=[error_record("SpecError", str(exc), stage="spec")])
     profile = TOLERANCE_PROFILES[spec.tolerance]
     rows = step_rows(spec, baseline_doc, resumed_doc, profile)
     lane = lanes(spec, rows, profile)
     evidence = collect_evidence(spec, baseline_doc, resumed_doc, lane)
-    hidden = evidence.pop("_worked_around", {})
-    causes = [n for n in evidence if SIGNATURES[n].kind == "cause"]
-    advisories = [n for n in evidence if SIGNATURES[n].kind == "latent"]
+    hidden: dict[str, Any] = evidence.pop("_worked_around", {})
+    causes = [n for n in SIGNATURE_IDS if n in evidence and SIGNATURES[n].kind == "cause"]
+    advisories = [n for n in SIGNATURE_IDS if n in evidence and SIGNATURES[n].kind == "latent"]
     errors = dedupe_errors(
-        [d["error"] for d in (baseline_doc, resumed_doc) if d and d.get("status") == "error" and d.get("error")]
+        [e for d in (baseline_doc, resumed_doc) if d and d.get("status") == "error" and (e := d.get("error"))]
     )
+    missing = missing_probes(spec, baseline_doc) + missing_probes(spec, resumed_doc)
+    verdict: Verdict
     if baseline_doc is None or (resumed_doc is None and not errors):
         verdict, signatures = "error", causes
-        errors = errors or [
-            {
-                "type": "MissingResult",
-                "message": "a phase produced no document",
-                "traceback": "",
-                "stage": "launch",
-            }
-        ]
+        errors = errors or [error_record("MissingResult", "a phase produced no document", stage="launch")]
     elif errors:
         verdict, signatures, unexplained = _error_verdict(errors, causes)
         advisories += [n for n in unexplained if n not in advisories]
+    elif missing:
+        verdict, signatures, errors = "error", causes, missing
     else:
         final = final_state_evidence(baseline_doc, resumed_doc)
         if final and not causes:
@@ -206,34 +225,33 @@ def evaluate(
             causes.append("loss-divergence-unexplained")
             evidence["loss-divergence-unexplained"] = {
                 "failing_steps": lane["tolerance"]["failing_steps"],
-                "metrics": sorted({m for r in rows if r.get("differing_metrics") for m in r["differing_metrics"]}),
+                "metrics": sorted({m for r in rows for m in r.get("differing_metrics", [])}),
             }
         verdict = "fail" if causes or not lane["tolerance"]["pass"] else "pass"
         signatures = causes
-    worked_around = sorted(hidden)
-    by: dict[str, list[str]] = {}
+    worked_around: list[SignatureId] = [n for n in SIGNATURE_IDS if n in hidden]
+    by: dict[str, list[SignatureId]] = {}
     for name in worked_around:
         by.setdefault(hidden[name]["by"], []).append(name)
-    return {
-        "verdict": verdict,
-        "verdict_label": verdict_label(verdict, worked_around),
-        "signatures": signatures,
-        "advisories": advisories,
-        "worked_around": worked_around,
-        "worked_around_by": by,
-        "worked_around_evidence": {n: hidden[n]["evidence"] for n in worked_around},
-        "evidence": evidence,
-        "errors": errors,
-        "error": errors[0] if errors else None,
-        "probe_findings": probe_findings(baseline_doc, resumed_doc),
-        "first_divergent_step": lane["exact"]["first_divergent_step"],
-        "first_step_beyond_tolerance": lane["tolerance"]["first_step_beyond_tolerance"],
-        "lanes": lane,
-        "steps": rows,
-        "spec": spec.to_dict(),
-        "probes": {
-            "train_and_save": (baseline_doc or {}).get("probes"),
-            "resume": (resumed_doc or {}).get("probes"),
+    return parity_result(
+        verdict,
+        spec.to_dict(),
+        errors=errors,
+        signatures=signatures,
+        verdict_label=verdict_label(verdict, worked_around),
+        advisories=advisories,
+        worked_around=worked_around,
+        worked_around_by=by,
+        worked_around_evidence={n: hidden[n]["evidence"] for n in worked_around},
+        evidence=evidence,
+        probe_findings=probe_findings(baseline_doc, resumed_doc),
+        first_divergent_step=lane["exact"]["first_divergent_step"],
+        first_step_beyond_tolerance=lane["tolerance"]["first_step_beyond_tolerance"],
+        lanes=lane,
+        steps=rows,
+        probes={
+            "train_and_save": None if baseline_doc is None else baseline_doc.get("probes"),
+            "resume": None if resumed_doc is None else resumed_doc.get("probes"),
         },
-        "phases": {"train_and_save": _phase_summary(baseline_doc), "resume": _phase_summary(resumed_doc)},
-    }
+        phases={"train_and_save": _phase_summary(baseline_doc), "resume": _phase_summary(resumed_doc)},
+    )

@@ -4,6 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobs.contract import (
+    BUCKETS,
+    FINGERPRINTS,
+    FP32_VIEW_INPLACE,
+    GROUPS_AFTER_OPTIMIZER_LOAD,
+    INDEX_MAP,
+    INDEX_MAP_EFFECTIVE,
+    LOAD_NO_GRAD,
+    PARAM_GROUPS,
+    REALIGN,
+    RESTORE_STEP,
+    STATE_AFTER_LOAD,
+    STATE_AFTER_LOAD_RAW,
+    STATE_AFTER_SAVE,
+    STATE_AT_SAVE,
+    STATE_FINAL,
+    FindingProbe,
+    PhaseDocument,
+    PhaseName,
+    PhaseProbes,
+    ProbeFindingRow,
+)
 from jobs.spec import RunSpec
 from jobs.verdict.state_diff import (
     final_findings,
@@ -37,17 +59,17 @@ def _short(v: Any) -> Any:
     return v
 
 
-def _probes(doc: dict[str, Any] | None) -> dict[str, Any]:
-    return (doc or {}).get("probes") or {}
+def _probes(doc: PhaseDocument | None) -> PhaseProbes:
+    return (doc.get("probes") or {}) if doc else {}
 
 
-def index_map_findings(doc: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
+def index_map_findings(doc: PhaseDocument | None) -> tuple[dict[str, Any] | None, bool]:
     """Return (evidence of an effective misalignment or None, whether a raw one was worked around)."""
     probes = _probes(doc)
-    raw = probes.get("index_map")
+    raw = probes.get(INDEX_MAP)
     if not raw:
         return None, False
-    effective = probes.get("index_map_effective") or raw
+    effective = probes.get(INDEX_MAP_EFFECTIVE) or raw
     worked_around = raw["misaligned_total"] > 0 and effective["misaligned_total"] == 0
     if effective["misaligned_total"] == 0:
         return None, worked_around
@@ -77,7 +99,7 @@ def _per_rank_diffs(before: list[Any] | None, after: list[Any] | None) -> list[d
     return out
 
 
-def _legacy_restore(spec: RunSpec, at_save: dict[str, Any], after_load: dict[str, Any]) -> dict[str, Any]:
+def _legacy_restore(at_save: dict[str, Any], after_load: dict[str, Any]) -> dict[str, Any]:
     """Restore evidence from documents written before the state snapshot existed."""
     ev: dict[str, Any] = {}
     restore_diffs = _per_rank_diffs(at_save.get("owned"), after_load.get("owned"))
@@ -93,23 +115,22 @@ def _legacy_restore(spec: RunSpec, at_save: dict[str, Any], after_load: dict[str
 
 
 def _restore_evidence(
-    spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None
+    baseline: PhaseDocument | None, resumed: PhaseDocument | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(findings after every workaround, findings a post-load workaround neutralised)."""
-    saved = _probes(baseline).get("state_at_save")
-    raw = _probes(resumed).get("state_after_load_raw")
-    if not saved or not raw:
-        at_save = _probes(baseline).get("fingerprints_at_save") or {}
-        after_load = _probes(resumed).get("fingerprints_after_load") or {}
-        return _legacy_restore(spec, at_save, after_load), {}
-    effective = restore_findings(saved, _probes(resumed).get("state_after_load") or raw)
+    saved = _probes(baseline).get(STATE_AT_SAVE)
+    raw = _probes(resumed).get(STATE_AFTER_LOAD_RAW)
+    if not any(saved or []) or not any(raw or []):  # documents without the snapshot's sections
+        at_save = dict(_probes(baseline).get(FINGERPRINTS["at_save"]) or {})
+        after_load = dict(_probes(resumed).get(FINGERPRINTS["after_load"]) or {})
+        return _legacy_restore(at_save, after_load), {}
+    effective = restore_findings(saved, _probes(resumed).get(STATE_AFTER_LOAD) or raw)
     before_workarounds = restore_findings(saved, raw)
-    hidden = {k: v for k, v in before_workarounds.items() if k not in effective}
-    return effective, hidden
+    return effective, {k: v for k, v in before_workarounds.items() if k not in effective}
 
 
-def _step_details(spec: RunSpec, resumed: dict[str, Any] | None, ev: dict[str, Any]) -> dict[str, Any]:
-    info = (resumed or {}).get("info", {})
+def _step_details(spec: RunSpec, resumed: PhaseDocument | None, ev: dict[str, Any]) -> dict[str, Any]:
+    info = resumed["info"] if resumed else {}
     return {
         "step": spec.save_step + 1,
         "checkpoint_step": info.get("checkpoint_adam_step"),
@@ -119,8 +140,8 @@ def _step_details(spec: RunSpec, resumed: dict[str, Any] | None, ev: dict[str, A
     }
 
 
-def _fp32_view(resumed: dict[str, Any] | None) -> dict[str, Any] | None:
-    per_rank = _probes(resumed).get("fp32_view_inplace") or []
+def _fp32_view(resumed: PhaseDocument | None) -> dict[str, Any] | None:
+    per_rank = _probes(resumed).get(FP32_VIEW_INPLACE) or []
     hits = [{"rank": r, **p} for r, p in enumerate(per_rank) if p and p.get("would_raise")]
     if not hits:
         return None
@@ -128,7 +149,7 @@ def _fp32_view(resumed: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def collect_evidence(
-    spec: RunSpec, baseline: dict[str, Any] | None, resumed: dict[str, Any] | None, lane: dict[str, Any]
+    spec: RunSpec, baseline: PhaseDocument | None, resumed: PhaseDocument | None, lane: dict[str, Any]
 ) -> dict[str, Any]:
     """Return {signature name: evidence} for every signature the probes support.
 
@@ -142,16 +163,16 @@ def collect_evidence(
     if misaligned:
         ev["optimizer-index-misalignment"] = misaligned
     if worked_around:
-        raw = _probes(baseline or resumed).get("index_map") or {}
+        raw_map = _probes(baseline or resumed).get(INDEX_MAP)
         hidden["optimizer-index-misalignment"] = {
-            "by": "realign-param-index",
-            "evidence": {"misaligned_total": raw.get("misaligned_total")},
+            "by": REALIGN,
+            "evidence": {"misaligned_total": raw_map["misaligned_total"] if raw_map else None},
         }
-    at_save = _probes(baseline).get("fingerprints_at_save") or {}
+    at_save: dict[str, Any] = dict(_probes(baseline).get(FINGERPRINTS["at_save"]) or {})
     slot_diffs = _per_rank_diffs(at_save.get("owned"), at_save.get("slots"))
-    restored, hidden_by_restore = _restore_evidence(spec, baseline, resumed)
+    restored, hidden_by_restore = _restore_evidence(baseline, resumed)
     for name, found in hidden_by_restore.items():
-        hidden[name] = {"by": "restore-adam-step", "evidence": found}
+        hidden[name] = {"by": RESTORE_STEP, "evidence": found}
     if slot_diffs:
         restored.setdefault("optimizer-state-mismatch", {})["checkpoint_slot_differs_from_owner"] = {
             "count": len(slot_diffs),
@@ -160,29 +181,26 @@ def collect_evidence(
     if "adam-step-not-restored" in restored:
         restored["adam-step-not-restored"] = _step_details(spec, resumed, restored["adam-step-not-restored"])
     ev.update(restored)
-    ev.update(mutation_findings(_probes(baseline).get("state_at_save"), _probes(baseline).get("state_after_save")))
+    ev.update(mutation_findings(_probes(baseline).get(STATE_AT_SAVE), _probes(baseline).get(STATE_AFTER_SAVE)))
     bug_c = groups_after_optimizer_load(
-        _probes(baseline).get("state_at_save"), _probes(resumed).get("param_groups_after_optimizer_load")
+        _probes(baseline).get(STATE_AT_SAVE), _probes(resumed).get(GROUPS_AFTER_OPTIMIZER_LOAD)
     )
     for name, found in bug_c.items():
-        if name in ev:
-            ev[name] = {**ev[name], "after_optimizer_load": found}
-        else:
-            ev[name] = found
+        ev[name] = {**ev[name], "after_optimizer_load": found} if name in ev else found
     if lane["lr_mismatched_steps"]:
         ev["lr-schedule-mismatch"] = {
             "steps": lane["lr_mismatched_steps"][:MAX_ITEMS],
             "first_step": lane["lr_mismatched_steps"][0],
         }
-    groups = _probes(resumed).get("param_groups_after_load") or {}
-    if groups and not groups.get("agree", True):
+    groups = _probes(resumed).get(PARAM_GROUPS["after_load"])
+    if groups and not groups["agree"]:
         legacy = {
             "disagreements": groups["disagreements"][:MAX_ITEMS],
-            "empty_rank_groups": groups.get("empty_rank_groups"),
+            "empty_rank_groups": groups["empty_rank_groups"],
         }
         ev["layerwise-metadata-mismatch"] = {**legacy, **ev.get("layerwise-metadata-mismatch", {})}
-    buckets = _probes(baseline).get("buckets") or _probes(resumed).get("buckets") or {}
-    if buckets.get("unaligned_total"):
+    buckets = _probes(baseline).get(BUCKETS) or _probes(resumed).get(BUCKETS)
+    if buckets and buckets["unaligned_total"]:
         issues = [
             {"rank": r, "buffer": b["buffer"], **i}
             for r, rep in enumerate(buckets["per_rank"])
@@ -192,34 +210,37 @@ def collect_evidence(
         ev["bucket-offset-unaligned"] = {"count": len(issues), "items": issues[:MAX_ITEMS]}
     view = _fp32_view(resumed)
     if view:
-        by = "load-no-grad" if "load-no-grad" in spec.workarounds else "realign-param-index"
-        hidden["fp32-view-inplace-load"] = {"by": by, "evidence": view}
+        hidden["fp32-view-inplace-load"] = {"by": LOAD_NO_GRAD if LOAD_NO_GRAD in spec.workarounds else REALIGN,
+                                            "evidence": view}
     if hidden:
         ev["_worked_around"] = hidden
     return ev
 
 
-def final_state_evidence(baseline: dict[str, Any] | None, resumed: dict[str, Any] | None) -> dict[str, Any]:
+def final_state_evidence(baseline: PhaseDocument | None, resumed: PhaseDocument | None) -> dict[str, Any]:
     """Evidence that the state after the last step differs between the runs, or {}."""
-    return final_findings(_probes(baseline).get("state_final"), _probes(resumed).get("state_final"))
+    return final_findings(_probes(baseline).get(STATE_FINAL), _probes(resumed).get(STATE_FINAL))
 
 
 MAX_FINDINGS = 200
 
 
-def _finding(phase: str, probe: str, ok: bool, param_name: str | None = None, **detail: Any) -> dict[str, Any]:
+def _finding(
+    phase: PhaseName, probe: FindingProbe, ok: bool, param_name: str | None = None, **detail: Any
+) -> ProbeFindingRow:
     return {"phase": phase, "probe": probe, "ok": ok, "param_name": param_name, "detail": detail}
 
 
-def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | None) -> list[dict[str, Any]]:
+def probe_findings(baseline: PhaseDocument | None, resumed: PhaseDocument | None) -> list[ProbeFindingRow]:
     """Flatten both documents' probes into rows: one per probe, plus one per implicated param."""
-    rows: list[dict[str, Any]] = []
-    at_save = _probes(baseline).get("fingerprints_at_save") or {}
-    for phase, doc in (("train_and_save", baseline), ("resume", resumed)):
+    rows: list[ProbeFindingRow] = []
+    at_save: dict[str, Any] = dict(_probes(baseline).get(FINGERPRINTS["at_save"]) or {})
+    phases: tuple[tuple[PhaseName, PhaseDocument | None], ...] = (("train_and_save", baseline), ("resume", resumed))
+    for phase, doc in phases:
         probes = _probes(doc)
-        imap = probes.get("index_map_effective") or probes.get("index_map")
-        if imap and imap.get("applicable"):
-            raw = probes.get("index_map") or imap
+        imap = probes.get(INDEX_MAP_EFFECTIVE) or probes.get(INDEX_MAP)
+        if imap and imap["applicable"]:
+            raw = probes.get(INDEX_MAP) or imap
             rows.append(
                 _finding(
                     phase,
@@ -232,8 +253,8 @@ def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | No
             for rank, rep in enumerate(imap["per_rank"]):
                 for o in rep["optimizers"]:
                     rows += [_finding(phase, "index_map", False, m["param"], rank=rank, **m) for m in o["misaligned"]]
-        buckets = probes.get("buckets")
-        if buckets and buckets.get("applicable"):
+        buckets = probes.get(BUCKETS)
+        if buckets and buckets["applicable"]:
             rows.append(
                 _finding(
                     phase,
@@ -248,7 +269,7 @@ def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | No
                         _finding(phase, "bucket_offsets", False, i["param"], rank=rank, buffer=b["buffer"], **i)
                         for i in b["issues"]
                     ]
-        groups = probes.get("param_groups_after_load") or probes.get("param_groups_at_save")
+        groups = probes.get(PARAM_GROUPS["after_load"]) or probes.get(PARAM_GROUPS["at_save"])
         if groups:
             rows.append(
                 _finding(
@@ -263,7 +284,7 @@ def probe_findings(baseline: dict[str, Any] | None, resumed: dict[str, Any] | No
         diffs = _per_rank_diffs(at_save.get("owned"), at_save.get("slots"))
         rows.append(_finding("train_and_save", "checkpoint_slot_fingerprints", not diffs, differing=len(diffs)))
         rows += [_finding("train_and_save", "checkpoint_slot_fingerprints", False, d["param"], **d) for d in diffs]
-    after = _probes(resumed).get("fingerprints_after_load") or {}
+    after: dict[str, Any] = dict(_probes(resumed).get(FINGERPRINTS["after_load"]) or {})
     if at_save.get("owned") and after.get("owned"):
         diffs = _per_rank_diffs(at_save.get("owned"), after.get("owned"))
         rows.append(_finding("resume", "restored_state_fingerprints", not diffs, differing=len(diffs)))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from jobs.contract import ErrorRecord, SignatureId, SignatureKind, Stage
 
 ISSUE_2777 = "https://github.com/NVIDIA/Megatron-LM/issues/2777"
 PR_5835 = "https://github.com/NVIDIA/Megatron-LM/pull/5835"
@@ -22,24 +24,24 @@ PARAM_AND_GRAD_BUFFER = (
 LAYER_WISE = "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/optimizer/layer_wise_optimizer.py"
 
 
-ANY_STAGE = "*"
-UNSUPPORTED = "unsupported-by-build"
+ANY_STAGE: Literal["*"] = "*"
+UNSUPPORTED: SignatureId = "unsupported-by-build"
 
 
 @dataclass(frozen=True)
 class Signature:
     """One known signature."""
 
-    name: str
-    kind: str
+    name: SignatureId
+    kind: SignatureKind
     title: str
     meaning: str
     references: tuple[str, ...] = ()
-    match_stage: str | None = None
+    match_stage: Stage | Literal["*"] | None = None
     match_type: str | None = None
     match_message: str | None = None
 
-    def matches(self, error: dict[str, Any]) -> bool:
+    def matches(self, error: ErrorRecord) -> bool:
         """Return True if a phase error record fits this signature's match rule."""
         if self.match_stage is None:
             return False
@@ -260,7 +262,7 @@ _TABLE = (
     ),
 )
 
-SIGNATURES: dict[str, Signature] = {s.name: s for s in _TABLE}
+SIGNATURES: dict[SignatureId, Signature] = {s.name: s for s in _TABLE}
 
 
 def signature_table() -> list[dict[str, Any]]:
@@ -268,6 +270,6 @@ def signature_table() -> list[dict[str, Any]]:
     return [s.to_dict() for s in _TABLE]
 
 
-def classify_error(error: dict[str, Any]) -> list[str]:
+def classify_error(error: ErrorRecord) -> list[SignatureId]:
     """Return the names of the signatures whose match rule fits a phase error record."""
     return [s.name for s in _TABLE if s.matches(error)]

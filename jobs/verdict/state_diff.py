@@ -118,7 +118,7 @@ def groups_after_optimizer_load(
     diffs = [
         {"rank": rank, **d}
         for rank, (a, b) in enumerate(zip(saved, after_optimizer_load or [], strict=False))
-        if a is not None and b is not None
+        if a and b
         for d in section_diff(a, b, only_before_keys=True)
     ]
     if diffs:

@@ -14,7 +14,7 @@ EXIT = {"pass": 0, "fail": 1, "error": 2}
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `run-local` subcommand."""
     from jobs.spec import DEFAULT_SHARDING, SHARDING_TYPES, TOLERANCES, WORKAROUNDS
-    from jobs.verdict.tolerance import DEFAULT_TOLERANCE
+    from jobs.tolerance import DEFAULT_TOLERANCE
 
     p = subparsers.add_parser(
         "run-local",

@@ -8,6 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobs.configs import CONFIGS
+from jobs.contract import VERDICTS
 from models import Environment, Run
 from service.dashboard.rendering import PageError
 from service.dashboard.runpage import log_floor
@@ -35,7 +36,7 @@ def history(session: Session, config: str, environment: str | None = None, limit
     xs = [(r.finished_at or r.created_at).timestamp() for r in rows]
     worst = [None if d is None else (d or floor) for d in deltas]
     chart = {"x": xs, "worst": worst, "floor": floor, "ids": [r.id for r in rows]}
-    for verdict in ("pass", "fail", "error"):
+    for verdict in VERDICTS:
         chart[verdict] = [w if r.verdict == verdict else None for r, w in zip(rows, worst, strict=True)]
     return {
         "config": config,
@@ -46,5 +47,5 @@ def history(session: Session, config: str, environment: str | None = None, limit
         "rows": rows,
         "recent": rows[::-1][:50],
         "chart": chart,
-        "counts": {v: sum(r.verdict == v for r in rows) for v in ("pass", "fail", "error")},
+        "counts": {v: sum(r.verdict == v for r in rows) for v in VERDICTS},
     }

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from jobs.contract import VERDICTS
 from models import Environment, Run
 from service.selftest import detector_health
 from service.state import IN_FLIGHT, RunState
@@ -121,7 +122,7 @@ def matrix(session: Session) -> Matrix:
         return (-sum(c.regression for c in row), -sum(c.bad for c in row), item[0])
 
     failing = sorted((c for c in cells if c.bad), key=lambda c: (not c.regression, c.config, c.environment))
-    totals = {v: sum(c.verdict == v for c in cells) for v in ("pass", "fail", "error")}
+    totals: dict[str, int] = {v: sum(c.verdict == v for c in cells) for v in VERDICTS}
     totals["regression"] = sum(c.regression for c in cells)
     return Matrix(
         environments=sorted({c.environment for c in cells}),

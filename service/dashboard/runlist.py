@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from jobs.configs import config_names
+from jobs.contract import VERDICTS
 from models import Environment, Run
 from service.runs import RunFilter, filtered_runs
 from service.state import RunState
@@ -24,7 +25,6 @@ SORTS: dict[str, Any] = {
     "verdict": Run.verdict,
     "delta": Run.max_abs_loss_delta,
 }
-VERDICTS = ("pass", "fail", "error")
 STATES = tuple(s.value for s in RunState)
 FILTER_KEYS = ("config", "environment", "state", "verdict", "regression", "label", "since", "until")
 

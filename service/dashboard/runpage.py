@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from jobs.verdict.tolerance import TOLERANCE_PROFILES, ToleranceProfile
+from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from models import ProbeFinding, Run, RunEvent, StepMetric
 from service.dashboard.logs import link_path
 from service.dashboard.rendering import PageError
@@ -120,7 +120,7 @@ def events_of(session: Session, run_id: int) -> list[RunEvent]:
     return list(session.scalars(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.at, RunEvent.id)))
 
 
-def phase_logs(run: Run, run_folder: Path) -> dict[int, list[dict[str, str]]]:
+def log_links(run: Run, run_folder: Path) -> dict[int, list[dict[str, str]]]:
     """Per phase id: log links (label and path relative to the run folder)."""
     out: dict[int, list[dict[str, str]]] = {}
     for phase in run.phases:
@@ -142,6 +142,6 @@ def run_page(session: Session, run_id: int, run_folder: Path) -> dict[str, Any]:
         "tolerance": tolerance_of(run),
         "probes": probe_sections(session, run_id),
         "events": events_of(session, run_id),
-        "logs": phase_logs(run, run_folder),
+        "logs": log_links(run, run_folder),
         "failed": run.verdict in ("fail", "error") or run.state in ("failed", "error"),
     }

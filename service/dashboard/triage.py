@@ -8,9 +8,10 @@ from typing import Any
 
 from jobs.verdict.signatures import SIGNATURES
 from models import Run
-from service.dashboard.commands import local_command, submit_command
 from service.dashboard.logs import Excerpt, excerpts
+from service.dashboard.reproduce import local_command, submit_command
 from service.dashboard.runpage import load_run
+from service.documents import read_summary
 
 # Phase-document info keys that describe the software a phase actually ran with.
 VERSION_KEYS = ("megatron_core", "torch", "python", "platform", "device", "backend", "world_size", "cpu_shims")
@@ -42,23 +43,24 @@ def packages(run: Run) -> dict[str, Any]:
     The environment row is shared by both runs of a comparison and only holds its latest record,
     so the versions the phases themselves reported are what tells two runs apart.
     """
-    summary = run.summary or {}
+    summary = read_summary(run.summary)
     phases = summary.get("phases") or {}
     # the evaluator's per-run record first, then the phases' own reports
     out: dict[str, Any] = {k.replace("_", "-"): v for k, v in (summary.get("packages") or {}).items()}
     for name in ("resume", "train_and_save"):  # train_and_save wins: it always ran
-        info = (phases.get(name) or {}).get("info") or {}
+        phase = phases.get(name)
+        info = phase["info"] if phase else {}
         out.update({k.replace("_", "-"): info[k] for k in VERSION_KEYS if k in info})
     return out or dict(run.environment.packages or {})
 
 
 def explained(run: Run) -> list[dict[str, Any]]:
     """The run's signatures and advisories with their meaning, references and evidence."""
-    summary = run.summary or {}
+    summary = read_summary(run.summary)
     evidence = summary.get("evidence") or {}
     out = []
     for name in [*run.signatures, *(summary.get("advisories") or [])]:
-        sig = SIGNATURES.get(name)
+        sig = SIGNATURES.get(name)  # type: ignore[call-overload]  # stored names may predate the table
         out.append({
             "name": name,
             "title": sig.title if sig else name,
@@ -85,7 +87,7 @@ def triage(session: Any, run_id: int, *, run_folder: Path, base_url: str) -> dic
         "run": run,
         "failed": run.verdict in ("fail", "error") or run.state in ("failed", "error"),
         "signatures": explained(run),
-        "errors": (run.summary or {}).get("errors") or [],
+        "errors": read_summary(run.summary).get("errors") or [],
         "good": good,
         "spec_diff": diff(good.spec, run.spec) if good else [],
         "label_diff": diff(good.labels or {}, run.labels or {}) if good else [],

@@ -6,12 +6,13 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import submitit
 from submitit.core.core import Job
 
+from jobs.contract import PhaseDocument
 from jobs.documents import merge_rank_documents
 from service.settings import Settings
 
@@ -89,7 +90,7 @@ def find_submitted(folder: Path) -> str | None:
     return ids[-1] if ids else None
 
 
-def _job(job: PhaseJob) -> Job[Any]:
+def _submitit_job(job: PhaseJob) -> Job[Any]:
     if job.executor == "local":
         return _LOCAL_JOBS.get(job.job_id) or submitit.LocalJob(job.folder, job.job_id, tasks=range(job.tasks))
     return submitit.SlurmJob(job.folder, job.job_id, tasks=range(job.tasks))
@@ -104,7 +105,7 @@ def _local_pid_alive(job_id: str) -> bool:
 
 def poll(jobs: list[PhaseJob]) -> dict[PhaseJob, JobStatus]:
     """States of many jobs; Slurm jobs share one sacct call through submitit's watcher."""
-    handles = {j: _job(j) for j in jobs}
+    handles = {j: _submitit_job(j) for j in jobs}
     out: dict[PhaseJob, JobStatus] = {}
     for spec, handle in handles.items():
         raw = str(handle.state).split()[0].upper() if handle.state else "UNKNOWN"
@@ -132,20 +133,21 @@ def _kind(raw: str) -> str:
     return "active"
 
 
-def fetch_result(job: PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
+def fetch_result(job: PhaseJob) -> tuple[PhaseDocument | None, str | None]:
     """(the phase's document, None) or (None, the error of a job whose ranks all raised or vanished).
 
     Every rank's document is read: when one rank fails, its own error is the root cause, not the
     "connection reset" its peers saw.
     """
-    handle = _job(job)
+    handle = _submitit_job(job)
     docs, errors = [], []
     for task in range(job.tasks):
         try:
             docs.append(handle.task(task).result())
         except Exception as exc:  # submitit wraps the remote traceback in the exception text
             errors.append(f"rank {task}: {type(exc).__name__}: {exc}"[-8000:])
-    merged = merge_rank_documents([d for d in docs if isinstance(d, dict)])
+    # unvalidated here: the reconciler validates what it ingests
+    merged = merge_rank_documents(cast(list[PhaseDocument], [d for d in docs if isinstance(d, dict)]))
     if merged is not None:
         return merged, None
     return None, "\n".join(errors) or "no rank returned a result"
@@ -154,14 +156,14 @@ def fetch_result(job: PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
 def cancel(job: PhaseJob) -> None:
     """Ask the executor to stop a job (scancel, or SIGTERM to the local controller)."""
     try:
-        _job(job).cancel(check=False)
+        _submitit_job(job).cancel(check=False)
     except Exception as exc:  # already gone: nothing to cancel
         log.warning("cancel of %s job %s: %s", job.executor, job.job_id, exc)
 
 
 def log_paths(job: PhaseJob) -> list[str]:
     """stdout/stderr files of every rank of a job."""
-    handle = _job(job)
+    handle = _submitit_job(job)
     paths = []
     for task in range(job.tasks):
         sub = handle.task(task)

@@ -13,7 +13,8 @@ from pathlib import Path
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from jobs.rank.entry import run_phase
+from jobs.contract import PhaseName
+from jobs.rank.entry import run_rank_phase
 from models import Environment, Phase, Run
 from models.base import utcnow
 from service.scheduler import launcher
@@ -22,8 +23,9 @@ from service.slurm import pick_executor
 from service.state import RunState, transition
 
 log = logging.getLogger(__name__)
-PHASES = ("train_and_save", "resume")
-SUBMITTED_STATE = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
+# The phases the service runs, in order (the benchmark's "uninterrupted" phase is not one of them).
+PHASES: tuple[PhaseName, PhaseName] = ("train_and_save", "resume")
+SUBMITTED_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
 
 
 def run_dir(settings: Settings, run_id: int) -> Path:
@@ -100,7 +102,7 @@ def launch_one(session: Session, *, settings: Settings) -> bool:
         try:
             job = launcher.submit_phase(
                 executor=phase.executor, folder=folder, python=env.python, tasks=int(run.spec["dp"]),
-                settings=settings, name=f"parity-{run.id}-{phase.name}", function=run_phase,
+                settings=settings, name=f"parity-{run.id}-{phase.name}", function=run_rank_phase,
                 args=(run.spec, str(run_dir(settings, run.id)), phase.name),
             )
         except Exception as exc:  # sbatch refused or the executor broke: the infrastructure, not the code

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from models import Environment, Phase, ProbeFinding, Run, RunEvent, StepMetric
@@ -145,8 +146,8 @@ def seed(session: Session, run_folder: Path) -> Seeded:
     xss = _run(session, main, age_h=3, config="dense-bf16", labels={"branch": XSS}, max_abs_loss_delta=0.0)
     queued = _run(session, env, age_h=0.1, state="queued", verdict=None, labels={"branch": "feature"})
     for run in (first, good, dense, xss):
-        session.execute(StepMetric.__table__.insert(), metrics(run.id))
-    session.execute(StepMetric.__table__.insert(), metrics(regressed.id, diverge_from=11, lr_off=(11, 12)))
+        session.execute(insert(StepMetric), metrics(run.id))
+    session.execute(insert(StepMetric), metrics(regressed.id, diverge_from=11, lr_off=(11, 12)))
     for run in (first, good, dense, xss):
         _phase(session, run, run_folder, "train_and_save", "succeeded", f"{run.id}01", "")
         _phase(session, run, run_folder, "resume", "succeeded", f"{run.id}02", "")

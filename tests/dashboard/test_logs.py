@@ -6,7 +6,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from service.dashboard import logs
-from service.dashboard.commands import local_command
+from service.dashboard.reproduce import local_command
 
 
 def _log_url(seeded, path: str, **extra: str) -> str:

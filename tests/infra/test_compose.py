@@ -130,19 +130,20 @@ def compose_problems(compose: dict[str, Any], root: Path) -> list[str]:
             if sub not in KNOWN_SUBCOMMANDS:
                 problems.append(f"{name}: runs unknown subcommand `parity {sub}`")
 
-    run_folders = {environment(svc).get("PARITY_RUN_FOLDER") for svc in services.values()} - {None}
+    run_folders: set[str] = {f for svc in services.values() if (f := environment(svc).get("PARITY_RUN_FOLDER"))}
     if len(run_folders) != 1:
         problems.append(f"PARITY_RUN_FOLDER must be one path everywhere, found {sorted(map(str, run_folders))}")
     else:
         (run_folder,) = run_folders
-        sources = set()
+        sources: set[str] = set()
         for name in sorted(RUN_FOLDER_USERS & set(services)):
-            source = mounts(services[name]).get(run_folder)
-            if source is None:
+            mounted = mounts(services[name]).get(run_folder)
+            if mounted is None:
                 problems.append(f"{name}: the run folder {run_folder} is not mounted")
-            sources.add(source)
-        if len(sources - {None}) > 1:
-            problems.append(f"the run folder comes from different volumes: {sorted(sources - {None})}")
+            else:
+                sources.add(mounted)
+        if len(sources) > 1:
+            problems.append(f"the run folder comes from different volumes: {sorted(sources)}")
     return problems
 
 
@@ -174,7 +175,10 @@ def test_app_services_use_postgres_and_slurm() -> None:
         assert env["PARITY_DATABASE_URL"].startswith("postgresql+psycopg://")
         assert "@postgres:5432/" in env["PARITY_DATABASE_URL"]
         assert env["PARITY_EXECUTOR"] == "slurm"
-        Settings(**{k.removeprefix("PARITY_").lower(): v for k, v in env.items() if k.startswith("PARITY_")})
+        fields: dict[str, Any] = {
+            k.removeprefix("PARITY_").lower(): v for k, v in env.items() if k.startswith("PARITY_")
+        }
+        Settings(**fields)
 
 
 def test_slurm_settings_are_identical_in_every_slurm_container() -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
+import pytest
+
+from jobs.contract import SIGNATURE_IDS, PhaseDocument, PhaseName, phase_document, required_probes
 from jobs.launch.local import format_step_table
 from jobs.verdict.compare import evaluate
 from jobs.verdict.signatures import SIGNATURES, classify_error, signature_table
@@ -22,32 +25,48 @@ def _state(step: float = 3.0, avg: float = 1.0) -> dict[str, Any]:
     return {"w": {"param": _fp(0.5), "exp_avg": _fp(avg), "exp_avg_sq": _fp(2.0), "step": step}}
 
 
-def _doc(phase: str, steps: range, loss: dict | None = None, lr: dict | None = None, **extra: Any) -> dict:
+# Probes every finished phase carries (required_probes); a test's own probes replace these by key.
+CLEAN = {
+    "index_map": {
+        "applicable": True, "misaligned_total": 0,
+        "per_rank": [{"applicable": True, "misaligned_total": 0, "optimizers": []}],
+    },
+    "buckets": {"applicable": True, "unaligned_total": 0, "per_rank": [{"buffers": []}]},
+    "param_groups_at_save": {"agree": True, "disagreements": [], "empty_rank_groups": [], "per_rank": [[]]},
+    "param_groups_after_load": {"agree": True, "disagreements": [], "empty_rank_groups": [], "per_rank": [[]]},
+    # state snapshots with no sections: these tests exercise the optimizer fingerprints instead
+    # (the snapshot diff has its own tests in test_state_diff.py)
+    "state_at_save": [{}],
+    "state_after_save": [{}],
+    "state_after_load_raw": [{}],
+    "param_groups_after_optimizer_load": [{}],
+    "state_final": [{}],
+}
+
+
+def _doc(
+    phase: PhaseName, steps: range, probes: dict[str, Any], loss: dict | None = None, lr: dict | None = None,
+    **extra: Any,
+) -> PhaseDocument:
     loss, lr = loss or LOSS, lr or LR
-    doc = {
-        "status": "ok",
-        "phase": phase,
-        "rank": 0,
-        "spec": SPEC,
-        "error": None,
-        "info": {},
-        "probes": {},
-        "steps": [
-            {"step": s, "loss": loss[s], "lr": lr[s], "grad_norm": 1.0, "num_zeros": None, "wall_s": 0.1} for s in steps
-        ],
-    }
-    doc.update(extra)
-    return doc
+    doc = phase_document(SPEC, phase, 0, status="ok")
+    doc["steps"] = [
+        {"step": s, "loss": loss[s], "lr": lr[s], "grad_norm": 1.0, "num_zeros": None, "update_successful": True,
+         "wall_s": 0.1}
+        for s in steps
+    ]
+    doc["probes"] = cast(Any, {k: v for k, v in CLEAN.items() if k in required_probes(phase, [])} | probes)
+    return cast(PhaseDocument, {**doc, **extra})
 
 
-def _baseline(**kw: Any) -> dict:
+def _baseline(**kw: Any) -> PhaseDocument:
     probes = {"fingerprints_at_save": {"owned": [_state()], "slots": [_state()]}}
-    return _doc("train_and_save", range(1, 7), probes=kw.pop("probes", probes), **kw)
+    return _doc("train_and_save", range(1, 7), kw.pop("probes", probes), **kw)
 
 
-def _resumed(step: float = 3.0, **kw: Any) -> dict:
+def _resumed(step: float = 3.0, **kw: Any) -> PhaseDocument:
     probes = {"fingerprints_after_load": {"owned": [_state(step)]}}
-    return _doc("resume", range(4, 7), probes=kw.pop("probes", probes), **kw)
+    return _doc("resume", range(4, 7), kw.pop("probes", probes), **kw)
 
 
 def test_bit_identical_passes() -> None:
@@ -68,7 +87,7 @@ def test_tiny_loss_difference_exact_vs_tolerance_lane() -> None:
     assert tol["verdict"] == "pass" and tol["first_divergent_step"] == 5
     assert tol["first_step_beyond_tolerance"] is None and not tol["lanes"]["exact"]["pass"]
     row = next(s for s in tol["steps"] if s["step"] == 5)
-    assert row["loss_abs_delta"] > 0 and 0 < row["loss_rel_delta"] < 1e-5
+    assert (row["loss_abs_delta"] or 0) > 0 and 0 < (row["loss_rel_delta"] or 0) < 1e-5
 
 
 def test_loose_profile_allows_one_bad_step_but_not_two() -> None:
@@ -145,7 +164,7 @@ def test_save_crash_with_misalignment_is_fail_without_is_error() -> None:
     assert r["verdict"] == "fail"
     assert set(r["signatures"]) == {"checkpoint-save-crash", "optimizer-index-misalignment"}
     assert r["evidence"]["optimizer-index-misalignment"]["per_rank"][0]["misaligned"][0]["installed_numel"] == 512
-    assert r["error"]["traceback"]
+    assert r["error"] and r["error"]["traceback"]
     # Attributed by its own traceback even without the probe; another save crash is not blamed on Bug A.
     by_pattern = evaluate(
         SPEC, _baseline(probes={"index_map": _misaligned_probe(0)}, status="error", error=SAVE_ASSERT), None
@@ -188,7 +207,7 @@ def test_missing_documents_and_bad_spec_are_errors() -> None:
     assert evaluate(SPEC, None, None)["verdict"] == "error"
     assert evaluate(SPEC, _baseline(), None)["verdict"] == "error"
     assert evaluate({**SPEC, "save_step": 9}, _baseline(), _resumed())["verdict"] == "error"
-    train_crash = {"type": "RuntimeError", "message": "boom", "stage": "train", "traceback": ""}
+    train_crash = {"type": "RuntimeError", "message": "boom", "stage": "step", "traceback": ""}
     assert evaluate(SPEC, _baseline(status="error", error=train_crash), None)["verdict"] == "error"
 
 
@@ -226,3 +245,24 @@ def test_signature_table_has_references() -> None:
     ):
         assert name in table and name in SIGNATURES
     assert "https://github.com/NVIDIA/Megatron-LM/issues/2777" in table["optimizer-index-misalignment"]["references"]
+
+
+@pytest.mark.parametrize("phase", ["train_and_save", "resume"])
+@pytest.mark.parametrize("probe", ["index_map", "buckets", "fingerprints", "param_groups"])
+def test_a_required_probe_missing_is_an_error_naming_it(phase: str, probe: str) -> None:
+    docs = {"train_and_save": _baseline(), "resume": _resumed()}
+    key = next(k for k in docs[phase]["probes"] if k.startswith(probe))
+    del docs[phase]["probes"][key]  # type: ignore[misc]
+    r = evaluate(SPEC, docs["train_and_save"], docs["resume"])
+    assert r["verdict"] == "error" and r["error"] is not None
+    assert r["error"]["type"] == "MissingProbe" and f"probes.{key}" in r["error"]["message"]
+
+
+def test_realign_requires_the_effective_index_map() -> None:
+    spec = {**SPEC, "workarounds": ["realign-param-index"]}
+    r = evaluate(spec, _baseline(), _resumed())
+    assert r["verdict"] == "error" and "probes.index_map_effective" in r["error"]["message"]  # type: ignore[index]
+
+
+def test_every_contract_signature_id_has_a_table_row() -> None:
+    assert set(SIGNATURES) == set(SIGNATURE_IDS)

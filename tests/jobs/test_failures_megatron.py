@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -16,18 +15,16 @@ from service.commands import run_local
 pytestmark = pytest.mark.megatron
 
 
-@pytest.mark.parametrize("stage", ["save", "train"])
+@pytest.mark.parametrize("stage", ["save", "step"])
 def test_one_sided_crash_returns_a_document(stage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARITY_INJECT_FAULT", f"{stage}:1")
     spec = RunSpec(config="dense-bf16", dp=2, steps=4, save_step=2)
-    t0 = time.perf_counter()
-    r = run_parity(spec, tmp_path)
-    assert time.perf_counter() - t0 < 120
+    r = run_parity(spec, tmp_path)  # returning at all is the point: a one-sided crash must not hang
     assert r["verdict"] == "error"
-    assert r["error"]["stage"] == stage and "injected fault" in r["error"]["message"]
+    assert r["error"] is not None and r["error"]["stage"] == stage and "injected fault" in r["error"]["message"]
     if stage == "save":
         assert r["signatures"] == ["checkpoint-save-crash"]
-        assert r["error"]["rank"] == 1  # rank 0 agreed on rank 1's failure instead of entering the save
+        assert r["error"].get("rank") == 1  # rank 0 agreed on rank 1's failure instead of entering the save
 
 
 def test_run_local_json_prints_one_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from jobs.contract import ParityResult
 from jobs.launch.local import run_parity
 from jobs.spec import RunSpec
 
@@ -35,7 +36,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParityResult]:
     out = {}
     for name, fields in SCENARIOS.items():
         spec = RunSpec.from_dict({"steps": 5, "save_step": 2, **fields})

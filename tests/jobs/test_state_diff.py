@@ -6,9 +6,11 @@ import json
 import math
 from typing import Any
 
+from jobs.contract import required_probes
 from jobs.errors import dedupe_errors, with_rank_errors
 from jobs.verdict.compare import evaluate
 from jobs.verdict.state_diff import RESTORE_SIGNATURES, group_disagreements, groups_after_optimizer_load
+from tests.jobs.test_compare import CLEAN
 
 SPEC = {"config": "dense-bf16", "dp": 2, "steps": 6, "save_step": 3, "workarounds": ["restore-adam-step"]}
 LOSS = {1: 7.0, 2: 6.9, 3: 6.8, 4: 6.7, 5: 6.6, 6: 6.5}
@@ -31,11 +33,15 @@ def _snap(**changes: dict[str, str]) -> dict[str, Any]:
     return snap
 
 
-def _doc(phase: str, steps: range, probes: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def _doc(phase: str, steps: range, probes: dict[str, Any], **extra: Any) -> Any:
     rows = [
         {"step": s, "loss": LOSS[s], "lr": LR[s], "grad_norm": 1.5, "num_zeros": 0, "wall_s": 0.1} for s in steps
     ]
-    doc = {"status": "ok", "phase": phase, "rank": 0, "spec": SPEC, "error": None, "info": {}, "probes": probes}
+    fingerprints: dict[str, Any] = {"owned": [{}], "slots": [{}]}  # the optimizer fingerprints: nothing in them here
+    clean = {**CLEAN, "fingerprints_at_save": fingerprints, "fingerprints_after_load": fingerprints}
+    required = {k: v for k, v in clean.items() if k in required_probes(phase, ["restore-adam-step"])}
+    doc = {"status": "ok", "phase": phase, "rank": 0, "spec": SPEC, "error": None, "info": {},
+           "probes": {**required, **probes}}
     return {**doc, "steps": rows, **extra}
 
 
@@ -174,11 +180,13 @@ def test_unsupported_option_is_error_and_never_bug_a() -> None:
 
 def test_rank_errors_are_one_record_per_distinct_error() -> None:
     tb = "Traceback ...\n" * 200
-    same = [{"type": "AssertionError", "message": "m", "stage": "save", "traceback": tb, "rank": r} for r in (0, 1)]
-    nested = {**same[0], "all_ranks": same, "rank_errors": same}
+    same: list[Any] = [
+        {"type": "AssertionError", "message": "m", "stage": "save", "traceback": tb, "rank": r} for r in (0, 1)
+    ]
+    nested: Any = {**same[0], "all_ranks": same, "rank_errors": same}
     merged = dedupe_errors([nested, same[1]])
     assert len(merged) == 1 and merged[0]["ranks"] == [0, 1] and "all_ranks" not in merged[0]
-    other = {"type": "StageTimeout", "message": "t", "stage": "save", "traceback": "", "rank": 1}
+    other: Any = {"type": "StageTimeout", "message": "t", "stage": "save", "traceback": "", "rank": 1}
     root = with_rank_errors(same[0], [*same, other])
     assert root["ranks"] == [0, 1] and root["rank_errors"] == [{k: v for k, v in other.items() if k != "traceback"}
                                                                | {"ranks": [1]}]

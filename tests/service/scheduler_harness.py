@@ -123,7 +123,7 @@ def wait_for(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for proc in alive or []:
-            assert proc.poll() is None, f"{proc.args} exited with {proc.returncode} while waiting for {what}"
+            assert proc.poll() is None, f"{proc.args!r} exited with {proc.returncode} while waiting for {what}"
         value = predicate()
         if value:
             return value

@@ -73,10 +73,11 @@ def test_scancelled_job_is_retried_then_reported_as_error(committed_db: str, slu
     scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
     try:
         for attempt in (1, 2):
-            job_id = wait_for(
-                lambda a=attempt: next((p.job_id for p in phases(run_id) if p.attempt == a and p.job_id), None),
-                120, f"attempt {attempt} submitted", alive=[scheduler],
-            )
+
+            def submitted(a: int = attempt) -> str | None:
+                return next((p.job_id for p in phases(run_id) if p.attempt == a and p.job_id), None)
+
+            job_id = wait_for(submitted, 120, f"attempt {attempt} submitted", alive=[scheduler])
             subprocess.run(["scancel", job_id], check=True)
         wait_for(lambda: run_row(run_id).finished_at, 180, "the run to end", alive=[scheduler])
     finally:
@@ -155,13 +156,13 @@ def test_refused_submission_is_retried_then_reported(committed_db: str, slurm: s
 
 def test_a_failing_rank_ends_the_run_in_error_without_hanging(committed_db: str, slurm: str, tmp_path: Path) -> None:
     # rank 1 fails in training; rank 0 must not wait forever in a collective, and the run reports why
-    env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_INJECT_FAULT="train:1")
+    env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_INJECT_FAULT="step:1")
     run_id = queue(SMALL)
     run = run_to_end(env, run_id, tmp_path / "scheduler.log", timeout=240)
     assert run.state == "error", (run.state, run.signatures)
     assert [(p.name, p.attempt) for p in phases(run_id)] == [("train_and_save", 1)]  # not retried
     error = run.summary["error"]
-    assert error["stage"] == "train" and error["rank"] == 1
+    assert error["stage"] == "step" and error["rank"] == 1
 
 
 def _in_queue(job_ids: list[str]) -> list[str]:
