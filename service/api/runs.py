@@ -42,13 +42,17 @@ def run_links(run_id: int, settings: Settings) -> RunLinks:
     )
 
 
-_NOT_COLUMNS = frozenset({"environment", "links", "phases"})
+_NOT_COLUMNS = frozenset({"environment", "links", "phases", "verdict_label", "worked_around", "worked_around_by"})
 
 
 def run_out(run: Run, settings: Settings, *, with_phases: bool = False) -> RunOut:
     """The API view of a run (environment and, if asked, phases already loaded)."""
     fields = {name: getattr(run, name) for name in RunOut.model_fields if name not in _NOT_COLUMNS}
     fields.update(environment=run.environment.name, links=run_links(run.id, settings), phases=None)
+    summary = run.summary or {}
+    fields.update(verdict_label=summary.get("verdict_label", run.verdict),
+                  worked_around=list(summary.get("worked_around") or []),
+                  worked_around_by=dict(summary.get("worked_around_by") or {}))
     if with_phases:
         fields["phases"] = [PhaseOut.model_validate(p) for p in run.phases]
     return RunOut(**fields)

@@ -8,6 +8,7 @@ from typing import Any
 
 from jobs.contract import required_probes
 from jobs.errors import dedupe_errors, with_rank_errors
+from jobs.launch.local import format_step_table
 from jobs.verdict.compare import evaluate
 from jobs.verdict.state_diff import RESTORE_SIGNATURES, group_disagreements, groups_after_optimizer_load
 from tests.jobs.test_compare import CLEAN
@@ -113,6 +114,9 @@ def test_workaround_lists_what_it_hid() -> None:
     assert r["worked_around"] == ["adam-step-not-restored"]
     assert r["worked_around_by"] == {"restore-adam-step": ["adam-step-not-restored"]}
     assert r["worked_around_evidence"]["adam-step-not-restored"]["names"] == ["decoder.w"]
+    table = format_step_table(r)
+    assert "verdict: pass (worked around)" in table
+    assert "passes only with workaround restore-adam-step, which hides adam-step-not-restored" in table
     view = {"would_raise": True, "params": ["head.0.weight"], "message": "a view of a leaf Variable ..."}
     spec = {**SPEC, "workarounds": ["load-no-grad"]}
     r = evaluate(spec, *_pair(resume_probes={"fp32_view_inplace": [view, {"would_raise": False}]}))
