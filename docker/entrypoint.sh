@@ -2,7 +2,12 @@
 # Entrypoint of every parity container: write the Slurm config, start munged, run the role.
 #   munge-key                     create the shared munge key once, then exit (one-shot service)
 #   slurmdbd | slurmctld | slurmd run that Slurm daemon in the foreground (its log on stdout)
-#   anything else                 run it as given: parity serve, parity scheduler, sh -c "...", ...
+#   anything else                 run it as given (parity serve, parity scheduler, sh -c "..."), as the
+#                                 unprivileged $PARITY_RUN_AS user when started as root
+#
+# Only the Slurm daemons keep root (slurmd must start jobs as their submitter; slurmctld/slurmdbd
+# run as the `slurm` user from slurm.conf) and DisableRootJobs keeps any job from running as root.
+# munged starts only where the munge key is mounted: the scheduler and the Slurm containers.
 #
 # The Slurm settings come from CLUSTER_* variables that docker-compose.yml gives every container,
 # so that all of them render the same slurm.conf (Slurm requires it identical everywhere). Not
@@ -28,8 +33,9 @@ write_slurm_conf() {
 # written by docker/entrypoint.sh from CLUSTER_* variables
 ClusterName=$CLUSTER
 SlurmctldHost=$CTLD_HOST
-SlurmUser=root
+SlurmUser=slurm
 SlurmdUser=root
+DisableRootJobs=YES
 AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation=/var/spool/slurmctld
@@ -68,7 +74,7 @@ write_slurmdbd_conf() {
 AuthType=auth/munge
 DbdHost=$DBD_HOST
 DbdPort=6819
-SlurmUser=root
+SlurmUser=slurm
 PidFile=/run/slurmdbd.pid
 StorageType=accounting_storage/mysql
 StorageHost=${CLUSTER_DB_HOST:-mariadb}
@@ -77,6 +83,7 @@ StorageUser=${CLUSTER_DB_USER:-slurm}
 StoragePass=$CLUSTER_DB_PASSWORD
 StorageLoc=${CLUSTER_DB_NAME:-slurm_acct_db}
 EOF
+  chown slurm:slurm /etc/slurm/slurmdbd.conf
   chmod 600 /etc/slurm/slurmdbd.conf
 }
 
@@ -104,12 +111,29 @@ if [[ $role == munge-key ]]; then
   exit 0
 fi
 
+drop_privileges() { # exec "$@" as $PARITY_RUN_AS when running as root
+  if [[ $(id -u) != 0 ]]; then exec "$@"; fi
+  local user=${PARITY_RUN_AS:-}
+  if [[ -z $user ]] || ! id -u "$user" >/dev/null 2>&1; then
+    log "refusing to run '$*' as root: set PARITY_RUN_AS to an existing unprivileged user"
+    exit 2
+  fi
+  HOME=$(getent passwd "$user" | cut -d: -f6) exec setpriv --reuid="$(id -u "$user")" \
+    --regid="$(id -g "$user")" --init-groups -- "$@"
+}
+
 write_slurm_conf
-start_munged
 case $role in
-  slurmdbd) write_slurmdbd_conf; exec slurmdbd -D ;;
-  slurmctld) exec slurmctld -D ;;
-  slurmd) exec slurmd -D -N "$NODE_NAME" ;;
+  slurmdbd) start_munged; write_slurmdbd_conf; exec slurmdbd -D ;;
+  slurmctld)
+    start_munged
+    mkdir -p /var/spool/slurmctld
+    chown -R slurm:slurm /var/spool/slurmctld
+    exec slurmctld -D ;;
+  slurmd) start_munged; exec slurmd -D -N "$NODE_NAME" ;;
   "") log "no command given"; exit 2 ;;
-  *) exec "$@" ;;
+  *)
+    # the API has no munge key (it needs none); the scheduler does, for sbatch/sacct/scancel
+    if [[ -e $KEY ]]; then start_munged; fi
+    drop_privileges "$@" ;;
 esac

@@ -107,7 +107,7 @@ class ErrorRecord(TypedDict):
     message: str
     traceback: str
     stage: Stage
-    rank: NotRequired[int | None]
+    rank: int | None
     ranks: NotRequired[list[int]]  # every rank that raised this same error (jobs/errors.py)
     rank_errors: NotRequired[list[ErrorRecord]]  # the other distinct errors, without tracebacks
 
@@ -192,7 +192,7 @@ class PhaseProbes(TypedDict, total=False):
 class PhaseDocument(TypedDict):
     """What one phase returns: rank 0's document, carrying every rank's probes."""
 
-    schema_version: NotRequired[int]
+    schema_version: int
     status: PhaseStatus
     phase: PhaseName
     rank: int
@@ -224,17 +224,27 @@ def phase_document(
     }
 
 
-def required_probes(phase: str, workarounds: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """The probes a phase that finished ("ok") must carry; a missing one is an error, not "no finding"."""
+# Per phase: (stages entered only after the build probes are in the document, the state probes of
+# the phase, stages entered only after those are in). A phase that failed in such a stage carries them.
+_PROBES_BEFORE: dict[str, tuple[tuple[Stage, ...], tuple[str, ...], tuple[Stage, ...]]] = {
+    "train_and_save": (("step", "save"), (FINGERPRINTS["at_save"], PARAM_GROUPS["at_save"]), ("save",)),
+    "resume": (("load", "step"), (FINGERPRINTS["after_load"], PARAM_GROUPS["after_load"]), ("step",)),
+    "uninterrupted": (("step",), (), ()),
+}
+
+
+def required_probes(
+    phase: str, workarounds: list[str] | tuple[str, ...], failed_stage: str | None = None
+) -> tuple[str, ...]:
+    """The probes a phase must carry: all of them once it finished, or those taken before the stage it failed in.
+
+    A required probe missing from a document is an error, never "no finding".
+    """
     build = (INDEX_MAP, BUCKETS, *((INDEX_MAP_EFFECTIVE,) if REALIGN in workarounds else ()))
-    if phase == "train_and_save":
-        return (*build, FINGERPRINTS["at_save"], PARAM_GROUPS["at_save"], STATE_AT_SAVE, STATE_AFTER_SAVE, STATE_FINAL)
-    if phase == "resume":
-        return (
-            *build, FINGERPRINTS["after_load"], PARAM_GROUPS["after_load"], STATE_AFTER_LOAD_RAW,
-            GROUPS_AFTER_OPTIMIZER_LOAD, STATE_FINAL,
-        )
-    return (*build, STATE_FINAL)
+    after_build, state, after_state = _PROBES_BEFORE.get(phase, ((), (), ()))
+    if failed_stage is None:
+        return (*build, *state)
+    return (*(build if failed_stage in after_build else ()), *(state if failed_stage in after_state else ()))
 
 
 class StepRow(TypedDict):
@@ -287,7 +297,7 @@ class PhaseSummary(TypedDict):
 class ParityResult(TypedDict):
     """What `evaluate()` returns: the verdict and everything that explains it."""
 
-    schema_version: NotRequired[int]
+    schema_version: int
     verdict: Verdict
     # the verdict as the matrix shows it: "pass (worked around)" when a workaround hid a finding
     verdict_label: NotRequired[str]

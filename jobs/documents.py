@@ -29,7 +29,11 @@ def _is_secondary(error: ErrorRecord) -> bool:
 
 
 def merge_rank_documents(docs: list[PhaseDocument]) -> PhaseDocument | None:
-    """Return rank 0's document, carrying the root-cause error of whichever rank failed first."""
+    """Return rank 0's document, carrying the root-cause error of whichever rank failed first.
+
+    `rank_errors` lists each failing rank's own record once: ranks that agreed on a failure already
+    carry the agreed list, so it is flattened rather than nested.
+    """
     if not docs:
         return None
     main = next((d for d in docs if d.get("rank") == 0), docs[0])

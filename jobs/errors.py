@@ -46,8 +46,12 @@ def dedupe_errors(errors: list[ErrorRecord]) -> list[ErrorRecord]:
 
 
 def with_rank_errors(root: ErrorRecord, errors: list[ErrorRecord]) -> ErrorRecord:
-    """Return `root` (de-duplicated, with its ranks) carrying the other distinct errors, tracebacks omitted."""
+    """Return `root` (with the ranks that raised it) whose `rank_errors` lists every distinct error once.
+
+    `rank_errors` follows the contract (every rank's own record), de-duplicated: an error all ranks
+    raised is one record naming them all; the traceback is kept once, on the root (the records
+    in `rank_errors` carry an empty one).
+    """
     distinct = dedupe_errors([root, *errors])
-    head = distinct[0]
-    others = [cast(ErrorRecord, {k: v for k, v in e.items() if k != "traceback"}) for e in distinct[1:]]
-    return {**head, "rank_errors": others} if others else head
+    others: list[ErrorRecord] = [{**e, "traceback": ""} for e in distinct]
+    return {**distinct[0], "rank_errors": others}

@@ -65,6 +65,10 @@ class RunSpec:
     mutants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
+        for name in ("config", "sharding", "tolerance"):
+            if not isinstance(getattr(self, name), str):
+                raise SpecError(name, f"must be a string, got {type(getattr(self, name)).__name__}")
         if self.config not in CONFIGS:
             raise SpecError("config", f"unknown config {self.config!r}", config_names())
         max_dp = min(MAX_DP, CONFIGS[self.config].max_dp)
@@ -87,7 +91,7 @@ class RunSpec:
         if isinstance(self.workarounds, str) or not isinstance(self.workarounds, (tuple, list)):
             raise SpecError("workarounds", f"must be a list of names, got {self.workarounds!r}", list(WORKAROUNDS))
         for w in self.workarounds:
-            if w not in WORKAROUNDS:
+            if not isinstance(w, str) or w not in WORKAROUNDS:
                 raise SpecError("workarounds", f"unknown workaround {w!r}", list(WORKAROUNDS))
         if isinstance(self.mutants, str) or not isinstance(self.mutants, (tuple, list)):
             raise SpecError("mutants", f"must be a list of names, got {self.mutants!r}", mutant_names())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -23,6 +23,8 @@ class Run(CreatedAt, Base):
         Index("ix_runs_config_env_finished", "config", "environment_id", "finished_at"),
         Index("ix_runs_labels", "labels", postgresql_using="gin"),
         Index("ix_runs_state_created", "state", "created_at"),
+        # an Idempotency-Key belongs to the token that sent it: two CI systems may pick the same key
+        UniqueConstraint("token_id", "idempotency_key", name="uq_runs_token_id_idempotency_key"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -31,7 +33,9 @@ class Run(CreatedAt, Base):
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), index=True)
     labels: Mapped[dict[str, str]] = mapped_column(JSONB, default=dict)
     requester: Mapped[str | None] = mapped_column(String(200))
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    # the token that queued the run (None for runs made outside the API)
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
     rerun_of_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
 
     state: Mapped[str] = mapped_column(String(32), default="queued")
@@ -42,6 +46,9 @@ class Run(CreatedAt, Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # retention (service/retention.py): when the checkpoints, then the whole run folder, were deleted
+    checkpoints_deleted_at: Mapped[datetime | None]
+    files_deleted_at: Mapped[datetime | None]
 
     verdict: Mapped[str | None] = mapped_column(String(16), index=True)
     signatures: Mapped[list[str]] = mapped_column(JSONB, default=list)

@@ -19,4 +19,6 @@ class ApiToken(CreatedAt, Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     scopes: Mapped[list[str]] = mapped_column(JSONB, default=list)
     revoked_at: Mapped[datetime | None]
+    # None: never expires
+    expires_at: Mapped[datetime | None]
     last_used_at: Mapped[datetime | None]

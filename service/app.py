@@ -9,14 +9,17 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api import meta, runs
+from service.api.limits import BodyLimit
 from service.dashboard import routes as dashboard
 from service.errors import DomainError
 
 
 def _domain_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, DomainError)
+    retry_after = getattr(exc, "retry_after", None)
     return JSONResponse(
-        {"error": exc.code, "detail": exc.detail, "field": exc.field}, status_code=exc.status_code
+        {"error": exc.code, "detail": exc.detail, "field": exc.field}, status_code=exc.status_code,
+        headers={"Retry-After": str(retry_after)} if retry_after else None,
     )
 
 
@@ -65,6 +68,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(InterfaceError, _database_down)
+    app.add_middleware(BodyLimit)
     app.include_router(runs.router)
     app.include_router(meta.router)
     app.include_router(meta.metrics_router)

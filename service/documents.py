@@ -85,7 +85,9 @@ def _upgrade_error(err: Any) -> Any:
     if isinstance(err, dict) and "all_ranks" in err:  # v1 named the cross-rank list all_ranks
         err = {k: v for k, v in err.items() if k != "all_ranks"} | {"rank_errors": err["all_ranks"]}
     if isinstance(err, dict):
-        err = {"traceback": "", "stage": "job", **err}
+        err = {"traceback": "", "stage": "job", "rank": None, **err}
+        if isinstance(err.get("rank_errors"), list):
+            err["rank_errors"] = [_upgrade_error(e) for e in err["rank_errors"]]
     return err
 
 
@@ -93,7 +95,8 @@ def upgrade_summary(summary: dict[str, Any] | None) -> dict[str, Any]:
     """Bring a stored summary of any schema version to the current one (version 1 had no version key)."""
     out = dict(summary or {})
     if out.get("schema_version", 1) < 2:
-        out["errors"] = [_upgrade_error(e) for e in out.get("errors") or []]
+        if "errors" in out:
+            out["errors"] = [_upgrade_error(e) for e in out["errors"] or []]
         if out.get("error"):
             out["error"] = _upgrade_error(out["error"])
         for name, phase in list((out.get("phases") or {}).items()):

@@ -47,3 +47,14 @@ class Forbidden(DomainError):
 class ServiceUnavailable(DomainError):
     status_code = 503
     code = "service_unavailable"
+
+
+class TooManyRequests(DomainError):
+    """A cap is reached; the client should retry after `retry_after` seconds."""
+
+    status_code = 429
+    code = "too_many_requests"
+
+    def __init__(self, detail: str, *, field: str | None = None, retry_after: int = 30) -> None:
+        super().__init__(detail, field=field)
+        self.retry_after = retry_after

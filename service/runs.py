@@ -6,13 +6,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from jobs.spec import RunSpec, SpecError
 from models import Environment, Run, RunEvent
-from service.errors import Conflict, InvalidSpec, NotFound
+from service.errors import Conflict, Forbidden, InvalidSpec, NotFound, TooManyRequests
 from service.state import TERMINAL, RunState, transition
 
 
@@ -31,21 +31,27 @@ def create_run(
     environment: Environment,
     labels: dict[str, str],
     requester: str | None,
+    token_id: int | None = None,
     idempotency_key: str | None = None,
     rerun_of_id: int | None = None,
+    caps: Caps | None = None,
 ) -> tuple[Run, bool]:
-    """Queue a run; with an idempotency key seen before, return that run instead. -> (run, created)."""
+    """Queue a run; with this token's idempotency key seen before, return that run instead. -> (run, created)."""
     spec_dict = spec.to_dict()
+    same_key = select(Run).where(Run.token_id == token_id, Run.idempotency_key == idempotency_key)
     if idempotency_key is not None:
-        existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
+        existing = session.scalar(same_key)
         if existing is not None:
-            return _same_request(existing, spec_dict, environment), False
+            return _same_request(existing, spec_dict, environment, labels), False
+    if caps is not None:
+        check_caps(session, caps, requester)
     run = Run(
         config=spec.config,
         spec=spec_dict,
         environment=environment,
         labels=labels,
         requester=requester,
+        token_id=token_id,
         idempotency_key=idempotency_key,
         rerun_of_id=rerun_of_id,
         state=RunState.QUEUED.value,
@@ -63,22 +69,56 @@ def create_run(
             session.add(run)
             session.flush()
     except IntegrityError:
-        existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
+        existing = session.scalar(same_key)
         if existing is None:
             raise
-        return _same_request(existing, spec_dict, environment), False
+        return _same_request(existing, spec_dict, environment, labels), False
     session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))
     return run, True
 
 
-def _same_request(existing: Run, spec: dict[str, Any], environment: Environment) -> Run:
-    if existing.spec != spec or existing.environment_id != environment.id:
+def _same_request(existing: Run, spec: dict[str, Any], environment: Environment, labels: dict[str, str]) -> Run:
+    # the whole body is compared: a replay that changes only a label is a different request
+    differs = [name for name, same in (("spec", existing.spec == spec),
+                                       ("environment", existing.environment_id == environment.id),
+                                       ("labels", existing.labels == labels)) if not same]
+    if differs:
         raise Conflict(
-            "Idempotency-Key: already used for a different spec or environment "
+            f"Idempotency-Key: already used by this token for a request with a different {', '.join(differs)} "
             f"(run {existing.id})",
             field="Idempotency-Key",
         )
     return existing
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Admission limits: unfinished runs in the whole service, and queued runs per requester."""
+
+    max_in_flight: int
+    max_queued_per_requester: int
+    retry_after_s: int = 30
+
+
+def check_caps(session: Session, caps: Caps, requester: str | None) -> None:
+    """429 (with Retry-After) when the service or this requester has too many runs waiting."""
+    unfinished = Run.state.not_in([s.value for s in TERMINAL])
+    # a soft cap: two requests racing may both pass; the next one sees them
+    total = session.scalar(select(func.count()).select_from(Run).where(unfinished)) or 0
+    if total >= caps.max_in_flight:
+        raise TooManyRequests(
+            f"runs: {total} runs are queued or in flight (PARITY_MAX_IN_FLIGHT={caps.max_in_flight}); "
+            f"retry later", retry_after=caps.retry_after_s,
+        )
+    mine = session.scalar(
+        select(func.count()).select_from(Run).where(Run.requester == requester, Run.state == RunState.QUEUED.value)
+    ) or 0
+    if mine >= caps.max_queued_per_requester:
+        raise TooManyRequests(
+            f"runs: {requester!r} already has {mine} queued runs "
+            f"(PARITY_MAX_QUEUED_PER_REQUESTER={caps.max_queued_per_requester}); retry later",
+            retry_after=caps.retry_after_s,
+        )
 
 
 def get_run(session: Session, *, run_id: int, with_phases: bool = False) -> Run:
@@ -141,11 +181,23 @@ def list_runs(session: Session, *, filters: RunFilter, limit: int, offset: int) 
     return rows[:limit], len(rows) > limit
 
 
-def cancel_run(session: Session, *, run_id: int) -> Run:
+def may_act_on(run: Run, *, requester: str | None, scopes: list[str]) -> None:
+    """403 unless the caller queued the run (same token name) or holds the admin scope."""
+    if "admin" in scopes:
+        return
+    if run.requester is None or run.requester != requester:
+        raise Forbidden(
+            f"run {run.id} was requested by {run.requester!r}; only its requester or an admin token may do this",
+            field="run_id",
+        )
+
+
+def cancel_run(session: Session, *, run_id: int, requester: str | None = None, scopes: list[str] | None = None) -> Run:
     """Cancel a queued run now; ask the scheduler to cancel an in-flight one; 409 if finished."""
     run = session.scalar(select(Run).where(Run.id == run_id).with_for_update())
     if run is None:
         raise NotFound(f"run {run_id} does not exist", field="run_id")
+    may_act_on(run, requester=requester, scopes=scopes if scopes is not None else ["admin"])
     if RunState(run.state) in TERMINAL or run.state == RunState.EVALUATING:
         raise Conflict(f"run {run_id} is {run.state}; only queued or running runs can be cancelled", field="state")
     if run.state == RunState.QUEUED:
@@ -155,9 +207,13 @@ def cancel_run(session: Session, *, run_id: int) -> Run:
     return get_run(session, run_id=run_id)
 
 
-def rerun(session: Session, *, run_id: int, requester: str | None) -> Run:
+def rerun(
+    session: Session, *, run_id: int, requester: str | None, scopes: list[str] | None = None,
+    token_id: int | None = None, caps: Caps | None = None,
+) -> Run:
     """Queue a new run with the same spec, environment and labels as run_id."""
     original = get_run(session, run_id=run_id)
+    may_act_on(original, requester=requester, scopes=scopes if scopes is not None else ["admin"])
     spec = validate_spec(original.spec)
     run, _ = create_run(
         session,
@@ -165,6 +221,8 @@ def rerun(session: Session, *, run_id: int, requester: str | None) -> Run:
         environment=original.environment,
         labels=dict(original.labels),
         requester=requester,
+        token_id=token_id,
         rerun_of_id=original.id,
+        caps=caps,
     )
     return get_run(session, run_id=run.id)

@@ -37,6 +37,9 @@ class Settings(BaseSettings):
 
     # A Python executable (or command prefix) that runs job phases when a run names no environment.
     job_python: str | None = None
+    # Extra environment variable names a job may inherit, comma-separated (service/scheduler/launcher.py
+    # has the allow-list; everything else, e.g. PARITY_DATABASE_URL, stays out of the jobs).
+    job_env: str = ""
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
@@ -53,6 +56,15 @@ class Settings(BaseSettings):
     phase_timeout_min: int = Field(default=60, ge=1)
     # the detector-health self-test batch (service/selftest.py); 0 turns it off
     selftest_interval_hours: float = Field(default=24.0, ge=0)
+
+    # retention (service/retention.py): checkpoints of failing runs, then whole run folders, in days
+    keep_failed_days: float = Field(default=14, ge=0)
+    keep_days: float | None = Field(default=90, ge=0)
+
+    # admission (429 + Retry-After beyond these): runs queued or in flight in the whole service,
+    # and runs one requester (token name) may have waiting in the queue
+    max_in_flight: int = Field(default=500, ge=1)
+    max_queued_per_requester: int = Field(default=100, ge=1)
 
     @field_validator("slurm_extra_args")
     @classmethod
@@ -72,6 +84,10 @@ class Settings(BaseSettings):
     def base_url(self) -> str:
         """The URL people and CI use to reach this service."""
         return (self.public_url or f"http://{self.api_host}:{self.api_port}").rstrip("/")
+
+    def job_env_names(self) -> frozenset[str]:
+        """PARITY_JOB_ENV as a set of names."""
+        return frozenset(filter(None, (n.strip() for n in self.job_env.split(","))))
 
     def sbatch_extra(self) -> dict[str, str | bool]:
         """slurm_extra_args parsed into submitit's additional_parameters (a bare KEY is a flag)."""

@@ -19,7 +19,7 @@ FORBIDDEN = {
 SHARED = sorted(p for p in (ROOT / "jobs").glob("*.py"))
 # role folder (or the shared modules) -> the jobs.* modules and third-party roots it must not import
 ROLE_RULES: dict[str, tuple[list[Path], set[str]]] = {
-    "rank": (sorted((ROOT / "jobs" / "rank").rglob("*.py")), {"jobs.launch"}),
+    "rank": (sorted((ROOT / "jobs" / "rank").rglob("*.py")), {"jobs.launch", "jobs.verdict"}),
     "verdict": (sorted((ROOT / "jobs" / "verdict").rglob("*.py")), {"jobs.launch", "jobs.rank", "torch", "megatron"}),
     "shared": (SHARED, {"jobs.launch", "jobs.rank", "jobs.verdict", "torch", "megatron"}),
 }

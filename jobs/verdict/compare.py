@@ -30,7 +30,7 @@ from jobs.contract import (
     parity_result,
     required_probes,
 )
-from jobs.errors import dedupe_errors
+from jobs.errors import with_rank_errors
 from jobs.spec import RunSpec, SpecError
 from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from jobs.verdict.evidence import collect_evidence, final_state_evidence, probe_findings
@@ -147,17 +147,19 @@ def _phase_summary(doc: PhaseDocument | None) -> PhaseSummary | None:
 
 
 def missing_probes(spec: RunSpec, doc: PhaseDocument | None) -> list[ErrorRecord]:
-    """An error record for each probe a finished phase's spec requires but its document lacks."""
-    if doc is None or doc.get("status") != "ok":
+    """An error record for each probe the phase's spec (and the stage it reached) requires but its document lacks."""
+    if doc is None:
         return []
     probes = doc.get("probes") or {}
+    err = doc.get("error")
+    failed_stage = None if doc.get("status") == "ok" else (err["stage"] if err else "start")
     return [
         error_record(
             "MissingProbe",
             f"probes.{key}: the {doc['phase']} document lacks a probe its spec requires",
             stage="evaluate",
         )
-        for key in required_probes(doc["phase"], spec.workarounds)
+        for key in required_probes(doc["phase"], spec.workarounds, failed_stage)
         if not probes.get(key)
     ]
 
@@ -174,6 +176,7 @@ def _error_verdict(
     names: list[SignatureId] = []
     for err in errors:
         names += [n for n in classify_error(err) if n not in names]
+    names.sort(key=lambda n: SIGNATURES[n].kind != "crash")  # where it crashed first, then why
     if UNSUPPORTED in names:
         return "error", names, causes
     explained = [n for n in names if SIGNATURES[n].kind == "cause"] + causes
@@ -202,9 +205,11 @@ def evaluate(
     hidden: dict[str, Any] = evidence.pop("_worked_around", {})
     causes = [n for n in SIGNATURE_IDS if n in evidence and SIGNATURES[n].kind == "cause"]
     advisories = [n for n in SIGNATURE_IDS if n in evidence and SIGNATURES[n].kind == "latent"]
-    errors = dedupe_errors(
-        [e for d in (baseline_doc, resumed_doc) if d and d.get("status") == "error" and (e := d.get("error"))]
-    )
+    errors = [
+        with_rank_errors(e, e.get("rank_errors") or [])
+        for d in (baseline_doc, resumed_doc)
+        if d and d.get("status") == "error" and (e := d.get("error"))
+    ]
     missing = missing_probes(spec, baseline_doc) + missing_probes(spec, resumed_doc)
     verdict: Verdict
     if baseline_doc is None or (resumed_doc is None and not errors):
@@ -213,8 +218,6 @@ def evaluate(
     elif errors:
         verdict, signatures, unexplained = _error_verdict(errors, causes)
         advisories += [n for n in unexplained if n not in advisories]
-    elif missing:
-        verdict, signatures, errors = "error", causes, missing
     else:
         final = final_state_evidence(baseline_doc, resumed_doc)
         if final and not causes:
@@ -229,6 +232,8 @@ def evaluate(
             }
         verdict = "fail" if causes or not lane["tolerance"]["pass"] else "pass"
         signatures = causes
+    if missing:  # evidence the spec requires is absent: whatever the rest says, the run is not judged
+        verdict, errors = "error", [*missing, *errors]
     worked_around: list[SignatureId] = [n for n in SIGNATURE_IDS if n in hidden]
     by: dict[str, list[SignatureId]] = {}
     for name in worked_around:

@@ -20,10 +20,15 @@ def get_session() -> Iterator[Session]:
         yield session
 
 
+# scope="function": the commit runs when the route returns, before the response is sent. With the
+# default ("request") it ran after the response went out, so CI could be told 202 for a run that was
+# never stored (or whose commit then failed) and an immediate GET of its Location could 404.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
 # ids are Postgres integers: anything larger cannot name a row (and must not reach the database)
 RunId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 RowId = RunId
-SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 

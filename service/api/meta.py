@@ -13,6 +13,7 @@ from sqlalchemy import func, select, text
 from jobs.configs import list_configs
 from models import Phase, Run, SchedulerHeartbeat
 from models.base import utcnow
+from service import retention
 from service.api.deps import AdminToken, ReadAccess, SessionDep, SettingsDep
 from service.api.schemas import ERROR_RESPONSES, EnvironmentIn, EnvironmentOut
 from service.db import session_scope
@@ -60,21 +61,22 @@ def healthz(settings: SettingsDep) -> JSONResponse:
         body["scheduler"] = {"ok": False, "last_heartbeat": None}
     reachable, detail = slurm_status()
     body["slurm"] = {"ok": reachable, "detail": detail, "executor": pick_executor(settings)}
+    body["disk"] = retention.disk_usage(settings)
     body["status"] = "ok" if body["database"]["ok"] else "degraded"
     return JSONResponse(body, status_code=200 if body["database"]["ok"] else 503)
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics_alias(session: SessionDep) -> Response:
+def metrics_alias(session: SessionDep, settings: SettingsDep) -> Response:
     """Same as /metrics, under the API prefix."""
-    return prometheus_metrics(session)
+    return prometheus_metrics(session, settings)
 
 
 metrics_router = APIRouter()
 
 
 @metrics_router.get("/metrics", tags=["meta"], response_class=PlainTextResponse)
-def prometheus_metrics(session: SessionDep) -> Response:
+def prometheus_metrics(session: SessionDep, settings: SettingsDep) -> Response:
     """Prometheus text: queue depth, runs by state and verdict, phase durations."""
     registry = CollectorRegistry()
     queue = Gauge("parity_queue_depth", "Runs waiting to be submitted", registry=registry)
@@ -99,4 +101,9 @@ def prometheus_metrics(session: SessionDep) -> Response:
         select(Phase.name, func.avg(Phase.duration_s)).where(Phase.duration_s.is_not(None)).group_by(Phase.name)
     ).tuples():
         durations.labels(name).set(float(avg or 0))
+    usage = retention.disk_usage(settings)
+    Gauge("parity_run_folder_bytes", "Bytes used by the run folder (logs, checkpoints)",
+          registry=registry).set(usage["run_folder_bytes"])
+    Gauge("parity_run_folder_fs_free_bytes", "Free bytes on the run folder's file system",
+          registry=registry).set(usage["fs_free_bytes"])
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

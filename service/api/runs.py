@@ -42,6 +42,12 @@ def run_links(run_id: int, settings: Settings) -> RunLinks:
     )
 
 
+def caps(settings: Settings) -> run_service.Caps:
+    """The admission limits from settings."""
+    return run_service.Caps(max_in_flight=settings.max_in_flight,
+                            max_queued_per_requester=settings.max_queued_per_requester)
+
+
 _NOT_COLUMNS = frozenset({"environment", "links", "phases", "verdict_label", "worked_around", "worked_around_by"})
 
 
@@ -79,7 +85,9 @@ def create_run(
         environment=environment,
         labels=body.labels,
         requester=token.name,
+        token_id=token.id,
         idempotency_key=idempotency_key,
+        caps=caps(settings),
     )
     response.headers["Location"] = f"/api/v1/runs/{run.id}"
     if not created:
@@ -156,13 +164,15 @@ def get_metrics(run_id: RunId, session: SessionDep, _: ReadAccess) -> RunMetrics
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut)
-def cancel_run(run_id: RunId, session: SessionDep, settings: SettingsDep, _: SubmitToken) -> RunOut:
-    """Cancel a queued run, or ask the scheduler to cancel a running one."""
-    run = run_service.cancel_run(session, run_id=run_id)
+def cancel_run(run_id: RunId, session: SessionDep, settings: SettingsDep, token: SubmitToken) -> RunOut:
+    """Cancel a queued run, or ask the scheduler to cancel a running one (its requester or an admin)."""
+    run = run_service.cancel_run(session, run_id=run_id, requester=token.name, scopes=list(token.scopes))
     return run_out(run, settings)
 
 
 @router.post("/{run_id}/rerun", status_code=202, response_model=RunOut)
 def rerun(run_id: RunId, session: SessionDep, settings: SettingsDep, token: SubmitToken) -> RunOut:
-    """Queue a fresh run with the same spec, environment and labels."""
-    return run_out(run_service.rerun(session, run_id=run_id, requester=token.name), settings)
+    """Queue a fresh run with the same spec, environment and labels (its requester or an admin)."""
+    run = run_service.rerun(session, run_id=run_id, requester=token.name, scopes=list(token.scopes),
+                            token_id=token.id, caps=caps(settings))
+    return run_out(run, settings)

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from jobs.contract import Verdict
+from service.api.limits import MAX_LABELS
 
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
+
+
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, StringConstraints(max_length=500)]
 
 
 class RunCreate(BaseModel):
@@ -19,20 +26,12 @@ class RunCreate(BaseModel):
         description="Run spec: config, dp, steps, save_step, sharding, seed, tolerance, workarounds",
         examples=[{"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}],
     )
-    environment: str = Field(default="default", description="Name of a registered environment")
-    labels: dict[str, str] = Field(default_factory=dict, description="CI labels: commit, branch, pr, pipeline_url")
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        import re
-
-        for key, value in labels.items():
-            if not re.match(LABEL_KEY_PATTERN, key):
-                raise ValueError(f"label key {key!r} must match {LABEL_KEY_PATTERN}")
-            if len(value) > 500:
-                raise ValueError(f"label {key!r} is longer than 500 characters")
-        return labels
+    # bounded like the column it lands in (environments.name is 200 characters)
+    environment: str = Field(default="default", max_length=200, description="Name of a registered environment")
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_LABELS,
+        description=f"CI labels (at most {MAX_LABELS}): commit, branch, pr, pipeline_url",
+    )
 
 
 class RunLinks(BaseModel):
@@ -70,7 +69,7 @@ class RunOut(BaseModel):
     labels: dict[str, str]
     requester: str | None
     state: str
-    verdict: str | None
+    verdict: Verdict | None
     verdict_label: str | None = Field(
         default=None,
         description='The verdict as the matrix shows it: "pass (worked around)" when a workaround hid a finding',
@@ -140,8 +139,8 @@ class EnvironmentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,200}$")
-    python: str = Field(min_length=1, description="Python executable (or command prefix) that runs the jobs")
-    description: str = ""
+    python: str = Field(min_length=1, max_length=1000, description="Python executable that runs the jobs")
+    description: str = Field(default="", max_length=2000)
 
 
 class EnvironmentOut(BaseModel):
@@ -164,5 +163,5 @@ class ErrorOut(BaseModel):
 
 # Every route can answer with the one error shape; documenting it keeps the OpenAPI document true.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 422, 503)
+    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 422, 429, 503)
 }

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-EXIT = {"pass": 0, "fail": 1, "error": 2}
+from jobs.contract import Verdict
+
+EXIT: dict[Verdict, int] = {"pass": 0, "fail": 1, "error": 2}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -35,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--tolerance", default=DEFAULT_TOLERANCE, help=f"one of {', '.join(TOLERANCES)}")
-    p.add_argument("--run-folder", type=Path, default=None, help="where logs and checkpoints go (default: temp)")
+    p.add_argument("--run-folder", type=Path, default=None,
+                   help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
     p.set_defaults(func=handle)
 
@@ -62,7 +67,13 @@ def handle(args: argparse.Namespace) -> int:
 
     folder = args.run_folder or Path(tempfile.mkdtemp(prefix="parity-run-"))
     print(f"parity run-local: run folder {folder}", file=sys.stderr)
-    result = run_parity(spec, folder)
+    try:
+        result = run_parity(spec, folder)
+    finally:
+        # a temporary folder holds a checkpoint per run: gone unless asked for; a named one is the user's
+        if args.run_folder is None and not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"parity run-local: removed {folder} (--keep keeps it)", file=sys.stderr)
     if args.json:
         sys.stdout.write(json.dumps(result, default=str) + "\n")
     else:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -11,6 +14,9 @@ from service.dashboard.rendering import PageError
 
 # Read at most this much from the end of a log: enough for a traceback, bounded for huge logs.
 TAIL_BYTES = 1 << 20
+# Triage reads every listed log of a failed phase (ranks x files): a smaller tail per file.
+TRIAGE_TAIL_BYTES = 128 << 10
+LOG_SUFFIXES = (".out", ".err", ".log")
 TRACEBACK = re.compile(r"^Traceback \(most recent call last\)")
 ERROR = re.compile(r"\b[A-Z]\w*(Error|Exception)\b|\bERROR\b|\bsrun: error\b")
 
@@ -43,32 +49,46 @@ def link_path(path: str, run_folder: Path) -> str:
 
 
 def resolve_log(run_folder: Path, phase: Phase, requested: str) -> Path:
-    """The file a log request names, or PageError 403/404; never a path outside the run folder."""
+    """The listed log a request names, or PageError 403/404; never a path outside the run folder.
+
+    Only the files the phase lists (its rank logs and submitit's stdout/stderr, all .out/.err/.log)
+    are served: not the pickles, checkpoints or anything else a job left in its folder.
+    """
     if not requested or "\x00" in requested:
         raise PageError(404, "no log file named")
     if ".." in PurePath(requested).parts:
         raise PageError(403, "log paths may not contain '..'")
     root = run_folder.resolve()
+    candidate = root / requested
     # resolve() follows symlinks, so a link that points outside the run folder is caught here too
-    target = (root / requested).resolve()
-    if not target.is_relative_to(root):
+    if not candidate.resolve().is_relative_to(root):
         raise PageError(403, "log files are served only from inside the run folder")
-    known = {Path(p).resolve() for p in phase.log_paths or []}
-    phase_dir = Path(phase.folder).resolve() if phase.folder else None
-    if target not in known and not (phase_dir and phase_dir.is_relative_to(root) and target.is_relative_to(phase_dir)):
+    if candidate.suffix not in LOG_SUFFIXES:
+        raise PageError(403, f"only log files are served ({', '.join(LOG_SUFFIXES)})")
+    listed = {Path(p) for p in phase.log_paths or []} | {Path(p).resolve() for p in phase.log_paths or []}
+    if candidate not in listed:
         raise PageError(404, "that file is not a log of this phase")
-    if not target.is_file():
-        raise PageError(404, "log file not found (it may not have been written yet)")
-    return target
+    return candidate
 
 
 def read_tail(path: Path, max_bytes: int = TAIL_BYTES) -> tuple[list[str], bool]:
-    """The last max_bytes of a file as lines; True when the start was cut off."""
-    with path.open("rb") as fh:
-        fh.seek(0, 2)
-        size = fh.tell()
+    """The last max_bytes of a regular file as lines (never through a final symlink); True when cut."""
+    try:
+        # O_NOFOLLOW: a log swapped for a symlink after the checks above is refused, not followed
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise PageError(404, "log file not found (it may not have been written yet)") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PageError(403, "log files may not be symbolic links") from None
+        raise PageError(404, f"log file cannot be read ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise PageError(403, "only regular files are served")
+        size = info.st_size
         fh.seek(max(0, size - max_bytes))
-        data = fh.read()
+        data = fh.read(max_bytes)
     lines = data.decode("utf-8", errors="replace").splitlines()
     cut = size > max_bytes
     return (lines[1:] if cut else lines), cut  # the first line of a cut read is partial
@@ -99,7 +119,10 @@ def excerpts(phase: Phase, run_folder: Path, limit: int = 4) -> list[Excerpt]:
             path = resolve_log(run_folder, phase, link_path(raw, run_folder))
         except PageError:
             continue
-        lines, cut = read_tail(path)
+        try:
+            lines, cut = read_tail(path, TRIAGE_TAIL_BYTES)
+        except PageError:
+            continue
         if not lines:
             continue
         kind, window = failure_window(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -103,7 +104,11 @@ def parse_query(args: dict[str, list[str]]) -> ListQuery:
     if sort not in SORTS:
         problems.append(f"sort: expected one of {', '.join(SORTS)}, got {sort!r}")
         sort = "id"
-    page = int(one["page"]) if one.get("page", "").isdigit() and int(one["page"]) > 0 else 1
+    # ASCII digits only: str.isdigit() accepts "²", which int() then refuses (a 500 before)
+    raw_page = one.get("page", "")
+    page = int(raw_page) if re.fullmatch(r"[0-9]{1,9}", raw_page) and int(raw_page) > 0 else 1
+    if raw_page and page == 1 and raw_page != "1":
+        problems.append(f"page: expected a positive whole number, got {raw_page[:20]!r}")
     params: dict[str, Any] = {k: one.get(k, "") for k in FILTER_KEYS if k != "label"}
     params["label"] = [f"{k}={v}" for k, v in labels.items()]
     return ListQuery(filters=filters, params=params, sort=sort, descending=one.get("dir", "desc") != "asc",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -43,6 +46,42 @@ class JobStatus:
     raw: str
 
 
+# What a job may see of the scheduler's environment: the code under test must never get the
+# database URL (with its password), API tokens or cloud credentials. Names listed exactly, or by prefix.
+JOB_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
+    "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "SLURM_CONF",
+    # job-side knobs read by jobs/ (fault injection in tests, checkpoint save manager, fast exit)
+    "PARITY_INJECT_FAULT", "PARITY_SAVE_MANAGER_QUEUE", "PARITY_FAST_EXIT",
+})
+JOB_ENV_PREFIXES = ("LC_", "SLURM_", "SUBMITIT_", "OMP_", "MKL_", "NCCL_", "GLOO_", "TORCH_")
+_ENV_LOCK = threading.Lock()
+
+
+def job_environment(environ: Mapping[str, str], extra: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The allow-listed part of environ that a job may inherit (plus the names in `extra`)."""
+    return {k: v for k, v in environ.items()
+            if k in JOB_ENV_NAMES or k in extra or k.startswith(JOB_ENV_PREFIXES)}
+
+
+@contextmanager
+def only_job_environment(
+    extra: frozenset[str] = frozenset(), values: Mapping[str, str] | None = None
+) -> Iterator[None]:
+    """Within the block, os.environ is the job allow-list: sbatch (whose --export=ALL is the default)
+    and submitit's local Popen both copy os.environ into the job, so this is what they hand on."""
+    with _ENV_LOCK:
+        saved = dict(os.environ)
+        try:
+            os.environ.clear()
+            os.environ.update(job_environment(saved, extra))
+            os.environ.update(values or {})
+            yield
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
 # Local jobs are children of this process: keep their Popen handles so they get reaped.
 _LOCAL_JOBS: dict[str, Job[Any]] = {}
 
@@ -52,7 +91,7 @@ def submit_phase(
     function: Any, args: tuple[Any, ...],
 ) -> PhaseJob:
     """Submit function(*args) as one job of `tasks` ranks; return its (folder, job id)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dirs(settings.resolved_run_folder, folder)
     timeout = settings.phase_timeout_min if executor == "local" else settings.slurm_time_limit_min
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")
@@ -74,12 +113,24 @@ def submit_phase(
     else:
         ex = submitit.LocalExecutor(folder=folder, python=python, max_num_timeout=0)
         ex.update_parameters(tasks_per_node=tasks, timeout_min=timeout)
-        os.environ["PYTHONPATH"] = pythonpath
-    job = ex.submit(function, *args)
+    with only_job_environment(settings.job_env_names(), {"PYTHONPATH": pythonpath} if executor == "local" else {}):
+        job = ex.submit(function, *args)
     if executor == "local":
         _LOCAL_JOBS[job.job_id] = job
     log.info("submitted %s as %s job %s in %s", name, executor, job.job_id, folder)
     return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks)
+
+
+def private_dirs(root: Path, folder: Path) -> None:
+    """Create root and every folder down to `folder` as 0700 (owner only).
+
+    A run folder holds checkpoints, logs and the result pickles the scheduler unpickles: whoever can
+    write there can run code in the scheduler, so nobody but the service's user may.
+    """
+    for path in [root, *reversed([p for p in folder.parents if p.is_relative_to(root) and p != root]), folder]:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o700)
 
 
 def find_submitted(folder: Path) -> str | None:

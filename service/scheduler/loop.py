@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from models import SchedulerHeartbeat
 from models.base import utcnow
+from service import retention
 from service.db import session_scope
 from service.evaluation import evaluate_one
 from service.scheduler.reconciler import reconcile
@@ -41,7 +42,7 @@ def heartbeat(name: str) -> None:
 
 def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
-    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "selftest_queued": 0}
+    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "pruned": 0, "selftest_queued": 0}
     with session_scope() as session:
         done["selftest_queued"] = enqueue_due(session, settings=settings)
     with session_scope() as session:
@@ -58,6 +59,8 @@ def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
             if not evaluate_one(session):
                 break
         done["evaluated"] += 1
+    with session_scope() as session:
+        done["pruned"] = sum(retention.apply(session, settings).values())
     return done
 
 

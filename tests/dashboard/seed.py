@@ -183,3 +183,23 @@ def seed(session: Session, run_folder: Path) -> Seeded:
     session.flush()
     return Seeded(good=good.id, regressed=regressed.id, errored=errored.id, dense=dense.id, queued=queued.id,
                   xss=xss.id, regressed_phase=regressed_phase.id, errored_phase=errored_phase.id, total_runs=7)
+
+
+def golden_run(session: Session, env: Environment, case: str) -> Run:
+    """A finished run built through the real ingestion path from a golden case's phase documents."""
+    from jobs.verdict.compare import evaluate
+    from service.documents import validate_phase_document
+    from service.evaluation import store_result
+    from tests.golden import documents, expected
+
+    docs = {name: validate_phase_document(doc) for name, doc in documents(case).items()}
+    verdict_state = {"pass": "passed", "fail": "failed", "error": "error"}
+    result = evaluate(expected(case)["spec"], docs.get("train_and_save"), docs.get("resume"))
+    run = _run(session, env, age_h=0.5, state=verdict_state[result["verdict"]], verdict=result["verdict"],
+               spec=expected(case)["spec"], labels={"branch": f"golden-{case}"}, summary={})
+    for name, doc in docs.items():
+        session.add(Phase(run_id=run.id, name=name, attempt=1, state="succeeded" if doc["status"] == "ok" else "failed",
+                          executor="local", job_id=f"{run.id}{name[:2]}", folder=None, info=dict(doc), log_paths=[]))
+    store_result(session, run, result)
+    session.flush()
+    return run

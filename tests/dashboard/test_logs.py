@@ -78,3 +78,41 @@ def test_local_command_quotes_and_repeats_workarounds():
         "parity run-local --config moe-fp32-router --dp 2 --steps 20 --save-step 10 --sharding dp_reshardable "
         "--seed 1 --tolerance exact --workaround realign-param-index --workaround restore-adam-step"
     )
+
+
+def test_only_listed_log_files_are_served(app_client, seeded, run_folder):
+    phase_dir = run_folder / f"run-{seeded.errored}" / "train_and_save-attempt1"
+    (phase_dir / "9201_0_result.pkl").write_bytes(b"\x80\x04secret pickle")
+    (phase_dir / "notes.log").write_text("a log the phase does not list\n")
+    pickle = app_client.get(_log_url(seeded, f"run-{seeded.errored}/train_and_save-attempt1/9201_0_result.pkl"))
+    assert pickle.status_code == 403 and "secret pickle" not in pickle.text
+    unlisted = app_client.get(_log_url(seeded, f"run-{seeded.errored}/train_and_save-attempt1/notes.log"))
+    assert unlisted.status_code == 404 and "does not list" not in unlisted.text
+
+
+def test_a_listed_log_swapped_for_a_symlink_is_refused(app_client, seeded, run_folder):
+    """Even a link that stays inside the run folder: O_NOFOLLOW refuses the final symlink."""
+    log = run_folder / f"run-{seeded.errored}" / "train_and_save-attempt1" / "9201_0_log.out"
+    target = run_folder / f"run-{seeded.errored}" / "private.txt"
+    target.write_text("not for the dashboard\n")
+    saved = log.read_bytes()
+    log.unlink()
+    log.symlink_to(target)
+    try:
+        r = app_client.get(_log_url(seeded, f"run-{seeded.errored}/train_and_save-attempt1/9201_0_log.out"))
+        assert r.status_code == 403 and "not for the dashboard" not in r.text
+    finally:
+        log.unlink()
+        log.write_bytes(saved)
+
+
+def test_reads_are_bounded(tmp_path: Path):
+    path = tmp_path / "huge.log"
+    with path.open("wb") as fh:
+        fh.truncate(3 * logs.TAIL_BYTES)  # sparse: 3 MiB of zeros, cheap to make
+        fh.seek(0, 2)
+        fh.write(b"\nlast line\n")
+    lines, cut = logs.read_tail(path)
+    assert cut and lines[-1] == "last line" and sum(len(x) + 1 for x in lines) <= logs.TAIL_BYTES
+    lines, cut = logs.read_tail(path, logs.TRIAGE_TAIL_BYTES)
+    assert cut and sum(len(x) + 1 for x in lines) <= logs.TRIAGE_TAIL_BYTES

@@ -29,7 +29,24 @@ chown mysql:mysql /var/lib/mysql /run/mysqld
 chmod 700 /etc/munge
 printf '127.0.0.1 localhost\n10.99.0.1 mariadb slurmdbd slurmctld slurmd scheduler\n' >"$WORK/hosts"
 mount --bind "$WORK/hosts" /etc/hosts
-mkdir -p "$WORK/runs"
+# the scheduler container runs as an unprivileged user (as the image's `parity`), so its run folder
+# must be reachable by it: pytest's tmp_path sits under a root-only folder
+RUNS=$(mktemp -d /tmp/parity-compose-runs.XXXXXX)
+chown nobody "$RUNS"
+# ... and so must the Python: a pyenv under root's 0700 home is re-exposed, in this mount namespace
+# only, by a world-readable tmpfs over /root holding a bind mount of just that one folder
+REAL_HOME=""
+PY_REAL=$(readlink -f "$PYTHON")
+if [[ $PY_REAL == /root/* ]]; then
+  top=${PY_REAL#/root/}; top=${top%%/*}
+  REAL_HOME=$(mktemp -d /tmp/parity-root-home.XXXXXX)
+  mount --bind /root "$REAL_HOME"
+  mount -t tmpfs -o mode=755 tmpfs /root
+  mkdir "/root/$top"
+  mount --bind "$REAL_HOME/$top" "/root/$top"
+fi
+# never rm -r a folder that may hold a bind mount of the real /root: unmount, then rmdir only
+trap 'rm -rf "$RUNS"; if [[ -n $REAL_HOME ]]; then umount -l /root; umount -l "$REAL_HOME"; rmdir "$REAL_HOME"; fi' EXIT
 
 # the mariadb service (the official image does this from MARIADB_* variables)
 mariadb-install-db --no-defaults --user=mysql --datadir=/var/lib/mysql --skip-test-db \
@@ -50,16 +67,16 @@ container slurmdbd env CLUSTER_DB_HOST=mariadb CLUSTER_DB_PASSWORD="$DB_PASSWORD
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/6819) 2>/dev/null && break; sleep 0.2; done
 container slurmctld "$EP" slurmctld >"$WORK/slurmctld.log" 2>&1 &
 container slurmd "$EP" slurmd >"$WORK/slurmd.log" 2>&1 &
-container scheduler "$EP" bash -c '
+container scheduler env PARITY_RUN_AS=nobody "$EP" bash -c '
   set -e
   for _ in $(seq 100); do scontrol ping | grep -q UP && break; sleep 0.3; done
   for _ in $(seq 100); do sinfo -h -n slurmd -o %t | grep -Eq "^(idle|mix|alloc)" && break; sleep 0.3; done
   sinfo -h -o "sinfo: %P %a %D %t %N"
   timeout 120 "$0" - "$1" <<PY
-import socket, sys
+import os, socket, sys
 import submitit
 def rank_and_host():
-    return submitit.JobEnvironment().global_rank, socket.gethostname()
+    return submitit.JobEnvironment().global_rank, socket.gethostname(), os.getuid()
 executor = submitit.AutoExecutor(folder=sys.argv[1] + "/%j", cluster="slurm")
 executor.update_parameters(tasks_per_node=2, cpus_per_task=1, timeout_min=2, slurm_partition="debug")
 print("results:", executor.submit(rank_and_host).results())
@@ -67,4 +84,4 @@ PY
   for _ in $(seq 50); do sacct -X -n -P -o State | grep -q COMPLETED && break; sleep 0.3; done
   echo "sacct: $(sacct -X -n -P -o JobID,State,NodeList | tr "\n" " ")"
   echo "cluster: $(sacctmgr -n -P list cluster format=cluster)"
-' "$PYTHON" "$WORK/runs"
+' "$PYTHON" "$RUNS"

@@ -33,6 +33,11 @@ EXPECTED_SERVICES = {
 # Containers that run jobs or hand them to Slurm: each must see the run folder at the same path.
 RUN_FOLDER_USERS = {"api", "scheduler", "slurmd"}
 KNOWN_SUBCOMMANDS = {"serve", "scheduler", "db upgrade"}
+# Only these containers may see the munge key (whoever has it can act as any Slurm user).
+MUNGE_KEY_USERS = {"munge-key", "slurmdbd", "slurmctld", "slurmd", "scheduler"}
+# Only these containers may see the database URL (and its password).
+DATABASE_USERS = {"api", "scheduler"}
+SECRET_NAME = re.compile(r"PASS|SECRET|TOKEN|KEY", re.IGNORECASE)
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 
 
@@ -88,6 +93,27 @@ def dockerfile_stages(path: Path) -> set[str]:
     return set(re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", path.read_text(), flags=re.MULTILINE | re.IGNORECASE))
 
 
+def default_secrets(value: str) -> list[str]:
+    """`${NAME:-default}` / `${NAME-default}` references to a secret-looking variable in value."""
+    return [m.group(0) for m in re.finditer(r"\$\{(\w+):?-[^}]*\}", value) if SECRET_NAME.search(m.group(1))]
+
+
+def privilege_problems(root: Path) -> list[str]:
+    """The image, entrypoint and slurm.conf it writes keep the service and the jobs off root."""
+    problems = []
+    dockerfile = (root / "docker" / "Dockerfile").read_text()
+    entrypoint = (root / "docker" / "entrypoint.sh").read_text()
+    if not re.search(r"^ENV PARITY_RUN_AS=(?!root\b)\w+", dockerfile, re.MULTILINE):
+        problems.append("Dockerfile: no unprivileged PARITY_RUN_AS user for the app")
+    if "setpriv" not in entrypoint or not re.search(r"^\s*drop_privileges \"\$@\"", entrypoint, re.MULTILINE):
+        problems.append("entrypoint.sh: app commands are not run through drop_privileges")
+    if not re.search(r"^SlurmUser=(?!root\b)\w+", entrypoint, re.MULTILINE):
+        problems.append("entrypoint.sh: slurmctld/slurmdbd run as root (SlurmUser)")
+    if not re.search(r"^DisableRootJobs=YES", entrypoint, re.MULTILINE):
+        problems.append("entrypoint.sh: slurm.conf lets jobs run as root (DisableRootJobs)")
+    return problems
+
+
 def compose_problems(compose: dict[str, Any], root: Path) -> list[str]:
     """Everything wrong with a compose dict, one readable line each (empty when it is fine)."""
     problems: list[str] = []
@@ -129,6 +155,19 @@ def compose_problems(compose: dict[str, Any], root: Path) -> list[str]:
         for sub in parity_subcommands(command_text(svc)):
             if sub not in KNOWN_SUBCOMMANDS:
                 problems.append(f"{name}: runs unknown subcommand `parity {sub}`")
+
+        if "test" not in (svc.get("healthcheck") or {}):
+            problems.append(f"{name}: no healthcheck")
+        if str(svc.get("user", "")).split(":")[0] in ("root", "0"):
+            problems.append(f"{name}: runs as root (user: {svc['user']})")
+        for source in mounts(svc).values():
+            if source == "munge-key" and name not in MUNGE_KEY_USERS:
+                problems.append(f"{name}: mounts the munge key but only {sorted(MUNGE_KEY_USERS)} may")
+        if "PARITY_DATABASE_URL" in environment(svc) and name not in DATABASE_USERS:
+            problems.append(f"{name}: gets PARITY_DATABASE_URL but only {sorted(DATABASE_USERS)} need the database")
+        for key, value in environment(svc).items():
+            problems += [f"{name}: {key} has a default secret ({ref})" for ref in default_secrets(value)]
+    problems += privilege_problems(root)
 
     run_folders: set[str] = {f for svc in services.values() if (f := environment(svc).get("PARITY_RUN_FOLDER"))}
     if len(run_folders) != 1:
@@ -214,6 +253,14 @@ def test_commands_are_real_cli_subcommands() -> None:
     assert all(knows(parser, sub.split()) for sub in used), used
 
 
+def test_scheduler_healthcheck_is_a_real_command() -> None:
+    from service.cli import build_parser
+
+    test = load_compose()["services"]["scheduler"]["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "parity"]
+    assert build_parser().parse_args(test[2:]).check is True
+
+
 def test_entrypoint_handles_every_slurm_role() -> None:
     entrypoint = (REPO_ROOT / "docker" / "entrypoint.sh").read_text()
     for svc in load_compose()["services"].values():
@@ -269,6 +316,41 @@ def test_checker_reports_missing_dockerfile_target_and_unknown_subcommand() -> N
     assert "scheduler: runs unknown subcommand `parity schedule`" in problems
 
 
+def test_checker_reports_least_privilege_mistakes() -> None:
+    def mutate(c: dict[str, Any]) -> None:
+        c["services"]["api"]["volumes"].append("munge-key:/etc/munge:ro")
+        c["services"]["api"]["user"] = "root"
+        c["services"]["slurmd"]["environment"]["PARITY_DATABASE_URL"] = "postgresql+psycopg://parity@postgres:5432/p"
+        c["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"] = "${POSTGRES_PASSWORD:-parity}"
+        c["services"]["scheduler"].pop("healthcheck")
+
+    problems = broken(mutate)
+    assert "api: runs as root (user: root)" in problems, problems
+    assert any(p.startswith("api: mounts the munge key") for p in problems), problems
+    assert any(p.startswith("slurmd: gets PARITY_DATABASE_URL") for p in problems), problems
+    assert "postgres: POSTGRES_PASSWORD has a default secret (${POSTGRES_PASSWORD:-parity})" in problems, problems
+    assert "scheduler: no healthcheck" in problems, problems
+
+
+def test_checker_reports_root_in_the_image_and_slurm_conf(tmp_path: Path) -> None:
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "Dockerfile").write_text("FROM python:3.11 AS app\n")
+    (tmp_path / "docker" / "entrypoint.sh").write_text("SlurmUser=root\nexec \"$@\"\n")
+    assert privilege_problems(tmp_path) == [
+        "Dockerfile: no unprivileged PARITY_RUN_AS user for the app",
+        "entrypoint.sh: app commands are not run through drop_privileges",
+        "entrypoint.sh: slurmctld/slurmdbd run as root (SlurmUser)",
+        "entrypoint.sh: slurm.conf lets jobs run as root (DisableRootJobs)",
+    ]
+
+
+def test_secrets_have_no_default_and_an_example_env_file() -> None:
+    text = COMPOSE_FILE.read_text()
+    assert "${POSTGRES_PASSWORD:?" in text and "${SLURMDBD_STORAGE_PASS:?" in text
+    example = (REPO_ROOT / "docker" / "env.example").read_text()
+    assert "POSTGRES_PASSWORD=" in example and "SLURMDBD_STORAGE_PASS=" in example
+
+
 def test_checker_reports_unconditioned_depends_on() -> None:
     problems = broken(lambda c: c["services"]["scheduler"].update(depends_on=["postgres"]))
     assert problems == ["scheduler: depends_on without conditions (only waits for the start)"]
@@ -295,6 +377,7 @@ def test_entrypoint_runs_a_working_cluster_in_namespaces(tmp_path: Path) -> None
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(tmp_path.glob("*.log")))
     out = result.stdout + result.stderr
     assert result.returncode == 0, out + logs
-    assert "results: [(0, 'slurmd'), (1, 'slurmd')]" in out, out + logs
+    # the job ran as the unprivileged user the scheduler container dropped to (nobody here), not root
+    assert "results: [(0, 'slurmd', 65534), (1, 'slurmd', 65534)]" in out, out + logs
     assert "|COMPLETED|slurmd" in out, out + logs
     assert "cluster: parity" in out, out + logs

@@ -61,12 +61,12 @@ def _doc(
 
 def _baseline(**kw: Any) -> PhaseDocument:
     probes = {"fingerprints_at_save": {"owned": [_state()], "slots": [_state()]}}
-    return _doc("train_and_save", range(1, 7), kw.pop("probes", probes), **kw)
+    return _doc("train_and_save", range(1, 7), probes | kw.pop("probes", {}), **kw)
 
 
 def _resumed(step: float = 3.0, **kw: Any) -> PhaseDocument:
     probes = {"fingerprints_after_load": {"owned": [_state(step)]}}
-    return _doc("resume", range(4, 7), kw.pop("probes", probes), **kw)
+    return _doc("resume", range(4, 7), probes | kw.pop("probes", {}), **kw)
 
 
 def test_bit_identical_passes() -> None:
@@ -195,6 +195,7 @@ def test_known_load_crashes_are_fail_unknown_are_error() -> None:
     assert r["verdict"] == "error" and r["signatures"] == ["checkpoint-load-crash"]
     assert classify_error(
         {
+            "rank": 0,
             "type": "RuntimeError",
             "stage": "load",
             "traceback": "",

@@ -1,0 +1,71 @@
+"""Request limits: bodies over MAX_BODY_BYTES are refused with 413 before anything parses them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MAX_BODY_BYTES = 64 * 1024
+MAX_LABELS = 32
+
+
+async def _send_413(send: Send, limit: int) -> None:
+    body = json.dumps({
+        "error": "payload_too_large",
+        "detail": f"request body: larger than the {limit} bytes allowed",
+        "field": None,
+    }).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a declared or streamed body over `limit` bytes.
+
+    A Content-Length over the limit is refused before a byte is read; a chunked body is read up to
+    limit + 1 bytes and then replayed to the app, so the JSON parser never sees an oversize body.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on, or answer 413."""
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            try:
+                too_big = int(declared) > self.limit
+            except ValueError:
+                too_big = False  # the server already rejects a malformed length
+            if too_big:
+                await _send_413(send, self.limit)
+                return
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                await _send_413(send, self.limit)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Any:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,83 @@
+"""Jobs see an allow-listed environment: the scheduler's secrets never reach the code under test."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Literal
+
+import cloudpickle
+import pytest
+import submitit
+
+from service.scheduler import launcher
+from service.settings import Settings
+
+# Jobs unpickle this function in a fresh interpreter where this test module is not importable.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SECRETS = {
+    "PARITY_DATABASE_URL": "postgresql+psycopg://parity:hunter2@db:5432/parity",
+    "PARITY_TOKEN": "prt_very-secret",
+    "AWS_SECRET_ACCESS_KEY": "also-secret",
+}
+
+
+def job_environment() -> dict[str, str]:
+    """What a job process sees."""
+    return dict(os.environ)
+
+
+def _submit(executor: Literal["local", "slurm"], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PARITY_INJECT_FAULT", "none:9")  # a job-side knob on the allow-list
+    settings = Settings(executor=executor, run_folder=tmp_path / "runs", slurm_time_limit_min=5,
+                        job_env="EXTRA_ALLOWED")
+    monkeypatch.setenv("EXTRA_ALLOWED", "yes")
+    before = dict(os.environ)
+    job = launcher.submit_phase(
+        executor=executor, folder=tmp_path / "runs" / "run-1" / "probe-attempt1", python=sys.executable, tasks=1,
+        settings=settings, name="env-probe", function=job_environment, args=(),
+    )
+    assert dict(os.environ) == before, "the scheduler's own environment must be restored after submitting"
+    handle: submitit.Job[dict[str, str]]
+    if executor == "slurm":
+        handle = submitit.SlurmJob(job.folder, job.job_id)
+    else:
+        handle = launcher._LOCAL_JOBS[job.job_id]
+    return handle.result()
+
+
+def _assert_clean(env: dict[str, str]) -> None:
+    leaked = sorted(name for name in SECRETS if name in env)
+    assert not leaked, f"secrets reached the job: {leaked}"
+    assert not any("hunter2" in value or "prt_very-secret" in value for value in env.values())
+    assert env.get("PARITY_INJECT_FAULT") == "none:9" and env.get("EXTRA_ALLOWED") == "yes"
+    assert "PATH" in env and env.get("PYTHONPATH")
+
+
+def test_a_local_job_gets_only_the_allow_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _assert_clean(_submit("local", tmp_path, monkeypatch))
+
+
+def test_a_slurm_job_gets_only_the_allow_list(slurm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _submit("slurm", tmp_path, monkeypatch)
+    _assert_clean(env)
+    assert env.get("SLURM_JOB_ID")  # it really ran under Slurm
+
+
+def test_run_folders_are_private(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    folder = root / "run-7" / "train_and_save-attempt1"
+    root.mkdir(mode=0o755)
+    launcher.private_dirs(root, folder)
+    for path in (root, root / "run-7", folder):
+        assert path.stat().st_mode & 0o777 == 0o700, path
+
+
+def test_the_allow_list_drops_everything_else() -> None:
+    env = launcher.job_environment({"PATH": "/bin", "SLURM_JOB_ID": "3", "PARITY_DATABASE_URL": "x", "HOME": "/h",
+                                    "GITHUB_TOKEN": "t", "LC_ALL": "C"})
+    assert env == {"PATH": "/bin", "SLURM_JOB_ID": "3", "HOME": "/h", "LC_ALL": "C"}

@@ -1,0 +1,190 @@
+"""Submitter, reconciler and evaluator at the database level, with a fake launcher returning golden documents.
+
+The real launcher (submitit on Slurm and local processes) is tested in test_scheduler_slurm.py and
+test_end_to_end.py; here each scheduler step runs against the real Postgres, one transaction owner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from jobs.rank.entry import run_rank_phase
+from jobs.spec import RunSpec
+from models import Environment, Phase, ProbeFinding, Run, StepMetric
+from service.evaluation import evaluate_one
+from service.runs import create_run
+from service.scheduler import launcher
+from service.scheduler.launcher import JobStatus, PhaseJob
+from service.scheduler.reconciler import reconcile
+from service.scheduler.submitter import claim_queued, launch_one
+from service.settings import Settings, get_settings
+from tests.golden import documents, expected
+
+
+@dataclass
+class FakeLauncher:
+    """Stands in for submitit: records submissions, reports a state, returns a chosen document per phase."""
+
+    docs: dict[str, Any]
+    state: JobStatus = field(default_factory=lambda: JobStatus(kind="done", raw="COMPLETED"))
+    submitted: list[dict[str, Any]] = field(default_factory=list)
+    already_submitted: str | None = None
+    refuse: str | None = None
+    raised: str | None = None
+
+    def submit_phase(self, **kw: Any) -> PhaseJob:
+        if self.refuse:
+            raise RuntimeError(self.refuse)
+        self.submitted.append(kw)
+        return PhaseJob(executor=kw["executor"], folder=str(kw["folder"]), job_id=f"job-{len(self.submitted)}",
+                        tasks=kw["tasks"])
+
+    def fetch_result(self, job: PhaseJob) -> tuple[Any, str | None]:
+        if self.raised:
+            return None, self.raised
+        phase = Path(job.folder).name.split("-attempt")[0]
+        return self.docs[phase], None
+
+
+@pytest.fixture
+def settings(settings_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    """Settings on the test database, the local executor (no Slurm probe) and no retry backoff."""
+    monkeypatch.setenv("PARITY_EXECUTOR", "local")
+    monkeypatch.setenv("PARITY_RETRY_BACKOFF_SECONDS", "0")
+    get_settings.cache_clear()
+    yield get_settings()
+    get_settings.cache_clear()
+
+
+def _fake(monkeypatch: pytest.MonkeyPatch, docs: dict[str, Any], **kw: Any) -> FakeLauncher:
+    fake = FakeLauncher(docs=docs, **kw)
+    monkeypatch.setattr(launcher, "submit_phase", fake.submit_phase)
+    monkeypatch.setattr(launcher, "find_submitted", lambda folder: fake.already_submitted)
+    monkeypatch.setattr(launcher, "poll", lambda jobs: {j: fake.state for j in jobs})
+    monkeypatch.setattr(launcher, "fetch_result", fake.fetch_result)
+    monkeypatch.setattr(launcher, "log_paths", lambda job: [])
+    return fake
+
+
+def _queued(session: Session, case: str) -> Run:
+    env = Environment(name=f"env-{case}", python="/usr/bin/python3", packages={})
+    session.add(env)
+    session.flush()
+    run, _ = create_run(session, spec=RunSpec.from_dict(expected(case)["spec"]), environment=env, labels={},
+                        requester="test")
+    return run
+
+
+def _phases(session: Session, run: Run) -> list[Phase]:
+    return list(session.scalars(select(Phase).where(Phase.run_id == run.id).order_by(Phase.id)))
+
+
+def _drive(session: Session, settings: Settings) -> None:
+    """What one scheduler tick does, in one transaction (the test's)."""
+    claim_queued(session, settings=settings)
+    while launch_one(session, settings=settings):
+        pass
+    reconcile(session, settings=settings)
+
+
+def test_known_good_run_goes_through_both_phases_to_pass(db_session: Session, settings: Settings,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = documents("good")
+    fake = _fake(monkeypatch, dict(docs))
+    run = _queued(db_session, "good")
+    _drive(db_session, settings)  # claim, submit train_and_save, ingest it, queue resume
+    assert run.state == "resume_submitted"
+    first = _phases(db_session, run)[0]
+    assert (first.name, first.state, first.job_id) == ("train_and_save", "succeeded", "job-1")
+    assert first.info == docs["train_and_save"] and first.save_s == docs["train_and_save"]["info"]["save_seconds"]
+    assert fake.submitted[0]["function"] is run_rank_phase
+    assert fake.submitted[0]["args"] == (run.spec, str(settings.resolved_run_folder / f"run-{run.id}"),
+                                         "train_and_save")
+    _drive(db_session, settings)  # submit resume, ingest it
+    assert run.state == "evaluating" and [p.state for p in _phases(db_session, run)] == ["succeeded"] * 2
+    assert evaluate_one(db_session)
+    assert (run.state, run.verdict, run.signatures) == ("passed", "pass", [])
+    assert run.summary["schema_version"] == 2 and run.summary["worked_around"] == ["optimizer-index-misalignment"]
+    assert run.summary["packages"]["megatron_core"] == "0.16.1"
+    assert db_session.scalar(select(func.count()).where(StepMetric.run_id == run.id)) == 6
+    assert (db_session.scalar(select(func.count()).where(ProbeFinding.run_id == run.id)) or 0) > 0
+
+
+def test_known_bad_crash_is_evaluated_without_a_resume(db_session: Session, settings: Settings,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(monkeypatch, dict(documents("bad")), state=JobStatus(kind="failed", raw="FAILED"))
+    run = _queued(db_session, "bad")
+    _drive(db_session, settings)
+    (phase,) = _phases(db_session, run)
+    assert phase.state == "failed" and (phase.exit_reason or "").startswith("save: AssertionError")
+    assert run.state == "evaluating" and evaluate_one(db_session)
+    assert (run.state, run.verdict) == ("failed", "fail")
+    assert run.signatures[:2] == ["checkpoint-save-crash", "optimizer-index-misalignment"]
+    assert run.error_message and run.error_message.startswith("AssertionError")
+
+
+def test_an_invalid_document_is_an_error_naming_the_field(db_session: Session, settings: Settings,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    docs: dict[str, Any] = dict(documents("good"))
+    broken = dict(docs["train_and_save"])
+    broken["steps"] = [{k if k != "loss" else "loss_value": v for k, v in s.items()} for s in broken["steps"]]
+    docs["train_and_save"] = broken
+    _fake(monkeypatch, docs)
+    run = _queued(db_session, "good")
+    _drive(db_session, settings)
+    (phase,) = _phases(db_session, run)
+    assert phase.state == "failed" and "steps.0.loss" in (phase.exit_reason or "")
+    assert phase.info["error"]["type"] == "InvalidDocument" and phase.info["info"]["rejected_document"] == broken
+    assert evaluate_one(db_session)
+    assert (run.state, run.verdict) == ("error", "error")
+    assert "steps.0.loss" in (run.error_message or "")
+
+
+def test_a_job_that_raised_is_an_error_not_retried(db_session: Session, settings: Settings,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(monkeypatch, {}, state=JobStatus(kind="failed", raw="FAILED"), raised="rank 0: RuntimeError: boom")
+    run = _queued(db_session, "good")
+    _drive(db_session, settings)
+    assert [p.state for p in _phases(db_session, run)] == ["failed"]
+    assert evaluate_one(db_session) and run.verdict == "error"
+    assert "boom" in (run.error_message or "")
+
+
+def test_an_infra_failure_is_retried_then_an_error(db_session: Session, settings: Settings,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _fake(monkeypatch, {}, state=JobStatus(kind="infra", raw="NODE_FAIL"))
+    run = _queued(db_session, "good")
+    for _ in range(settings.max_infra_retries + 1):
+        _drive(db_session, settings)
+    phases = _phases(db_session, run)
+    assert [p.attempt for p in phases] == list(range(1, settings.max_infra_retries + 2))
+    assert all(p.state == "infra_failed" for p in phases) and len(fake.submitted) == len(phases)
+    assert len({p.folder for p in phases}) == len(phases)  # each attempt has its own submitit folder
+    assert run.state == "error" and run.verdict is None and "NODE_FAIL" in (run.error_message or "")
+
+
+def test_a_phase_already_submitted_is_adopted_not_resubmitted(db_session: Session, settings: Settings,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _fake(monkeypatch, {}, state=JobStatus(kind="active", raw="PENDING"), already_submitted="4242")
+    run = _queued(db_session, "good")
+    _drive(db_session, settings)
+    (phase,) = _phases(db_session, run)
+    assert fake.submitted == [] and (phase.state, phase.job_id) == ("submitted", "4242")
+
+
+def test_a_refused_submission_is_an_infra_failure_with_a_retry(db_session: Session, settings: Settings,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(monkeypatch, {}, refuse="sbatch: error: invalid partition specified: nope")
+    run = _queued(db_session, "good")
+    claim_queued(db_session, settings=settings)
+    assert launch_one(db_session, settings=settings)
+    first, retry = _phases(db_session, run)
+    assert first.state == "infra_failed" and "invalid partition" in (first.exit_reason or "")
+    assert (retry.state, retry.attempt) == ("pending", 2) and run.state == "train_submitted"
