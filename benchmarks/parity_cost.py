@@ -1,12 +1,15 @@
-"""Cost of a full parity check vs one uninterrupted launch of the same M steps.
+"""Cost of a full parity check vs one uninterrupted launch of the same M steps, in both isolation modes.
 
     python benchmarks/parity_cost.py [--config moe-fp32-router] [--dp 2] [--steps 20] [--save-step 10]
-                                     [--repeat 3] [--json]
+                                     [--repeat 3] [--modes process,job] [--json]
 
-Both sides go through the same submitit local executor with tasks_per_node = dp. The baseline is
-the `train` phase (steps 1..M, no checkpoint); the full check is `run_parity` (train_and_save,
-then resume in fresh processes, then evaluate). Reports medians over --repeat runs after one
-warm-up, a per-stage breakdown, and peak RSS per rank. Target: ratio <= 2.0.
+Every side goes through the same submitit local executor with tasks_per_node = dp. The baseline is
+the `train` phase (steps 1..M, no checkpoint, one job); the full check is `run_parity` (train_and_save,
+then resume in fresh processes, then evaluate) under isolation "process" (one job whose tasks fork
+a child per phase) and "job" (one job per phase). Each repeat runs the baseline and every mode
+back to back, so load on a shared machine hits them alike; reports medians over --repeat after one
+warm-up, a per-stage breakdown, and peak RSS per rank.
+Targets: process <= 1.35x one uninterrupted launch; job <= 2.0x.
 """
 
 from __future__ import annotations
@@ -17,18 +20,20 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from jobs.contract import ParityResult
 from jobs.launch.local import launch_phase, run_parity
-from jobs.spec import RunSpec
+from jobs.layout import RunLayout
+from jobs.spec import ISOLATION_MODES, RunSpec
 
 WORKAROUNDS = ("realign-param-index", "restore-adam-step")
 
 
 def _rank_docs(folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
-    return [json.loads((folder / phase / f"result.rank{r}.json").read_text()) for r in range(dp)]
+    return [json.loads(RunLayout(folder).attempt(phase, 1).result(r).read_text()) for r in range(dp)]
 
 
 def _info(result: ParityResult, index: int) -> dict[str, Any]:
@@ -38,7 +43,8 @@ def _info(result: ParityResult, index: int) -> dict[str, Any]:
 
 def _breakdown(doc: dict[str, Any]) -> dict[str, Any]:
     info = doc.get("info", {})
-    launch, inside = info.get("launch_wall_seconds"), info.get("wall_seconds")
+    launch = info.get("launch_wall_seconds", info.get("child_wall_seconds"))
+    inside = info.get("wall_seconds")
     return {
         "launch_wall_s": launch,
         "in_process_s": inside,
@@ -49,37 +55,41 @@ def _breakdown(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def measure(spec: RunSpec, root: Path, index: int) -> dict[str, Any]:
-    """Run one uninterrupted launch and one full parity check; return their figures."""
-    base_folder, full_folder = root / f"base{index}", root / f"full{index}"
+def _full(spec: RunSpec, folder: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    result = run_parity(spec, folder)
+    seconds = time.perf_counter() - t0
+    if result["verdict"] != "pass":
+        raise SystemExit(f"benchmark run did not pass ({spec.isolation}): {result['verdict']} {result['errors']}")
+    ranks = {p: _rank_docs(folder, p, spec.dp) for p in ("train_and_save", "resume")}
+    return {
+        "seconds": round(seconds, 3),
+        "breakdown": {p: _breakdown(docs[0] | {"info": _info(result, i)}) for i, (p, docs) in enumerate(ranks.items())},
+        "peak_rss": {p: [d["info"]["peak_memory"]["max_rss_bytes"] for d in docs] for p, docs in ranks.items()},
+    }
+
+
+def measure(spec: RunSpec, root: Path, index: int, modes: list[str]) -> dict[str, Any]:
+    """Run one uninterrupted launch and one full parity check per isolation mode; return their figures."""
+    base_folder = root / f"base{index}"
     t0 = time.perf_counter()
     base = launch_phase(spec, base_folder, "uninterrupted")
     t_base = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    result = run_parity(spec, full_folder)
-    t_full = time.perf_counter() - t0
-    if base["status"] != "ok" or result["verdict"] != "pass":
-        raise SystemExit(f"benchmark run did not pass: base {base['status']}, full {result['verdict']}")
-    peak = {
-        "uninterrupted": [
-            d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "uninterrupted", spec.dp)
-        ],
-        "train_and_save": [
-            d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(full_folder, "train_and_save", spec.dp)
-        ],
-        "resume": [d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(full_folder, "resume", spec.dp)],
-    }
-    return {
+    if base["status"] != "ok":
+        raise SystemExit(f"uninterrupted launch failed: {base.get('error')}")
+    out: dict[str, Any] = {
         "uninterrupted_s": round(t_base, 3),
-        "full_check_s": round(t_full, 3),
-        "ratio": round(t_full / t_base, 3),
-        "breakdown": {
-            "uninterrupted": _breakdown(dict(base)),
-            "train_and_save": _breakdown(_rank_docs(full_folder, "train_and_save", 1)[0] | {"info": _info(result, 0)}),
-            "resume": _breakdown(_rank_docs(full_folder, "resume", 1)[0] | {"info": _info(result, 1)}),
+        "uninterrupted": {
+            "breakdown": _breakdown(dict(base)),
+            "peak_rss": [
+                d["info"]["peak_memory"]["max_rss_bytes"] for d in _rank_docs(base_folder, "uninterrupted", spec.dp)
+            ],
         },
-        "peak_rss_bytes_per_rank": peak,
     }
+    for mode in modes:
+        full = _full(replace(spec, isolation=mode), root / f"{mode}{index}")
+        out[mode] = full | {"ratio": round(full["seconds"] / t_base, 3)}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,18 +100,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--save-step", type=int, default=10)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--modes", default=",".join(ISOLATION_MODES), help="isolation modes to measure")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(ISOLATION_MODES))
+    if unknown:
+        raise SystemExit(f"--modes: unknown {', '.join(unknown)}; allowed: {', '.join(ISOLATION_MODES)}")
     spec = RunSpec(config=args.config, dp=args.dp, steps=args.steps, save_step=args.save_step, workarounds=WORKAROUNDS)
     with tempfile.TemporaryDirectory(prefix="parity-bench-") as tmp:
         root = Path(tmp)
-        measure(spec, root, -1)  # warm-up: page cache, .pyc files
-        runs = [measure(spec, root, i) for i in range(args.repeat)]
-    summary = {
+        measure(spec, root, -1, modes)  # warm-up: page cache, .pyc files
+        runs = [measure(spec, root, i, modes) for i in range(args.repeat)]
+    summary: dict[str, Any] = {
         "spec": spec.to_dict(),
         "uninterrupted_s_median": statistics.median(r["uninterrupted_s"] for r in runs),
-        "full_check_s_median": statistics.median(r["full_check_s"] for r in runs),
-        "ratio_median": statistics.median(r["ratio"] for r in runs),
+        "modes": {
+            m: {
+                "full_check_s_median": statistics.median(r[m]["seconds"] for r in runs),
+                "ratio_median": statistics.median(r[m]["ratio"] for r in runs),
+                "ratios": [r[m]["ratio"] for r in runs],
+            }
+            for m in modes
+        },
         "runs": runs,
     }
     if args.json:
@@ -109,18 +130,21 @@ def main(argv: list[str] | None = None) -> int:
         print()
         return 0
     print(f"config {spec.config} dp={spec.dp} M={spec.steps} N={spec.save_step}, {args.repeat} runs after 1 warm-up")
-    print(f"uninterrupted launch (M steps):  median {summary['uninterrupted_s_median']:.2f} s")
-    print(f"full parity check (2 launches): median {summary['full_check_s_median']:.2f} s")
-    print(f"ratio: median {summary['ratio_median']:.2f}  (runs: {', '.join(str(r['ratio']) for r in runs)})")
+    print(f"uninterrupted launch (M steps, one job): median {summary['uninterrupted_s_median']:.2f} s")
+    for m, figures in summary["modes"].items():
+        print(f"full check, isolation {m:8s} median {figures['full_check_s_median']:.2f} s  "
+              f"ratio median {figures['ratio_median']:.2f}  (runs: {', '.join(str(x) for x in figures['ratios'])})")
     last = runs[-1]
-    for name, b in last["breakdown"].items():
+    rows = [("uninterrupted", last["uninterrupted"]["breakdown"], last["uninterrupted"]["peak_rss"])]
+    for m in modes:
+        rows += [(f"{m}/{p}", last[m]["breakdown"][p], last[m]["peak_rss"][p]) for p in ("train_and_save", "resume")]
+    for name, b, rss in rows:
         stages = ", ".join(f"{k} {v:.2f}" for k, v in b["stages_s"].items())
         print(
-            f"  {name:15s} launch {b['launch_wall_s']:.2f} s = in-process {b['in_process_s']:.2f} "
-            f"+ start/teardown {b['outside_process_s']:.2f}; stages: {stages}"
+            f"  {name:22s} launch {b['launch_wall_s']:.2f} s = in-process {b['in_process_s']:.2f} "
+            f"+ start/teardown {b['outside_process_s']:.2f}; stages: {stages}; "
+            f"peak RSS {', '.join(f'{v / 2**20:.0f}' for v in rss)} MiB"
         )
-    for name, values in last["peak_rss_bytes_per_rank"].items():
-        print(f"  peak RSS {name:15s} " + ", ".join(f"rank{r} {v / 2**20:.0f} MiB" for r, v in enumerate(values)))
     return 0
 
 

@@ -319,6 +319,8 @@ class ParityResult(TypedDict):
     phases: dict[str, PhaseSummary | None]
     run_folder: NotRequired[str]
     timing: NotRequired[dict[str, float | None]]
+    # "process" (a forked child per phase in one job) or "job" (a job per phase); absent before it existed
+    isolation: NotRequired[str]
 
 
 def parity_result(

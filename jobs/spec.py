@@ -26,6 +26,10 @@ DEFAULT_SHARDING = "dp_reshardable"
 WORKAROUNDS = WORKAROUND_NAMES
 TOLERANCES = tuple(TOLERANCE_PROFILES)
 REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
+# "process": one job per attempt whose tasks fork a fresh child per phase (the default);
+# "job": each phase is its own job (resume in another allocation, possibly another node).
+ISOLATION_MODES = ("process", "job")
+DEFAULT_ISOLATION = "process"
 
 
 class SpecError(ValueError):
@@ -63,6 +67,7 @@ class RunSpec:
     workarounds: tuple[str, ...] = ()
     # Injected resume bugs (jobs/selftest/catalogue.py): only the detector's self-test sets them.
     mutants: tuple[str, ...] = ()
+    isolation: str = DEFAULT_ISOLATION
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
@@ -98,6 +103,8 @@ class RunSpec:
         for m in self.mutants:
             if m not in mutant_names():
                 raise SpecError("mutants", f"unknown mutant {m!r}", mutant_names())
+        if self.isolation not in ISOLATION_MODES:
+            raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
@@ -144,5 +151,6 @@ def allowed_values() -> dict[str, Any]:
         "sharding": list(SHARDING_TYPES),
         "tolerance": list(TOLERANCES),
         "workarounds": list(WORKAROUNDS),
+        "isolation": list(ISOLATION_MODES),
         "steps": {"min": 2, "max": MAX_STEPS},
     }

@@ -2,10 +2,13 @@
 
 from models.base import Base
 from models.environment import Environment
-from models.event import RunEvent, SchedulerHeartbeat
+from models.event import PhaseEvent, RunEvent, SchedulerHeartbeat
+from models.known_failure import KnownFailure
 from models.metric import StepMetric
+from models.notification import NotificationChannel, OutboxMessage
 from models.phase import Phase
 from models.probe import ProbeFinding
+from models.regression import Regression
 from models.run import Run
 from models.token import ApiToken
 
@@ -13,8 +16,13 @@ __all__ = [
     "ApiToken",
     "Base",
     "Environment",
+    "KnownFailure",
+    "NotificationChannel",
+    "OutboxMessage",
     "Phase",
+    "PhaseEvent",
     "ProbeFinding",
+    "Regression",
     "Run",
     "RunEvent",
     "SchedulerHeartbeat",

@@ -10,6 +10,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from models.base import Base, CreatedAt, utcnow
+from models.jsonsafe import SafeJSONB
 
 if TYPE_CHECKING:
     from models.environment import Environment
@@ -19,8 +20,8 @@ if TYPE_CHECKING:
 class Run(CreatedAt, Base):
     __tablename__ = "runs"
     __table_args__ = (
-        # the regression lookup and the dashboard matrix: latest finished run per config × environment
-        Index("ix_runs_config_env_finished", "config", "environment_id", "finished_at"),
+        # the history lookup and the dashboard matrix: latest finished run per check × track
+        Index("ix_runs_check_track_finished", "check_key", "track", "finished_at"),
         Index("ix_runs_labels", "labels", postgresql_using="gin"),
         Index("ix_runs_state_created", "state", "created_at"),
         # an Idempotency-Key belongs to the token that sent it: two CI systems may pick the same key
@@ -37,6 +38,11 @@ class Run(CreatedAt, Base):
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"))
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     rerun_of_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    # the check (service/checks.py): hash of the canonical spec, and its readable form
+    check_key: Mapped[str] = mapped_column(String(16), index=True)
+    check_name: Mapped[str] = mapped_column(String(500))
+    # the history this run belongs to: its branch label, else its environment's name
+    track: Mapped[str] = mapped_column(String(200), index=True)
 
     state: Mapped[str] = mapped_column(String(32), default="queued")
     # bumped on every transition; the scheduler's claim compares it to avoid double work
@@ -46,6 +52,8 @@ class Run(CreatedAt, Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # consecutive scheduler steps on this run that failed on its data (not an outage); bounded
+    scheduler_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # retention (service/retention.py): when the checkpoints, then the whole run folder, were deleted
     checkpoints_deleted_at: Mapped[datetime | None]
     files_deleted_at: Mapped[datetime | None]
@@ -55,13 +63,16 @@ class Run(CreatedAt, Base):
     first_divergent_step: Mapped[int | None]
     first_step_beyond_tolerance: Mapped[int | None]
     max_abs_loss_delta: Mapped[float | None]
-    summary: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    summary: Mapped[dict[str, Any]] = mapped_column(SafeJSONB, default=dict)
     error_message: Mapped[str | None] = mapped_column(Text)
 
     regression: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
     last_good_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     # for "still failing": the run where the current failure streak began
     failing_since_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    # whose history the verdict was compared with: the run's own track, or its base track when the
+    # track had no history of its own ("regresses against main"); None when nothing was compared
+    compared_track: Mapped[str | None] = mapped_column(String(200))
 
     environment: Mapped[Environment] = relationship(lazy="raise")
     phases: Mapped[list[Phase]] = relationship(

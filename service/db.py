@@ -13,6 +13,7 @@ from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
+import service.checks  # noqa: F401  (registers the listener that gives every inserted run its check identity)
 from service.errors import ConfigError
 from service.settings import Settings, get_settings
 
@@ -77,18 +78,35 @@ def _session_factory() -> sessionmaker[Session]:
     return sessionmaker(bind=get_engine(), expire_on_commit=False)
 
 
-@contextmanager
-def session_scope() -> Iterator[Session]:
-    """One transaction: commit on success, roll back on error. The only place that commits."""
-    session = _session_factory()()
+def new_session() -> Session:
+    """A session on the process-wide engine; no I/O until its first statement."""
+    return _session_factory()()
+
+
+def end_session(session: Session, *, commit: bool) -> None:
+    """Commit (or roll back) and close: the end of one transaction. Raises what the commit raised."""
     try:
-        yield session
-        session.commit()
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
     except BaseException:
         session.rollback()
         raise
     finally:
         session.close()
+
+
+@contextmanager
+def session_scope() -> Iterator[Session]:
+    """One transaction: commit on success, roll back on error. The only place that commits."""
+    session = new_session()
+    try:
+        yield session
+    except BaseException:
+        end_session(session, commit=False)
+        raise
+    end_session(session, commit=True)
 
 
 def reset_engine() -> None:

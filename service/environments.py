@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from models import Environment
@@ -24,16 +25,19 @@ def get_environment(session: Session, *, name: str) -> Environment:
 
 def ensure_default_environment(session: Session, *, settings: Settings) -> Environment:
     """The default environment (the service's own Python unless PARITY_JOB_PYTHON says otherwise)."""
-    env = session.scalar(select(Environment).where(Environment.name == DEFAULT_ENVIRONMENT))
+    query = select(Environment).where(Environment.name == DEFAULT_ENVIRONMENT)
+    env = session.scalar(query)
     if env is None:
-        env = Environment(
-            name=DEFAULT_ENVIRONMENT,
-            python=settings.job_python or sys.executable,
-            description="The Python the service itself runs with",
-            packages={},
+        # Two first requests race to create it: ON CONFLICT makes the loser wait for the winner's
+        # commit and then read its row (a plain INSERT was a UniqueViolation, a 500, for the loser).
+        session.execute(
+            insert(Environment).values(
+                name=DEFAULT_ENVIRONMENT, python=settings.job_python or sys.executable,
+                description="The Python the service itself runs with", packages={},
+            ).on_conflict_do_nothing(index_elements=["name"])
         )
-        session.add(env)
-        session.flush()
+        env = session.scalar(query.execution_options(populate_existing=True))
+        assert env is not None
     return env
 
 

@@ -8,10 +8,11 @@ from typing import Any
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from jobs.spec import RunSpec, SpecError
 from models import Environment, Run, RunEvent
+from service.checks import identify
 from service.errors import Conflict, Forbidden, InvalidSpec, NotFound, TooManyRequests
 from service.state import TERMINAL, RunState, transition
 
@@ -58,6 +59,7 @@ def create_run(
         signatures=[],
         summary={},
     )
+    identify(run, environment.name)
     if idempotency_key is None:
         session.add(run)
         session.flush()
@@ -100,19 +102,27 @@ class Caps:
     retry_after_s: int = 30
 
 
+def _count_upto(session: Session, query: Select[tuple[int]], cap: int) -> int:
+    """How many rows query matches, counting no further than cap."""
+    return session.scalar(select(func.count()).select_from(query.limit(cap).subquery())) or 0
+
+
 def check_caps(session: Session, caps: Caps, requester: str | None) -> None:
     """429 (with Retry-After) when the service or this requester has too many runs waiting."""
-    unfinished = Run.state.not_in([s.value for s in TERMINAL])
-    # a soft cap: two requests racing may both pass; the next one sees them
-    total = session.scalar(select(func.count()).select_from(Run).where(unfinished)) or 0
+    # The states listed (not "NOT IN terminal"), so Postgres reads ix_runs_state_created rather than
+    # every row: with 1M finished runs stored, NOT IN cost a full scan per POST. Counting stops at the
+    # cap. A soft cap: two requests racing may both pass; the next one sees them.
+    unfinished = Run.state.in_([s.value for s in RunState if s not in TERMINAL])
+    total = _count_upto(session, select(Run.id).where(unfinished), caps.max_in_flight)
     if total >= caps.max_in_flight:
         raise TooManyRequests(
             f"runs: {total} runs are queued or in flight (PARITY_MAX_IN_FLIGHT={caps.max_in_flight}); "
             f"retry later", retry_after=caps.retry_after_s,
         )
-    mine = session.scalar(
-        select(func.count()).select_from(Run).where(Run.requester == requester, Run.state == RunState.QUEUED.value)
-    ) or 0
+    mine = _count_upto(
+        session, select(Run.id).where(Run.state == RunState.QUEUED.value, Run.requester == requester),
+        caps.max_queued_per_requester,
+    )
     if mine >= caps.max_queued_per_requester:
         raise TooManyRequests(
             f"runs: {requester!r} already has {mine} queued runs "
@@ -123,10 +133,11 @@ def check_caps(session: Session, caps: Caps, requester: str | None) -> None:
 
 def get_run(session: Session, *, run_id: int, with_phases: bool = False) -> Run:
     """One run (with its environment, and phases if asked), or 404."""
-    query = select(Run).where(Run.id == run_id).options(selectinload(Run.environment))
+    # one round trip: the environment and the phases are joined, not fetched by follow-up SELECTs
+    query = select(Run).where(Run.id == run_id).options(joinedload(Run.environment))
     if with_phases:
-        query = query.options(selectinload(Run.phases))
-    run = session.scalar(query)
+        query = query.options(joinedload(Run.phases))
+    run = session.scalars(query).unique().first()
     if run is None:
         raise NotFound(f"run {run_id} does not exist", field="run_id")
     return run
@@ -137,6 +148,8 @@ class RunFilter:
     """What GET /runs and the dashboard list can filter on."""
 
     config: str | None = None
+    check: str | None = None
+    track: str | None = None
     environment: str | None = None
     state: str | None = None
     verdict: str | None = None
@@ -151,6 +164,10 @@ def filtered_runs(filters: RunFilter) -> Select[tuple[Run]]:
     query = select(Run)
     if filters.config:
         query = query.where(Run.config == filters.config)
+    if filters.check:
+        query = query.where(Run.check_key == filters.check)
+    if filters.track:
+        query = query.where(Run.track == filters.track)
     if filters.environment:
         query = query.join(Environment).where(Environment.name == filters.environment)
     if filters.state:

@@ -46,6 +46,15 @@ class Settings(BaseSettings):
     # Public base URL used in links handed to CI (triage pages, dashboard).
     public_url: str | None = None
     reads_require_token: bool = False
+    # dashboard login: the key that signs session cookies (unset: derived per process, so sessions
+    # end when the server restarts), how long a session lasts, and an optional trusted reverse proxy
+    session_secret: str | None = None
+    session_max_age_s: int = Field(default=12 * 3600, ge=60)
+    # e.g. "X-Forwarded-User"; honoured only on requests whose peer address is in proxy_addresses
+    proxy_user_header: str | None = None
+    proxy_addresses: str = ""
+    # notify when a check × track ends in an infrastructure error more than this many times in a row
+    notify_infra_errors_after: int = Field(default=3, ge=1)
     # client side (`parity submit`): where the service is and the bearer token to use
     service_url: str | None = None
     token: str | None = None
@@ -56,6 +65,13 @@ class Settings(BaseSettings):
     phase_timeout_min: int = Field(default=60, ge=1)
     # the detector-health self-test batch (service/selftest.py); 0 turns it off
     selftest_interval_hours: float = Field(default=24.0, ge=0)
+    # a phase not running this long after submission (PENDING, or a state nobody can read) is
+    # cancelled and retried as an infrastructure failure
+    pending_timeout_s: float = Field(default=3600.0, gt=0)
+    # a phase still running this long past its time limit (Slurm's or phase_timeout_min) is stopped
+    phase_grace_s: float = Field(default=300.0, ge=0)
+    # consecutive failed scheduler steps on one run (its data refused, not an outage) before it ends in error
+    max_row_failures: int = Field(default=5, ge=1)
 
     # retention (service/retention.py): checkpoints of failing runs, then whole run folders, in days
     keep_failed_days: float = Field(default=14, ge=0)

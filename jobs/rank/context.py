@@ -38,6 +38,25 @@ def write_json(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
+def _inject_fault(stage: str, rank: int) -> None:
+    """Test hook for one-sided failures: PARITY_INJECT_FAULT="stage:rank[:raise|exit|kill]".
+
+    raise: an exception the phase turns into its document; exit: a SystemExit that escapes it (a
+    crash of the process); kill: SIGKILL, so nothing in the process reports anything.
+    """
+    target, _, how = os.environ.get("PARITY_INJECT_FAULT", "").partition(":")
+    if target != stage or how.split(":")[0] != str(rank):
+        return
+    how = how.partition(":")[2] or "raise"
+    if how == "kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "exit":
+        raise SystemExit(f"injected crash in stage {stage} on rank {rank}")
+    raise RuntimeError(f"injected fault in stage {stage} on rank {rank}")
+
+
 class RankContext:
     """Per-rank state of one phase: its document, its folder, and the current stage."""
 
@@ -90,9 +109,7 @@ class RankContext:
             err: ErrorRecord | None = None
             value: Any = None
             try:
-                # Test hook for one-sided failures: PARITY_INJECT_FAULT="stage:rank".
-                if os.environ.get("PARITY_INJECT_FAULT") == f"{name}:{self.rank}":
-                    raise RuntimeError(f"injected fault in stage {name} on rank {self.rank}")
+                _inject_fault(name, self.rank)
                 value = fn()
             except Exception as exc:  # noqa: BLE001 - every failure becomes part of the document
                 err = exception_record(exc, name, self.rank)

@@ -37,16 +37,21 @@ def _ephemeral_floor() -> int:
         return 32_768
 
 
-def job_master_port(job_id: str) -> int:
+# Rendezvous ports a job may use: one per phase child under isolation "process".
+PORTS_PER_JOB = 2
+
+
+def job_master_port(job_id: str, index: int = 0) -> int:
     """A rendezvous port every rank of a job derives alike, below the kernel's ephemeral range.
 
     submitit draws one from 20000-60000, which overlaps the ports the kernel hands to outgoing
     connections (32768-60999 here): a busy host then fails rank 0 with EADDRINUSE now and then.
-    Consecutive job ids get consecutive ports, so concurrent jobs on one node do not collide.
+    Consecutive job ids get disjoint blocks of PORTS_PER_JOB ports (`index` picks one: a forked
+    phase child's own process group), so concurrent jobs on one node do not collide.
     """
-    span = max(1, _ephemeral_floor() - LOWEST_MASTER_PORT)
+    span = max(PORTS_PER_JOB, _ephemeral_floor() - LOWEST_MASTER_PORT)
     digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
-    return LOWEST_MASTER_PORT + int(digits) % span
+    return LOWEST_MASTER_PORT + (int(digits) * PORTS_PER_JOB + index % PORTS_PER_JOB) % span
 
 
 def under_submitit() -> bool:

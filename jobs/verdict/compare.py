@@ -37,6 +37,11 @@ from jobs.verdict.evidence import collect_evidence, final_state_evidence, probe_
 from jobs.verdict.signatures import SIGNATURES, UNSUPPORTED, classify_error
 
 
+def same_value(a: float | None, b: float | None) -> bool:
+    """Equal, counting two NaNs as the same value: a resume that reproduces a NaN loss is still the same run."""
+    return a == b or (a is not None and b is not None and a != a and b != b)
+
+
 def _delta(a: float | None, b: float | None) -> tuple[float | None, float | None]:
     if a is None or b is None:
         return None, None
@@ -254,6 +259,7 @@ def evaluate(
         first_step_beyond_tolerance=lane["tolerance"]["first_step_beyond_tolerance"],
         lanes=lane,
         steps=rows,
+        isolation=spec.isolation,
         probes={
             "train_and_save": None if baseline_doc is None else baseline_doc.get("probes"),
             "resume": None if resumed_doc is None else resumed_doc.get("probes"),

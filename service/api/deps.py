@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Path
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from models import ApiToken
-from service.db import session_scope
+from service.db import end_session, new_session
 from service.settings import Settings, get_settings
 from service.tokens import authenticate
 
 
-def get_session() -> Iterator[Session]:
-    """One transaction per request: committed when the route returns, rolled back when it raises."""
-    with session_scope() as session:
+async def get_session() -> AsyncIterator[Session]:
+    """One transaction per request: committed when the route returns, rolled back when it raises.
+
+    Async on purpose: a sync dependency costs a trip through the threadpool each way, and under
+    load each trip waits for the GIL. Opening a session does no I/O (a connection is checked out at
+    its first statement), so it happens on the event loop; the commit, which talks to Postgres,
+    runs in the threadpool.
+    """
+    session = new_session()
+    try:
         yield session
+    except BaseException:
+        await run_in_threadpool(end_session, session, commit=False)
+        raise
+    await run_in_threadpool(end_session, session, commit=True)
+
+
+async def settings() -> Settings:
+    """The service settings (cached; no I/O, so no threadpool trip)."""
+    return get_settings()
 
 
 # scope="function": the commit runs when the route returns, before the response is sent. With the
@@ -29,7 +46,7 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 # ids are Postgres integers: anything larger cannot name a row (and must not reach the database)
 RunId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 RowId = RunId
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+SettingsDep = Annotated[Settings, Depends(settings)]
 
 
 def _bearer(authorization: str | None) -> str | None:
@@ -48,13 +65,13 @@ def require_admin(session: SessionDep, authorization: Annotated[str | None, Head
     return authenticate(session, token=_bearer(authorization), scope="admin")
 
 
-def require_read(
-    session: SessionDep, settings: SettingsDep, authorization: Annotated[str | None, Header()] = None
+async def require_read(
+    session: SessionDep, config: SettingsDep, authorization: Annotated[str | None, Header()] = None
 ) -> ApiToken | None:
-    """Reads are open unless PARITY_READS_REQUIRE_TOKEN is set."""
-    if not settings.reads_require_token:
+    """Reads are open unless PARITY_READS_REQUIRE_TOKEN is set (then the token check runs in the threadpool)."""
+    if not config.reads_require_token:
         return None
-    return authenticate(session, token=_bearer(authorization), scope="read")
+    return await run_in_threadpool(authenticate, session, token=_bearer(authorization), scope="read")
 
 
 SubmitToken = Annotated[ApiToken, Depends(require_submit)]

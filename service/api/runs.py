@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from pydantic import BaseModel
 from sqlalchemy import select
 
 from models import ProbeFinding, Run, StepMetric
@@ -25,15 +27,19 @@ from service.api.schemas import (
 )
 from service.environments import DEFAULT_ENVIRONMENT, ensure_default_environment, get_environment
 from service.errors import InvalidSpec
+from service.known_failures import RUN_VERDICTS
+from service.links import BaseUrl
+from service.regressions import regression_text
 from service.settings import Settings
 from service.state import RunState
 
+# the contract's verdicts plus the service's known-failure, whatever names they grow
+VERDICT_PATTERN = "^(" + "|".join(re.escape(v) for v in RUN_VERDICTS) + ")$"
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=ERROR_RESPONSES)
 
 
-def run_links(run_id: int, settings: Settings) -> RunLinks:
+def run_links(run_id: int, base: str) -> RunLinks:
     """Absolute links for a run: API resource, metrics, dashboard page, triage page."""
-    base = settings.base_url
     return RunLinks(
         self=f"{base}/api/v1/runs/{run_id}",
         metrics=f"{base}/api/v1/runs/{run_id}/metrics",
@@ -48,13 +54,17 @@ def caps(settings: Settings) -> run_service.Caps:
                             max_queued_per_requester=settings.max_queued_per_requester)
 
 
-_NOT_COLUMNS = frozenset({"environment", "links", "phases", "verdict_label", "worked_around", "worked_around_by"})
+_NOT_COLUMNS = frozenset({"environment", "links", "phases", "regression_text", "known_failures", "fixed_known",
+                          "verdict_label", "worked_around", "worked_around_by"})
 
 
-def run_out(run: Run, settings: Settings, *, with_phases: bool = False) -> RunOut:
+def run_out(run: Run, base: str, *, with_phases: bool = False) -> RunOut:
     """The API view of a run (environment and, if asked, phases already loaded)."""
     fields = {name: getattr(run, name) for name in RunOut.model_fields if name not in _NOT_COLUMNS}
-    fields.update(environment=run.environment.name, links=run_links(run.id, settings), phases=None)
+    fields.update(environment=run.environment.name, links=run_links(run.id, base), phases=None,
+                  regression_text=regression_text(run) or None,
+                  known_failures=list((run.summary or {}).get("known_failures") or []),
+                  fixed_known=list((run.summary or {}).get("known_fixed") or []))
     summary = run.summary or {}
     fields.update(verdict_label=summary.get("verdict_label", run.verdict),
                   worked_around=list(summary.get("worked_around") or []),
@@ -64,15 +74,25 @@ def run_out(run: Run, settings: Settings, *, with_phases: bool = False) -> RunOu
     return RunOut(**fields)
 
 
+def json_response(model: BaseModel, *, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """The model as JSON, serialised once by pydantic.
+
+    Returning the model itself makes FastAPI dump it to a dict, validate that dict against the
+    response model again and serialise the copy: three passes where one suffices on the hot paths
+    CI polls. The declared response_model still documents the body.
+    """
+    return Response(model.model_dump_json(), status_code=status_code, headers=headers, media_type="application/json")
+
+
 @router.post("", status_code=202, response_model=RunOut)
 def create_run(
     body: RunCreate,
     session: SessionDep,
     settings: SettingsDep,
+    base: BaseUrl,
     token: SubmitToken,
-    response: Response,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
-) -> RunOut:
+) -> Response:
     """Queue a parity run. A repeated Idempotency-Key returns the run it created first."""
     spec = run_service.validate_spec(body.spec)
     if body.environment == DEFAULT_ENVIRONMENT:
@@ -89,11 +109,11 @@ def create_run(
         idempotency_key=idempotency_key,
         caps=caps(settings),
     )
-    response.headers["Location"] = f"/api/v1/runs/{run.id}"
+    headers = {"Location": f"/api/v1/runs/{run.id}"}
     if not created:
-        response.headers["Idempotent-Replayed"] = "true"
+        headers["Idempotent-Replayed"] = "true"
         run = run_service.get_run(session, run_id=run.id)
-    return run_out(run, settings)
+    return json_response(run_out(run, base), status_code=202, headers=headers)
 
 
 def _parse_labels(label: list[str]) -> dict[str, str]:
@@ -110,12 +130,15 @@ def _parse_labels(label: list[str]) -> dict[str, str]:
 def list_runs(
     request: Request,
     session: SessionDep,
-    settings: SettingsDep,
+    base: BaseUrl,
     _: ReadAccess,
     config: str | None = None,
+    check: Annotated[str | None, Query(description="check key (GET /runs items carry check_key)",
+                                       pattern="^[0-9a-f]{16}$")] = None,
+    track: Annotated[str | None, Query(max_length=200, description="branch label, else environment name")] = None,
     environment: str | None = None,
     state: RunState | None = None,
-    verdict: Annotated[str | None, Query(pattern="^(pass|fail|error)$")] = None,
+    verdict: Annotated[str | None, Query(pattern=VERDICT_PATTERN)] = None,
     regression: bool | None = None,
     label: Annotated[list[str], Query(description="key=value, repeatable")] = [],  # noqa: B006
     since: datetime | None = None,
@@ -126,6 +149,8 @@ def list_runs(
     """Runs, newest first, filtered and paginated."""
     filters = run_service.RunFilter(
         config=config,
+        check=check,
+        track=track,
         environment=environment,
         state=state.value if state else None,
         verdict=verdict,
@@ -140,14 +165,15 @@ def list_runs(
         params = [(k, v) for k, v in request.query_params.multi_items() if k != "offset"]
         next_url = f"{request.url.path}?{urlencode([*params, ('offset', str(offset + limit))])}"
     return RunPage(
-        items=[run_out(r, settings) for r in runs], limit=limit, offset=offset, has_more=has_more, next=next_url
+        items=[run_out(r, base) for r in runs], limit=limit, offset=offset, has_more=has_more, next=next_url
     )
 
 
 @router.get("/{run_id}", response_model=RunOut)
-def get_run(run_id: RunId, session: SessionDep, settings: SettingsDep, _: ReadAccess) -> RunOut:
+def get_run(run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAccess) -> Response:
     """One run with its phases, verdict, signatures and links."""
-    return run_out(run_service.get_run(session, run_id=run_id, with_phases=True), settings, with_phases=True)
+    run = run_service.get_run(session, run_id=run_id, with_phases=True)
+    return json_response(run_out(run, base, with_phases=True))
 
 
 @router.get("/{run_id}/metrics", response_model=RunMetrics)
@@ -164,15 +190,15 @@ def get_metrics(run_id: RunId, session: SessionDep, _: ReadAccess) -> RunMetrics
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut)
-def cancel_run(run_id: RunId, session: SessionDep, settings: SettingsDep, token: SubmitToken) -> RunOut:
+def cancel_run(run_id: RunId, session: SessionDep, settings: SettingsDep, base: BaseUrl, token: SubmitToken) -> RunOut:
     """Cancel a queued run, or ask the scheduler to cancel a running one (its requester or an admin)."""
     run = run_service.cancel_run(session, run_id=run_id, requester=token.name, scopes=list(token.scopes))
-    return run_out(run, settings)
+    return run_out(run, base)
 
 
 @router.post("/{run_id}/rerun", status_code=202, response_model=RunOut)
-def rerun(run_id: RunId, session: SessionDep, settings: SettingsDep, token: SubmitToken) -> RunOut:
+def rerun(run_id: RunId, session: SessionDep, settings: SettingsDep, base: BaseUrl, token: SubmitToken) -> RunOut:
     """Queue a fresh run with the same spec, environment and labels (its requester or an admin)."""
     run = run_service.rerun(session, run_id=run_id, requester=token.name, scopes=list(token.scopes),
                             token_id=token.id, caps=caps(settings))
-    return run_out(run, settings)
+    return run_out(run, base)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -65,11 +65,23 @@ class RunOut(BaseModel):
     id: int
     config: str
     spec: dict[str, Any]
+    check_key: str = Field(description="Stable hash of the canonical spec: runs with equal keys are one check")
+    check_name: str = Field(description="Readable form of the check")
+    track: str = Field(description="Where the check's history accumulates: the branch label, else the environment")
+    compared_track: str | None = Field(description="Whose history the verdict was compared with (own or base track)")
+    regression_text: str | None = Field(default=None, description="e.g. 'regresses against main'")
+    known_failures: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Known upstream bugs that explain a known-failure verdict: id, signature, link")
+    fixed_known: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="'fixed?': known failures the previous run of this check had and this one lacks")
     environment: str
     labels: dict[str, str]
     requester: str | None
     state: str
-    verdict: Verdict | None
+    # the contract's parity verdicts, plus the service's own for failures explained by known upstream bugs
+    verdict: Verdict | Literal["known-failure"] | None
     verdict_label: str | None = Field(
         default=None,
         description='The verdict as the matrix shows it: "pass (worked around)" when a workaround hid a finding',

@@ -6,7 +6,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 
-def junit_xml(run: dict[str, Any], *, timed_out: bool) -> bytes:
+def junit_xml(run: dict[str, Any], *, timed_out: bool, strict: bool = False) -> bytes:
     """A JUnit document describing one parity run."""
     name = f"resume-parity[{run['config']}]"
     suite = ET.Element("testsuite", name="megatron-resume-parity", tests="1")
@@ -14,12 +14,18 @@ def junit_xml(run: dict[str, Any], *, timed_out: bool) -> bytes:
     verdict = run.get("verdict")
     text = (
         f"run {run['id']}: state {run['state']}, verdict {verdict}, signatures {', '.join(run['signatures']) or '-'},"
-        f" first divergent step {run.get('first_divergent_step')}\ntriage: {run['links']['triage']}"
+        f" first divergent step {run.get('first_divergent_step')}"
+        + (f", {run['regression_text']}" if run.get("regression_text") else "")
+        + f"\ntriage: {run['links']['triage']}"
     )
     if timed_out:
         ET.SubElement(case, "error", message="timed out waiting for a verdict").text = text
         suite.set("errors", "1")
-    elif verdict == "fail" or run.get("regression"):
+    elif verdict == "known-failure" and not strict:
+        known = ", ".join(f"{k['signature']} ({k['link']})" for k in run.get("known_failures") or [])
+        ET.SubElement(case, "skipped", message=f"known upstream failure: {known or '-'}").text = text
+        suite.set("skipped", "1")
+    elif verdict in ("fail", "known-failure") or run.get("regression"):
         ET.SubElement(case, "failure", message=", ".join(run["signatures"]) or "parity failure").text = text
         suite.set("failures", "1")
     elif verdict != "pass":

@@ -16,7 +16,7 @@ EXIT: dict[Verdict, int] = {"pass": 0, "fail": 1, "error": 2}
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `run-local` subcommand."""
-    from jobs.spec import DEFAULT_SHARDING, SHARDING_TYPES, TOLERANCES, WORKAROUNDS
+    from jobs.spec import DEFAULT_ISOLATION, DEFAULT_SHARDING, ISOLATION_MODES, SHARDING_TYPES, TOLERANCES, WORKAROUNDS
     from jobs.tolerance import DEFAULT_TOLERANCE
 
     p = subparsers.add_parser(
@@ -38,6 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--tolerance", default=DEFAULT_TOLERANCE, help=f"one of {', '.join(TOLERANCES)}")
+    p.add_argument(
+        "--isolation",
+        default=DEFAULT_ISOLATION,
+        help=f"one of {', '.join(ISOLATION_MODES)}: fork a fresh child per phase in one job, or one job per phase",
+    )
     p.add_argument("--run-folder", type=Path, default=None,
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
@@ -59,6 +64,7 @@ def handle(args: argparse.Namespace) -> int:
             seed=args.seed,
             tolerance=args.tolerance,
             workarounds=tuple(args.workarounds),
+            isolation=args.isolation,
         )
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)

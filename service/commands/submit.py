@@ -26,12 +26,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--tolerance")
     p.add_argument("--workaround", action="append", default=[])
+    p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
     p.add_argument("--environment", default="default")
     p.add_argument("--label", action="append", default=[], help="key=value, repeatable (commit, branch, pr...)")
     p.add_argument("--idempotency-key")
     p.add_argument("--wait", action="store_true", help="wait for the verdict")
     p.add_argument("--timeout", type=float, default=3600, help="seconds to wait (with --wait)")
     p.add_argument("--junit", type=Path, help="write a JUnit XML report here")
+    p.add_argument("--strict", action="store_true", help="a known-failure verdict exits 1 instead of 0")
     p.add_argument("--url", help="service URL (default PARITY_SERVICE_URL)")
     p.add_argument("--token", help="bearer token (default PARITY_TOKEN)")
     p.set_defaults(func=run)
@@ -40,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def build_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST /runs body from command-line options."""
     spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
-    for key in ("sharding", "seed", "tolerance"):
+    for key in ("sharding", "seed", "tolerance", "isolation"):
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
     if args.workaround:
@@ -69,6 +71,12 @@ def step_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def poll_interval(waited_s: float) -> float:
+    """Seconds between polls: 0.25 s for the first minute (a GET is cheap; each second here is CI's),
+    growing to 2 s for long waits."""
+    return min(2.0, 0.25 + max(0.0, waited_s - 60.0) / 60.0)
+
+
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
     url = (args.url or settings.service_url or settings.base_url).rstrip("/")
@@ -89,20 +97,24 @@ def run(args: argparse.Namespace) -> int:
             return 2
         run_doc = resp.json()
         print(f"run {run_doc['id']} queued: {run_doc['links']['dashboard']}")
+        print(f"check {run_doc['check_key']} ({run_doc['check_name']}) on track {run_doc['track']}")
         if not args.wait:
             return 0
-        deadline = time.monotonic() + args.timeout
+        started = time.monotonic()
+        deadline = started + args.timeout
         while run_doc["state"] not in TERMINAL and time.monotonic() < deadline:
-            time.sleep(2)
+            time.sleep(poll_interval(time.monotonic() - started))
             try:
                 run_doc = client.get(f"/api/v1/runs/{run_doc['id']}").json()
             except httpx.HTTPError as exc:  # the service restarting is not a verdict: keep waiting
                 print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr)
         timed_out = run_doc["state"] not in TERMINAL
-        return report(client, run_doc, timed_out=timed_out, junit=args.junit)
+        return report(client, run_doc, timed_out=timed_out, junit=args.junit, strict=args.strict)
 
 
-def report(client: httpx.Client, run_doc: dict[str, Any], *, timed_out: bool, junit: Path | None) -> int:
+def report(
+    client: httpx.Client, run_doc: dict[str, Any], *, timed_out: bool, junit: Path | None, strict: bool = False
+) -> int:
     """Print the table, verdict and triage link; write JUnit; return the exit code."""
     if not timed_out:
         metrics = client.get(f"/api/v1/runs/{run_doc['id']}/metrics").json()
@@ -112,18 +124,24 @@ def report(client: httpx.Client, run_doc: dict[str, Any], *, timed_out: bool, ju
     print(
         f"verdict: {verdict or run_doc['state']}"
         + (f"  signatures: {', '.join(run_doc['signatures'])}" if run_doc["signatures"] else "")
-        + ("  REGRESSION" if run_doc.get("regression") else "")
+        + (f"  REGRESSION ({run_doc.get('regression_text')})" if run_doc.get("regression") else "")
     )
     if run_doc.get("error_message"):
         print(f"error: {run_doc['error_message'][:500]}")
+    for known in run_doc.get("known_failures") or []:
+        print(f"known upstream bug: {known['signature']} {known['link']}")
+    for fixed in run_doc.get("fixed_known") or []:
+        print(f"fixed? {fixed['signature']} no longer happens (known failure {fixed['id']}: {fixed['link']})")
     print(f"triage: {run_doc['links']['triage']}")
     if junit:
-        junit.write_bytes(junit_xml(run_doc, timed_out=timed_out))
+        junit.write_bytes(junit_xml(run_doc, timed_out=timed_out, strict=strict))
     if timed_out:
         print("parity submit: timed out waiting for a verdict", file=sys.stderr)
         return 2
     if verdict == "pass" and not run_doc.get("regression"):
         return 0
+    if verdict == "known-failure":
+        return 1 if strict else 0
     if verdict == "fail" or run_doc.get("regression"):
         return 1
     return 2

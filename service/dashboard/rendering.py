@@ -92,6 +92,8 @@ templates = Jinja2Templates(env=_environment())
 
 def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
     """Render a template with the security headers every dashboard page carries."""
+    # who is logged in (set by the dashboard's read dependency) drives the header and the CSRF fields
+    context = {"viewer": getattr(request.state, "viewer", None), **context}
     response = templates.TemplateResponse(request, name, context, status_code=status_code)
     response.headers["Content-Security-Policy"] = CSP
     response.headers["X-Content-Type-Options"] = "nosniff"

@@ -10,13 +10,16 @@ from fastapi.staticfiles import StaticFiles
 
 from jobs.verdict.signatures import SIGNATURES
 from models import Phase
-from service.api.deps import ReadAccess, RowId, RunId, SessionDep, SettingsDep
+from service.api.deps import RowId, RunId, SessionDep, SettingsDep
 from service.dashboard import history as history_q
 from service.dashboard import logs as logs_q
+from service.dashboard import oncall_pages, runlist, runpage
 from service.dashboard import overview as overview_q
-from service.dashboard import runlist, runpage
 from service.dashboard import triage as triage_q
+from service.dashboard.auth import DashboardRead, LoginRequired
+from service.dashboard.issue_markdown import issue_markdown
 from service.dashboard.rendering import STATIC, PageError, page_error, render
+from service.links import BaseUrl
 
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 LOG_LINES = 500
@@ -25,18 +28,21 @@ LOG_LINES = 500
 def mount(app: FastAPI) -> None:
     """Add the dashboard's pages, its static files and its HTML error handler to the app."""
     app.include_router(router)
+    app.include_router(oncall_pages.router)
+    app.add_exception_handler(LoginRequired, oncall_pages.login_required_handler)
     app.mount("/static/dashboard", StaticFiles(directory=STATIC), name="dashboard-static")
     app.add_exception_handler(PageError, page_error)
 
 
 @router.get("/")
-def overview(request: Request, session: SessionDep, _: ReadAccess) -> Response:
-    """The parity matrix: latest verdict per config × environment, regressions first."""
-    return render(request, "overview.html", {"m": overview_q.matrix(session), "now": datetime.now(UTC)})
+def overview(request: Request, session: SessionDep, _: DashboardRead) -> Response:
+    """The parity matrix: latest verdict per check × track, regressions first."""
+    return render(request, "overview.html", {"m": overview_q.matrix(session), "now": datetime.now(UTC),
+                                             "open_regressions": oncall_pages.open_regression_count(session)})
 
 
 @router.get("/runs")
-def runs(request: Request, session: SessionDep, _: ReadAccess) -> Response:
+def runs(request: Request, session: SessionDep, _: DashboardRead) -> Response:
     """Filterable, sortable, paginated run list."""
     args = {key: request.query_params.getlist(key) for key in request.query_params}
     query = runlist.parse_query(args)
@@ -46,22 +52,25 @@ def runs(request: Request, session: SessionDep, _: ReadAccess) -> Response:
 
 
 @router.get("/runs/{run_id}")
-def run(request: Request, run_id: RunId, session: SessionDep, settings: SettingsDep, _: ReadAccess) -> Response:
+def run(request: Request, run_id: RunId, session: SessionDep, settings: SettingsDep, _: DashboardRead) -> Response:
     """One run: charts, per-step table, probe findings, phases, events."""
     context = runpage.run_page(session, run_id, settings.resolved_run_folder)
     return render(request, "run.html", context)
 
 
 @router.get("/runs/{run_id}/triage")
-def triage(request: Request, run_id: RunId, session: SessionDep, settings: SettingsDep, _: ReadAccess) -> Response:
+def triage(
+    request: Request, run_id: RunId, session: SessionDep, settings: SettingsDep, base: BaseUrl, _: DashboardRead
+) -> Response:
     """What on-call needs for a failed or errored run."""
-    context = triage_q.triage(session, run_id, run_folder=settings.resolved_run_folder, base_url=settings.base_url)
+    context = triage_q.triage(session, run_id, run_folder=settings.resolved_run_folder, base_url=base)
+    context["issue_md"] = issue_markdown(context, base) if context["failed"] else ""
     return render(request, "triage.html", context)
 
 
 @router.get("/runs/{run_id}/phases/{phase_id}/log")
 def phase_log(
-    request: Request, run_id: RunId, phase_id: RowId, session: SessionDep, settings: SettingsDep, _: ReadAccess,
+    request: Request, run_id: RunId, phase_id: RowId, session: SessionDep, settings: SettingsDep, _: DashboardRead,
     path: str = "", raw: bool = False, lines: int = LOG_LINES,
 ) -> Response:
     """One log file of a phase (its tail), only from inside the run folder."""
@@ -81,13 +90,13 @@ def phase_log(
 
 @router.get("/configs/{name}")
 def config_history(
-    request: Request, name: str, session: SessionDep, _: ReadAccess, environment: str | None = None
+    request: Request, name: str, session: SessionDep, _: DashboardRead, environment: str | None = None
 ) -> Response:
     """Trend of the worst |Δloss| and the verdicts over time for one config."""
     return render(request, "config.html", {"h": history_q.history(session, name, environment or None)})
 
 
 @router.get("/signatures")
-def signatures(request: Request, _: ReadAccess) -> Response:
+def signatures(request: Request, _: DashboardRead) -> Response:
     """Every known failure signature, in plain words, with its upstream references."""
     return render(request, "signatures.html", {"signatures": list(SIGNATURES.values())})

@@ -13,8 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from jobs.configs import config_names
-from jobs.contract import VERDICTS
 from models import Environment, Run
+from service.known_failures import RUN_VERDICTS
 from service.runs import RunFilter, filtered_runs
 from service.state import RunState
 
@@ -26,8 +26,9 @@ SORTS: dict[str, Any] = {
     "verdict": Run.verdict,
     "delta": Run.max_abs_loss_delta,
 }
+VERDICTS = RUN_VERDICTS
 STATES = tuple(s.value for s in RunState)
-FILTER_KEYS = ("config", "environment", "state", "verdict", "regression", "label", "since", "until")
+FILTER_KEYS = ("config", "check", "track", "environment", "state", "verdict", "regression", "label", "since", "until")
 
 
 @dataclass
@@ -97,7 +98,8 @@ def parse_query(args: dict[str, list[str]]) -> ListQuery:
     if until is not None and len(one["until"]) <= 10:
         until += timedelta(days=1)  # a bare date means "through the end of that day"
     labels = _labels(args.get("label", []), problems)
-    filters = RunFilter(config=one.get("config") or None, environment=one.get("environment") or None,
+    filters = RunFilter(config=one.get("config") or None, check=one.get("check") or None,
+                        track=one.get("track") or None, environment=one.get("environment") or None,
                         state=state, verdict=verdict, regression=regression, labels=labels or None,
                         since=since, until=until)
     sort = one.get("sort") or "id"

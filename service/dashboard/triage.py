@@ -85,7 +85,7 @@ def triage(session: Any, run_id: int, *, run_folder: Path, base_url: str) -> dic
     good = load_run(session, run.last_good_run_id) if run.last_good_run_id else None
     return {
         "run": run,
-        "failed": run.verdict in ("fail", "error") or run.state in ("failed", "error"),
+        "failed": run.verdict in ("fail", "error", "known-failure") or run.state in ("failed", "error"),
         "signatures": explained(run),
         "errors": read_summary(run.summary).get("errors") or [],
         "good": good,

@@ -44,7 +44,7 @@ class Seeded:
 def spec(config: str = "moe-fp32-router", **extra: Any) -> dict[str, Any]:
     """A stored spec as RunSpec.to_dict() writes it."""
     out = {"config": config, "dp": 2, "steps": STEPS, "save_step": SAVE, "sharding": "dp_reshardable",
-           "seed": 1234, "tolerance": "default", "workarounds": []}
+           "seed": 1234, "tolerance": "default", "workarounds": [], "isolation": "process"}
     return {**out, **extra}
 
 
@@ -123,12 +123,15 @@ def seed(session: Session, run_folder: Path) -> Seeded:
                        packages={"torch": "2.13.0", "megatron-core": "0.17.0rc0"})
     session.add_all([env, main])
     session.flush()
-    first = _run(session, env, age_h=50, labels={"branch": "main", "commit": "aaa111"}, max_abs_loss_delta=0.0)
+    # first, good and regressed are one check (same spec) on one track (main)
+    same = spec(sharding="fully_reshardable")
+    first = _run(session, env, age_h=50, labels={"branch": "main", "commit": "aaa111"}, max_abs_loss_delta=0.0,
+                 spec=same)
     good = _run(session, env, age_h=26, labels={"branch": "main", "commit": "bbb222"}, max_abs_loss_delta=0.0,
-                summary=summary("0.16.0"))
+                summary=summary("0.16.0"), spec=same)
     regressed = _run(
         session, env, age_h=2, state="failed", verdict="fail", regression=True, last_good_run_id=good.id,
-        labels={"branch": "main", "commit": "ccc333"}, spec=spec(sharding="fully_reshardable"),
+        labels={"branch": "main", "commit": "ccc333"}, spec=same,
         signatures=["optimizer-index-misalignment", "lr-schedule-mismatch"], first_divergent_step=11,
         first_step_beyond_tolerance=13, max_abs_loss_delta=3e-5 * 2 ** 9,
         summary=summary("0.16.1", advisories=["bucket-offset-unaligned"],

@@ -75,6 +75,7 @@ def test_run_page_chart_data(app_client, seeded):
     assert all(t is None for t in data["tolerance"][:10]) and all(t for t in data["tolerance"][10:])
     assert "decoder.layers.0.self_attention.linear_qkv.weight" in r.text  # misaligned param's shard holder
     assert "9102" in r.text and "train_submitted" in r.text
+    assert '<dd id="isolation">process: one job' in r.text  # which isolation ran is on the page
 
 
 def test_bit_exact_run_plots_zeros_on_the_floor(app_client, seeded):

@@ -1,6 +1,8 @@
 """End-to-end parity checks with real Megatron-Core on CPU through submitit's local executor.
 
-Each scenario runs once per module (both phases, ~10 s); the assertions share the results.
+Each scenario runs once per module and isolation mode ("process": one job forking a child per
+phase; "job": a job per phase); every assertion holds in both, and both modes must agree on
+every verdict, signature and loss.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pytest
 
 from jobs.contract import ParityResult
 from jobs.launch.local import run_parity
-from jobs.spec import RunSpec
+from jobs.spec import ISOLATION_MODES, RunSpec
 
 pytestmark = pytest.mark.megatron
 
@@ -36,12 +38,31 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParityResult]:
-    out = {}
+def by_mode(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, ParityResult]]:
+    out: dict[str, dict[str, ParityResult]] = {mode: {} for mode in ISOLATION_MODES}
     for name, fields in SCENARIOS.items():
-        spec = RunSpec.from_dict({"steps": 5, "save_step": 2, **fields})
-        out[name] = run_parity(spec, tmp_path_factory.mktemp(name))
+        for mode in ISOLATION_MODES:
+            spec = RunSpec.from_dict({"steps": 5, "save_step": 2, "isolation": mode, **fields})
+            out[mode][name] = run_parity(spec, tmp_path_factory.mktemp(f"{name}-{mode}"))
     return out
+
+
+@pytest.fixture(params=ISOLATION_MODES)
+def results(request: pytest.FixtureRequest, by_mode: dict) -> dict[str, ParityResult]:
+    return by_mode[request.param]
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_both_isolation_modes_agree(by_mode: dict, name: str) -> None:
+    process, job = by_mode["process"][name], by_mode["job"][name]
+    assert process["isolation"] == "process" and job["isolation"] == "job"
+    assert (process["verdict"], process["signatures"], process["advisories"]) == (
+        job["verdict"],
+        job["signatures"],
+        job["advisories"],
+    )
+    keys = ("step", "loss_baseline", "loss_resumed", "lr_baseline", "lr_resumed")
+    assert [[s[k] for k in keys] for s in process["steps"]] == [[s[k] for k in keys] for s in job["steps"]]
 
 
 def _resumed_rows(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from models import Phase, Run
+from models import Phase, PhaseEvent, Run
 from service.db import session_scope
 from service.environments import create_environment, ensure_default_environment, get_environment
 from service.runs import create_run, validate_spec
@@ -37,7 +37,24 @@ def run_to_end(env: dict[str, str], run_id: int, log: Path, timeout: float) -> R
         wait_for(lambda: run_row(run_id).finished_at, timeout, "the run to end", alive=[scheduler])
     finally:
         stop(scheduler)
+    jobs_gone(run_id)
     return run_row(run_id)
+
+
+def jobs_gone(run_id: int, timeout: float = 60) -> None:
+    """Wait until the run's Slurm jobs have left the queue.
+
+    A verdict is read from the documents on disk, so a job can still be exiting when its run has
+    ended; the next test (run ids restart per test) must not find it under the same job name.
+    """
+    ids = {p.job_id for p in phases(run_id) if p.job_id and p.executor == "slurm"}
+    if ids:
+        wait_for(lambda: not ids & set(_squeue_ids()), timeout, f"the jobs of run {run_id} to leave the queue")
+
+
+def _squeue_ids() -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=False)
+    return out.stdout.split()
 
 
 def free_port() -> int:
@@ -132,15 +149,35 @@ def wait_for(
 
 
 def sacct_jobs(name: str, since: str) -> list[str]:
-    """Job ids Slurm accounting knows under a job name, submitted since `since` (allocations only)."""
+    """Job ids Slurm accounting knows under a job name, submitted since `since` from this checkout
+    (allocations only). The Slurm is shared and run ids repeat across test sessions, so another
+    checkout's job may carry the same name: the submitting directory tells them apart."""
     out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", f"--name={name}", "-o", "JobID", "-S", since],
+        ["sacct", "-n", "-X", "-P", f"--name={name}", "-o", "JobID,WorkDir", "-S", since],
         capture_output=True, text=True, check=True,
     )
-    return [line for line in out.stdout.split() if line]
+    here = os.getcwd()
+    rows = [line.split("|", 1) for line in out.stdout.splitlines() if line.strip()]
+    return [job for job, work_dir in rows if work_dir == here]
 
 
 def queued_jobs(name: str) -> list[str]:
     """Job ids in the Slurm queue under a job name."""
     out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, check=True)
     return out.stdout.split()
+
+
+def phase_moves(run_id: int) -> list[tuple[str | None, str]]:
+    """Every recorded phase state change of a run, oldest first."""
+    with session_scope() as session:
+        return list(session.execute(
+            select(PhaseEvent.from_state, PhaseEvent.to_state).where(PhaseEvent.run_id == run_id)
+            .order_by(PhaseEvent.id)
+        ).tuples())
+
+
+def job_name(phase: Phase) -> str:
+    """The Slurm job name the scheduler gives a phase attempt (with this test's settings)."""
+    from service.scheduler.submitter import job_name as name_of
+
+    return name_of(get_settings(), phase)

@@ -92,3 +92,20 @@ def test_a_failed_commit_is_not_answered_with_202(live_api: str, committed_db: s
         from models import Run
 
         assert session.scalar(select(func.count()).select_from(Run)) == 0
+
+
+def test_concurrent_first_requests_all_get_202(live_api: str, committed_db: str) -> None:
+    """The default environment is created on first use: racing first requests must not 500 on its name."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with session_scope() as session:  # one token per client, as in CI (one token's row would serialise them)
+        tokens = [create_token(session, name=f"ci-{i}", scopes=["submit"]) for i in range(6)]
+    event.listen(Session, "before_commit", _slow_commit)  # widen the race: every creator is still uncommitted
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(
+                lambda t: httpx.post(f"{live_api}/api/v1/runs", json={"spec": SPEC}, timeout=60,
+                                     headers={"Authorization": f"Bearer {t}"}).status_code, tokens))
+    finally:
+        event.remove(Session, "before_commit", _slow_commit)
+    assert codes == [202] * 6

@@ -14,7 +14,8 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def _finished(session: Session, env: Environment, verdict: str, minute: int, config: str = "moe-fp32-router") -> Run:
     run = Run(
-        config=config, spec={}, environment_id=env.id, labels={}, signatures=[], summary={}, state="passed",
+        config=config, spec={"config": config}, environment_id=env.id, labels={}, signatures=[], summary={},
+        state="passed",
         verdict=verdict, finished_at=T0 + timedelta(minutes=minute),
     )
     session.add(run)

@@ -118,3 +118,21 @@
     });
   });
 })();
+
+// "Copy as issue" (and any [data-copy] button): copy the named textarea's text to the clipboard.
+(function () {
+  "use strict";
+  document.querySelectorAll("[data-copy]").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var source = document.getElementById(button.dataset.copy);
+      if (!source) return;
+      var done = function () { button.textContent = "Copied"; button.dataset.copied = "1"; };
+      if (navigator.clipboard && window.isSecureContext) {
+        navigator.clipboard.writeText(source.value).then(done, function () { source.select(); });
+      } else {
+        source.select();
+        if (document.execCommand("copy")) done();
+      }
+    });
+  });
+})();

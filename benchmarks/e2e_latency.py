@@ -1,0 +1,229 @@
+"""POST -> verdict through the real API, scheduler and executor, for N runs submitted at once.
+
+    source /var/tmp/parity-slurm/env.sh
+    .venv/bin/python benchmarks/e2e_latency.py [--sizes 1,4,16] [--executor slurm] [--repeat 1]
+                                               [--config moe-fp32-router] [--dp 2] [--steps 20] [--save-step 10]
+                                               [--isolation process|job] [--json]
+
+Creates a throw-away database on PARITY_BENCH_SERVER_URL (default: the local Postgres), starts
+`parity serve` and one `parity scheduler` against it (the scheduler's settings are the shipped
+defaults unless PARITY_* variables say otherwise), measures one uninterrupted launch of the same
+M steps (the `train` phase through submitit's local executor, as in parity_cost.py) as the unit,
+then for each N posts N runs at once and polls GET /runs/{id} every 50 ms until each has a
+verdict. Prints, per N: median and max time-to-verdict divided by the unit, and runs per minute
+(N / time from the first POST to the last verdict). Target: N=1 median <= 1.6 x one launch on
+single-node Slurm. Drops the database at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from sqlalchemy import make_url
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SERVER = os.environ.get("PARITY_BENCH_SERVER_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+TERMINAL = {"passed", "failed", "error", "cancelled"}
+GOOD = ["realign-param-index", "restore-adam-step"]
+
+
+def free_port() -> int:
+    """A port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def one_launch(spec: dict[str, Any], root: Path, repeat: int) -> float:
+    """Median wall time of one uninterrupted launch (train phase, M steps) after a warm-up."""
+    from jobs.launch.local import launch_phase
+    from jobs.spec import RunSpec
+
+    run_spec = RunSpec.from_dict(spec)
+    times = []
+    for i in range(repeat + 1):
+        t0 = time.perf_counter()
+        doc = launch_phase(run_spec, root / f"unit{i}", "uninterrupted")
+        if doc["status"] != "ok":
+            raise SystemExit(f"uninterrupted launch failed: {doc.get('error')}")
+        if i:  # the first is a warm-up (page cache, .pyc files)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _seconds(start: str, end: str) -> float:
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def _notice_delays(run_root: Path, doc: dict[str, Any]) -> list[float]:
+    """Per finished phase: from its last rank document landing on disk to the scheduler closing it."""
+    out = []
+    for phase in doc.get("phases") or []:
+        found = (run_root / f"run-{doc['id']}").rglob("result.rank*.json")
+        files = [p for p in found if p.parent.name == phase["name"]]
+        if files and phase.get("ended_at"):
+            written = max(p.stat().st_mtime for p in files)
+            out.append(datetime.fromisoformat(phase["ended_at"]).timestamp() - written)
+    return out
+
+
+def burst(
+    base: str, headers: dict[str, str], body: dict[str, Any], n: int, timeout: float, run_root: Path
+) -> dict[str, Any]:
+    """Post n runs at once, wait for every verdict, return the per-run latencies."""
+    posted: dict[int, float] = {}
+
+    def post(i: int) -> tuple[int, float]:
+        with httpx.Client(timeout=30) as client:
+            t0 = time.perf_counter()
+            labeled = {**body, "labels": {**body["labels"], "commit": uuid.uuid4().hex[:12]}}
+            resp = client.post(f"{base}/api/v1/runs", json=labeled, headers=headers)
+            resp.raise_for_status()
+            return int(resp.json()["id"]), t0
+
+    t_start = time.perf_counter()
+    with ThreadPoolExecutor(min(n, 16)) as pool:
+        for run_id, t0 in pool.map(post, range(n)):
+            posted[run_id] = t0
+    done: dict[int, tuple[float, str]] = {}
+    docs: dict[int, dict[str, Any]] = {}
+    deadline = time.perf_counter() + timeout
+    with httpx.Client(timeout=30) as client:
+        while len(done) < n and time.perf_counter() < deadline:
+            for run_id in posted:
+                if run_id in done:
+                    continue
+                doc = client.get(f"{base}/api/v1/runs/{run_id}", headers=headers).json()
+                if doc["state"] in TERMINAL:
+                    done[run_id] = (time.perf_counter() - posted[run_id], doc.get("verdict") or doc["state"])
+                    docs[run_id] = doc
+            time.sleep(0.05)
+    if len(done) < n:
+        raise SystemExit(f"only {len(done)} of {n} runs reached a verdict within {timeout:.0f}s")
+    wall = time.perf_counter() - t_start
+    latencies = [t for t, _ in done.values()]
+    claims = [_seconds(d["created_at"], d["submitted_at"]) for d in docs.values() if d.get("submitted_at")]
+    notices = [x for d in docs.values() for x in _notice_delays(run_root, d)]
+    return {
+        "claim_s": sorted(round(x, 3) for x in claims),
+        "notice_s": sorted(round(x, 3) for x in notices),
+        "n": n,
+        "latencies_s": sorted(round(t, 3) for t in latencies),
+        "verdicts": sorted({v for _, v in done.values()}),
+        "median_s": statistics.median(latencies),
+        "max_s": max(latencies),
+        "runs_per_minute": 60.0 * n / wall,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the figures."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1,4,16")
+    ap.add_argument("--executor", default="slurm", choices=("slurm", "local"))
+    ap.add_argument("--repeat", type=int, default=1, help="bursts per size (medians reported)")
+    ap.add_argument("--config", default="moe-fp32-router")
+    ap.add_argument("--dp", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--save-step", type=int, default=10)
+    ap.add_argument("--isolation", help="spec isolation mode (omitted: the service's default)")
+    ap.add_argument("--unit-repeat", type=int, default=2, help="uninterrupted launches for the unit")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    # a SIGTERM ends the run through `finally`: the server, the scheduler and the database go with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step,
+                            "workarounds": GOOD}
+    if args.isolation:
+        spec["isolation"] = args.isolation
+
+    name = f"parity_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(SERVER).set(database=name, drivername="postgresql+psycopg").render_as_string(False)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        from service.migrate import upgrade
+
+        upgrade(url)
+        with tempfile.TemporaryDirectory(prefix="parity-e2e-") as tmp:
+            root = Path(tmp)
+            unit = one_launch(spec, root, args.unit_repeat)
+            if not args.json:
+                print(f"one uninterrupted launch (unit): {unit:.2f} s; executor {args.executor}; "
+                      f"{args.repeat} burst(s) per size, medians", flush=True)
+            env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": args.executor,
+                   "PARITY_RUN_FOLDER": str(root / "runs")}
+            token = subprocess.run(
+                [sys.executable, "-m", "service.cli", "token", "create", "--name", "bench", "--scope", "submit"],
+                env=env, capture_output=True, text=True, check=True, cwd=ROOT,
+            ).stdout.strip()
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            log = open(root / "service.log", "ab")
+            for cmd in (["serve", "--port", str(port)], ["scheduler"]):
+                procs.append(subprocess.Popen([sys.executable, "-m", "service.cli", *cmd], env=env, cwd=ROOT,
+                                              stdout=log, stderr=log))
+            for _ in range(300):
+                try:
+                    if httpx.get(f"{base}/api/v1/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            headers = {"Authorization": f"Bearer {token}"}
+            body = {"spec": spec, "labels": {"branch": "bench"}}
+            results = []
+            for n in sizes:
+                rounds = [burst(base, headers, body, n, args.timeout, root / "runs") for _ in range(args.repeat)]
+                results.append({
+                    "n": n,
+                    "median_x": statistics.median(r["median_s"] for r in rounds) / unit,
+                    "max_x": statistics.median(r["max_s"] for r in rounds) / unit,
+                    "runs_per_minute": statistics.median(r["runs_per_minute"] for r in rounds),
+                    "verdicts": sorted({v for r in rounds for v in r["verdicts"]}),
+                    "claim_s_median": statistics.median(x for r in rounds for x in r["claim_s"] or [float("nan")]),
+                    "notice_s_median": statistics.median(x for r in rounds for x in r["notice_s"] or [float("nan")]),
+                    "rounds": rounds,
+                })
+                if not args.json:
+                    r = results[-1]
+                    print(f"N={n:<3} median {r['median_x']:.2f}x  max {r['max_x']:.2f}x  "
+                          f"{r['runs_per_minute']:.1f} runs/min  verdicts {','.join(r['verdicts'])}  "
+                          f"(median {statistics.median(x['median_s'] for x in rounds):.1f} s); "
+                          f"POST->claimed median {r['claim_s_median'] * 1000:.0f} ms, "
+                          f"result file->phase closed median {r['notice_s_median'] * 1000:.0f} ms", flush=True)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=60)
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    summary = {"spec": spec, "executor": args.executor, "one_launch_s": unit, "sizes": results}
+    if args.json:
+        json.dump(summary, sys.stdout, indent=1)
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Check identity and tracks: which runs are "the same check", and which history a run belongs to.
+
+A *check* is the canonical run spec: every field of `RunSpec.to_dict()` (so a spec field added later
+joins the identity without code here changing), serialised with sorted keys and hashed. A *track*
+is where a check's history accumulates: the run's `branch` label, else its environment's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from sqlalchemy import Connection, event, select
+
+from jobs.spec import RunSpec
+from models import Environment, Run
+
+KEY_LENGTH = 16
+DEFAULT_BASE_TRACK = "main"
+# always shown in the readable form, in this order; every other field only when it is not its default
+HEADLINE = ("dp", "steps", "save_step")
+
+
+def canonical(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec as RunSpec normalises it (defaults filled in, workarounds sorted), or as stored if invalid."""
+    try:
+        return RunSpec.from_dict(spec).to_dict()
+    except (ValueError, TypeError):
+        # a row stored by an older build with a field since removed: its stored form is its identity
+        return dict(spec)
+
+
+def check_key(spec: dict[str, Any]) -> str:
+    """The stable hash of a canonical spec: sha256 over sorted-key compact JSON, first 16 hex digits."""
+    text = json.dumps(canonical(spec), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "+".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def check_name(spec: dict[str, Any]) -> str:
+    """The readable form: config, dp/steps/save_step, then every field that differs from its default."""
+    data = canonical(spec)
+    defaults = RunSpec.__dataclass_fields__
+    parts = [str(data.get("config", "?"))]
+    parts += [f"{k}={_value(data[k])}" for k in HEADLINE if k in data]
+    for key in sorted(data):
+        if key == "config" or key in HEADLINE:
+            continue
+        field = defaults.get(key)
+        default = None if field is None else field.default
+        if field is not None and _value(default) == _value(data[key]):
+            continue
+        parts.append(f"{key}={_value(data[key])}")
+    return " ".join(parts)
+
+
+def track_of(labels: dict[str, str] | None, environment_name: str) -> str:
+    """The run's track: its `branch` label when given, else its environment's name."""
+    branch = (labels or {}).get("branch", "").strip()
+    return branch or environment_name
+
+
+def base_track_of(labels: dict[str, str] | None) -> str:
+    """The track a branch without history of its own is compared with (`base_branch` label, else main)."""
+    return (labels or {}).get("base_branch", "").strip() or DEFAULT_BASE_TRACK
+
+
+def identify(run: Run, environment_name: str) -> None:
+    """Stamp a run with its check key, readable check name and track."""
+    run.check_key = check_key(run.spec or {})
+    run.check_name = check_name(run.spec or {})[:500]
+    run.track = track_of(run.labels, environment_name)[:200]
+
+
+@event.listens_for(Run, "before_insert")
+def _identify_on_insert(_mapper: Any, connection: Connection, run: Run) -> None:
+    # every writer of runs (API, reruns, tests, seeds) gets an identity, not only create_run
+    if run.check_key and run.check_name and run.track:
+        return
+    name = connection.scalar(select(Environment.name).where(Environment.id == run.environment_id)) or ""
+    identify(run, name)

@@ -1,0 +1,1 @@
+"""Notifications: channels, the outbox written with each event, and delivery from the scheduler."""

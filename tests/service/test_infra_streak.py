@@ -1,0 +1,62 @@
+"""An infrastructure error streak on one check × track notifies once, when it crosses the threshold."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models import NotificationChannel, OutboxMessage, Phase, Run
+from service.scheduler.submitter import retry_or_give_up
+from service.settings import Settings
+from service.state import RunState, transition
+from tests.service.verdict_helpers import finish
+
+SPEC = {"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 2}
+
+
+@pytest.fixture
+def receiver_channel(db_session: Session) -> NotificationChannel:
+    """A channel for every event (delivery is tested elsewhere; here only what lands in the outbox)."""
+    channel = NotificationChannel(name="ops", kind="slack", url="http://127.0.0.1:9/hook", events=[], enabled=True)
+    db_session.add(channel)
+    db_session.flush()
+    return channel
+
+
+def _infra_error(client: TestClient, db: Session, headers: dict[str, str], settings: Settings) -> int:
+    body = {"spec": SPEC, "labels": {"branch": "main"}}
+    run_id = client.post("/api/v1/runs", json=body, headers=headers).json()["id"]
+    run = db.get(Run, run_id)
+    assert run is not None
+    transition(db, run, RunState.TRAIN_SUBMITTED, "test")
+    # the scheduler's own give-up path after the last retry of a phase killed from outside
+    last = Phase(run_id=run.id, name="train_and_save", attempt=settings.max_infra_retries + 1, executor="slurm")
+    retry_or_give_up(db, phase=last, run=run, what="slurm state NODE_FAIL", settings=settings, executor="slurm")
+    db.flush()
+    return run_id
+
+
+def _messages(db: Session) -> list[OutboxMessage]:
+    return list(db.scalars(select(OutboxMessage).where(OutboxMessage.event == "run.infra-errors")
+                           .order_by(OutboxMessage.id)))
+
+
+def test_streak_notifies_once_per_streak(
+    client: TestClient, db_session: Session, make_token, receiver_channel: NotificationChannel
+) -> None:
+    settings = Settings(notify_infra_errors_after=2, max_infra_retries=1)
+    submit = make_token("submit")
+    ids = [_infra_error(client, db_session, submit, settings) for _ in range(2)]
+    assert _messages(db_session) == []  # two in a row is not more than two
+    ids.append(_infra_error(client, db_session, submit, settings))
+    (message,) = _messages(db_session)
+    assert message.payload["runs"] == ids and message.payload["triage_url"].endswith(f"/runs/{ids[-1]}/triage")
+    _infra_error(client, db_session, submit, settings)
+    assert len(_messages(db_session)) == 1  # the same streak goes on: no second message
+    ok = client.post("/api/v1/runs", json={"spec": SPEC, "labels": {"branch": "main"}}, headers=submit).json()
+    finish(db_session, ok["id"], "pass")
+    for _ in range(3):
+        _infra_error(client, db_session, submit, settings)
+    assert len(_messages(db_session)) == 2  # a new streak after a result: notified again
