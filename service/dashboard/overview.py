@@ -11,10 +11,13 @@ from sqlalchemy.orm import Session
 
 from models import Environment, Run
 from service.known_failures import RUN_VERDICTS
+from service.selftest import LABEL as SELFTEST_LABEL
 from service.selftest import detector_health
 from service.state import IN_FLIGHT, RunState
 
 BAD = ("fail", "error")
+# detector-health runs fail on purpose: they have their own section, not cells of the matrix
+NOT_SELFTEST = ~Run.labels.has_key(SELFTEST_LABEL)
 VERDICTS = RUN_VERDICTS
 
 
@@ -105,7 +108,7 @@ def latest_cells(session: Session) -> list[Cell]:
                Run.summary["known_fixed"].label("fixed_known"),
                Run.summary["verdict_label"].astext.label("label"),
                Run.summary["worked_around_by"].label("worked_around_by"))
-        .where(Run.verdict.is_not(None))
+        .where(Run.verdict.is_not(None), NOT_SELFTEST)
         .distinct(Run.check_key, Run.track)
         .order_by(Run.check_key, Run.track, Run.finished_at.desc().nulls_last(), Run.id.desc())
         .subquery()
@@ -113,7 +116,7 @@ def latest_cells(session: Session) -> list[Cell]:
     counts = (
         select(Run.check_key, Run.track,
                *(func.count().filter(Run.verdict == v).label(f"n{i}") for i, v in enumerate(VERDICTS)))
-        .where(Run.verdict.is_not(None))
+        .where(Run.verdict.is_not(None), NOT_SELFTEST)
         .group_by(Run.check_key, Run.track)
         .subquery()
     )

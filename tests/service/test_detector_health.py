@@ -53,8 +53,11 @@ def test_batch_is_queued_when_due_and_judged(db_session: Session, monkeypatch) -
     assert health is not None and health["caught"] == 1 and health["false_alarms"] == 1
     _finish(by_name["benign-reordered-state-dict"], "pass", [])
     db_session.flush()
-    health = matrix(db_session).health
-    assert health is not None and health["healthy"] and health["caught"] == 1
+    m = matrix(db_session)
+    assert m.health is not None and m.health["healthy"] and m.health["caught"] == 1
+    # the batch's failing runs fail on purpose: never cells of the matrix nor "failing now"
+    cells = [c for row in m.rows for c in row.cells.values()] + list(m.failing)
+    assert not {c.run_id for c in cells} & {r.id for r in runs}
     # due again a day later once idle
     assert enqueue_due(db_session, settings=settings, now=T0 + timedelta(hours=25)) == 3
     get_settings.cache_clear()
