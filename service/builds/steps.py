@@ -43,8 +43,9 @@ def pip_environment() -> frozenset[str]:
     return frozenset(k for k in os.environ if k.startswith(keep) or k.lower().endswith("_proxy") or k in names)
 
 
-def launch_builds(session: Session, *, settings: Settings, limit: int = 2) -> int:
-    """Submit (or adopt) up to `limit` pending builds. Returns how many."""
+def launch_builds(session: Session, *, settings: Settings, executor: str | None = None, limit: int = 2) -> int:
+    """Submit (or adopt) up to `limit` pending builds on `executor` (default: settings'). Returns how many."""
+    executor = executor or pick_executor(settings)
     envs = session.scalars(
         select(Environment).where(Environment.state == "pending").order_by(Environment.id).limit(limit)
         .with_for_update(skip_locked=True)
@@ -58,7 +59,7 @@ def launch_builds(session: Session, *, settings: Settings, limit: int = 2) -> in
                 shutil.rmtree(job_folder)
             try:
                 job = launcher.submit_phase(
-                    executor=pick_executor(settings), folder=job_folder, python=sys.executable, tasks=1,
+                    executor=executor, folder=job_folder, python=sys.executable, tasks=1,
                     settings=settings, name=f"parity-env-{env.id}", function=build_environment,
                     args=(str(folder), list(env.requirements or [])), env_names=pip_environment(),
                 )
@@ -67,7 +68,7 @@ def launch_builds(session: Session, *, settings: Settings, limit: int = 2) -> in
                 set_state(env, "failed")
                 continue
             env.executor, job_id = job.executor, job.job_id
-        env.executor = env.executor or pick_executor(settings)
+        env.executor = env.executor or executor
         env.job_id = job_id
         set_state(env, "building")
     return len(envs)
