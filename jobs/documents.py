@@ -7,13 +7,15 @@ import re
 from pathlib import Path
 
 from jobs.contract import ErrorRecord, PhaseDocument
+from jobs.layout import RunLayout
 
 
-def read_rank_documents(run_folder: Path, phase: str, dp: int) -> list[PhaseDocument]:
-    """The result.rank{r}.json documents the ranks of a phase wrote (those that exist)."""
+def read_rank_documents(run_folder: Path, phase: str, dp: int, attempt: int = 1) -> list[PhaseDocument]:
+    """The result.rank{r}.json documents the ranks of one attempt of a phase wrote (those that exist)."""
     docs = []
+    where = RunLayout(run_folder).attempt(phase, attempt)
     for rank in range(dp):
-        path = run_folder / phase / f"result.rank{rank}.json"
+        path = where.result(rank)
         if path.exists():
             docs.append(json.loads(path.read_text()))
     return docs

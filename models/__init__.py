@@ -2,7 +2,7 @@
 
 from models.base import Base
 from models.environment import Environment
-from models.event import RunEvent, SchedulerHeartbeat
+from models.event import PhaseEvent, RunEvent, SchedulerHeartbeat
 from models.known_failure import KnownFailure
 from models.metric import StepMetric
 from models.notification import NotificationChannel, OutboxMessage
@@ -20,6 +20,7 @@ __all__ = [
     "NotificationChannel",
     "OutboxMessage",
     "Phase",
+    "PhaseEvent",
     "ProbeFinding",
     "Regression",
     "Run",

@@ -1,4 +1,4 @@
-"""Every state change of a run, in order, with its reason; plus scheduler heartbeats."""
+"""Every state change of a run and of a phase, in order, with its reason; plus scheduler heartbeats."""
 
 from __future__ import annotations
 
@@ -27,3 +27,15 @@ class SchedulerHeartbeat(Base):
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
     seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class PhaseEvent(Base):
+    __tablename__ = "phase_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    phase_id: Mapped[int] = mapped_column(ForeignKey("phases.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    from_state: Mapped[str | None] = mapped_column(String(32))
+    to_state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -10,6 +10,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from models.base import Base, CreatedAt
+from models.jsonsafe import SafeJSONB
 
 if TYPE_CHECKING:
     from models.run import Run
@@ -23,13 +24,20 @@ class Phase(CreatedAt, Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(32))
     attempt: Mapped[int] = mapped_column(Integer, default=1)
-    # pending -> submitted -> running -> succeeded | failed | infra_failed | cancelled
+    # the allowed moves are service/phase_state.py's PHASE_TRANSITIONS; every move is a PhaseEvent
     state: Mapped[str] = mapped_column(String(32), default="pending")
     # retry backoff: a pending phase is not launched before this time
     not_before: Mapped[datetime | None]
     executor: Mapped[str] = mapped_column(String(16))
     job_id: Mapped[str | None] = mapped_column(String(64))
+    # the Slurm job name (run, phase, attempt): how a submission cut short by a crash is found again
+    job_name: Mapped[str | None] = mapped_column(String(200))
+    # local executor: the controller's start time, so a reused pid is never taken for our job
+    process_started_at: Mapped[float | None]
+    # this attempt's folder (jobs.layout): rank logs, documents, checkpoint
     folder: Mapped[str | None] = mapped_column(String(1000))
+    # submitit's folder of the job running this phase (a resume forked in its train_and_save job shares it)
+    job_folder: Mapped[str | None] = mapped_column(String(1000))
     exit_reason: Mapped[str | None] = mapped_column(Text)
     submitted_at: Mapped[datetime | None]
     started_at: Mapped[datetime | None]
@@ -37,7 +45,7 @@ class Phase(CreatedAt, Base):
     duration_s: Mapped[float | None]
     save_s: Mapped[float | None]
     load_s: Mapped[float | None]
-    info: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    info: Mapped[dict[str, Any]] = mapped_column(SafeJSONB, default=dict)
     log_paths: Mapped[list[str]] = mapped_column(JSONB, default=list)
 
     run: Mapped[Run] = relationship(back_populates="phases", lazy="raise")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Boolean, ForeignKey, String
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base
+from models.jsonsafe import SafeJSONB
 
 
 class ProbeFinding(Base):
@@ -20,4 +20,4 @@ class ProbeFinding(Base):
     probe: Mapped[str] = mapped_column(String(64))
     ok: Mapped[bool] = mapped_column(Boolean)
     param_name: Mapped[str | None] = mapped_column(String(500))
-    detail: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    detail: Mapped[dict[str, Any]] = mapped_column(SafeJSONB, default=dict)

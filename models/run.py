@@ -10,6 +10,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from models.base import Base, CreatedAt, utcnow
+from models.jsonsafe import SafeJSONB
 
 if TYPE_CHECKING:
     from models.environment import Environment
@@ -51,6 +52,8 @@ class Run(CreatedAt, Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # consecutive scheduler steps on this run that failed on its data (not an outage); bounded
+    scheduler_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # retention (service/retention.py): when the checkpoints, then the whole run folder, were deleted
     checkpoints_deleted_at: Mapped[datetime | None]
     files_deleted_at: Mapped[datetime | None]
@@ -60,7 +63,7 @@ class Run(CreatedAt, Base):
     first_divergent_step: Mapped[int | None]
     first_step_beyond_tolerance: Mapped[int | None]
     max_abs_loss_delta: Mapped[float | None]
-    summary: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    summary: Mapped[dict[str, Any]] = mapped_column(SafeJSONB, default=dict)
     error_message: Mapped[str | None] = mapped_column(Text)
 
     regression: Mapped[bool] = mapped_column(Boolean, default=False, index=True)

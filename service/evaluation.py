@@ -1,8 +1,13 @@
-"""Evaluator: turn two phase documents into a verdict, stored deltas, probe findings and a regression flag."""
+"""Evaluator: turn two phase documents into a verdict, stored deltas, probe findings and a regression flag.
+
+Runs are evaluated in batches, each in a savepoint of its own (`scheduler.guard.per_row`), runs that
+failed before last: a run whose result the database refuses never holds up the others.
+"""
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any, cast
 
 from sqlalchemy import delete, insert, select
@@ -11,8 +16,12 @@ from sqlalchemy.orm import Session
 from jobs.contract import ParityResult, PhaseDocument, Verdict, exception_record, parity_result
 from jobs.verdict.compare import evaluate
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
+from models.jsonsafe import decode_nonfinite
 from service import known_failures, regression_tracker, regressions
 from service.documents import validate_result
+from service.phase_state import PhaseState
+from service.scheduler.guard import per_row
+from service.settings import Settings
 from service.state import RunState, transition
 
 log = logging.getLogger(__name__)
@@ -21,21 +30,27 @@ VERDICT_STATE: dict[Verdict, RunState] = {"pass": RunState.PASSED, "fail": RunSt
 
 
 def latest_documents(session: Session, run_id: int) -> dict[str, PhaseDocument]:
-    """The result document of the last finished attempt of each phase (validated when ingested)."""
+    """The result document of the last finished attempt of each phase (validated when ingested;
+    non-finite numbers, stored as strings, restored)."""
+    finished = (PhaseState.SUCCEEDED.value, PhaseState.FAILED.value)
     phases = session.scalars(
-        select(Phase).where(Phase.run_id == run_id, Phase.state.in_(("succeeded", "failed"))).order_by(Phase.id)
+        select(Phase).where(Phase.run_id == run_id, Phase.state.in_(finished)).order_by(Phase.id)
     )
-    return {phase.name: cast(PhaseDocument, phase.info) for phase in phases}
+    return {phase.name: cast(PhaseDocument, decode_nonfinite(phase.info)) for phase in phases}
 
 
-def evaluate_one(session: Session) -> bool:
-    """Evaluate one run in state evaluating (row-locked). False when there is none."""
-    run = session.scalar(
-        select(Run).where(Run.state == RunState.EVALUATING.value).order_by(Run.id).limit(1)
-        .with_for_update(skip_locked=True)
-    )
-    if run is None:
-        return False
+def evaluate_pending(session: Session, *, settings: Settings, limit: int = 20) -> int:
+    """Evaluate up to `limit` runs in state evaluating, each in its own savepoint. Returns how many went through."""
+    runs = session.scalars(
+        select(Run).where(Run.state == RunState.EVALUATING.value)
+        .order_by(Run.scheduler_failures, Run.id).limit(limit).with_for_update(skip_locked=True)
+    ).all()
+    return sum(per_row(session, run, partial(evaluate_run, session, run), settings=settings, what="evaluation")
+               for run in runs)
+
+
+def evaluate_run(session: Session, run: Run) -> None:
+    """Compare a run's phase documents, store the verdict and move the run to passed/failed/error."""
     docs = latest_documents(session, run.id)
     try:
         result = validate_result(evaluate(run.spec, docs.get("train_and_save"), docs.get("resume")))
@@ -46,7 +61,6 @@ def evaluate_one(session: Session) -> bool:
     record_packages(session, run, docs)
     store_result(session, run, result)
     transition(session, run, VERDICT_STATE[result["verdict"]], f"verdict {result['verdict']}")
-    return True
 
 
 PACKAGE_KEYS = ("torch", "megatron_core", "python", "device", "backend")

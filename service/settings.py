@@ -63,6 +63,13 @@ class Settings(BaseSettings):
     max_infra_retries: int = Field(default=2, ge=0)
     retry_backoff_seconds: float = Field(default=5.0, ge=0)
     phase_timeout_min: int = Field(default=60, ge=1)
+    # a phase not running this long after submission (PENDING, or a state nobody can read) is
+    # cancelled and retried as an infrastructure failure
+    pending_timeout_s: float = Field(default=3600.0, gt=0)
+    # a phase still running this long past its time limit (Slurm's or phase_timeout_min) is stopped
+    phase_grace_s: float = Field(default=300.0, ge=0)
+    # consecutive failed scheduler steps on one run (its data refused, not an outage) before it ends in error
+    max_row_failures: int = Field(default=5, ge=1)
 
     # retention (service/retention.py): checkpoints of failing runs, then whole run folders, in days
     keep_failed_days: float = Field(default=14, ge=0)

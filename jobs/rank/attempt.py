@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from jobs.contract import PhaseDocument, PhaseName, error_record, phase_document
+from jobs.layout import RunLayout
 from jobs.rank.context import write_json
 from jobs.rank.dist import job_master_port, under_submitit
 from jobs.rank.entry import _env_rank, run_rank_phase
@@ -80,9 +81,17 @@ def preload() -> dict[str, Any]:
 
 
 def run_attempt(
-    spec: dict[str, Any], run_folder: str, phases: tuple[str, ...] = PHASES, master_ports: list[int] | None = None
+    spec: dict[str, Any], run_folder: str, phases: tuple[str, ...] = PHASES, master_ports: list[int] | None = None,
+    attempts: dict[str, int] | None = None, checkpoint_attempt: int = 1,
 ) -> dict[str, Any]:
-    """The submitit payload under isolation "process": this rank's documents of every phase run."""
+    """The submitit payload under isolation "process": this rank's documents of every phase run.
+
+    `attempts` names each phase's attempt (its folder, `jobs.layout`; 1 when absent); resume loads
+    the checkpoint of train_and_save attempt `checkpoint_attempt` (the one this job saved, if it ran).
+    """
+    attempts = attempts or {}
+    if "train_and_save" in phases:
+        checkpoint_attempt = attempts.get("train_and_save", 1)
     rank, world = _env_rank(), int(spec.get("dp", 1))
     info = preload()
     out: dict[str, Any] = {"isolation": "process", "rank": rank, "phases": {}, "info": info}
@@ -90,21 +99,25 @@ def run_attempt(
     for index, phase in enumerate(phases):
         port = master_ports[index] if master_ports else job_master_port(job_id, index)
         t0 = time.perf_counter()
-        doc = run_child(spec, run_folder, phase, port, rank)
+        attempt = attempts.get(phase, 1)
+        doc = run_child(spec, run_folder, phase, port, rank, attempt, checkpoint_attempt)
         doc["info"]["child_wall_seconds"] = round(time.perf_counter() - t0, 4)
         doc["info"]["isolation"] = "process"
         out["phases"][phase] = doc
         # every rank takes the same decision from the same documents, so no rank waits alone
-        peers = wait_for_peers(Path(run_folder) / phase, world, PEER_WAIT_S)
+        peers = wait_for_peers(RunLayout(Path(run_folder)).attempt(phase, attempt).folder, world, PEER_WAIT_S)
         if index + 1 < len(phases) and not all(d.get("status") == "ok" for d in peers):
             break
     _arm_fast_exit()
     return out
 
 
-def run_child(spec: dict[str, Any], run_folder: str, phase: str, port: int, rank: int) -> PhaseDocument:
+def run_child(
+    spec: dict[str, Any], run_folder: str, phase: str, port: int, rank: int, attempt: int = 1,
+    checkpoint_attempt: int = 1,
+) -> PhaseDocument:
     """Fork a fresh child that runs one phase on this rank; return its document (never raises)."""
-    folder = Path(run_folder) / phase
+    folder = RunLayout(Path(run_folder)).attempt(phase, attempt).folder
     folder.mkdir(parents=True, exist_ok=True)
     crash_path = folder / f"crash.rank{rank}.txt"
     sys.stdout.flush()
@@ -113,7 +126,7 @@ def run_child(spec: dict[str, Any], run_folder: str, phase: str, port: int, rank
     if pid == 0:  # the child: run the phase, then leave without running the parent's exit handlers
         code = 0
         try:
-            run_rank_phase(spec, run_folder, phase, port)
+            run_rank_phase(spec, run_folder, phase, port, attempt, checkpoint_attempt)
         except BaseException:  # noqa: BLE001 - a crash the phase did not turn into a document
             code = 1
             crash_path.write_text(traceback.format_exc())

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from jobs.contract import PHASE_NAMES, PhaseDocument, PhaseName, exception_record, phase_document
+from jobs.layout import RunLayout
 from jobs.rank.context import PhaseAbort, RankContext, write_json
 from jobs.spec import RunSpec, SpecError
 
@@ -72,12 +73,20 @@ def _peak_memory() -> dict[str, Any]:
     return out
 
 
-def run_rank_phase(spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None) -> PhaseDocument:
-    """Run one phase on this rank and return its result document (never raises)."""
+def run_rank_phase(
+    spec: dict[str, Any], run_folder: str, phase: str, master_port: int | None = None,
+    attempt: int = 1, checkpoint_attempt: int = 1,
+) -> PhaseDocument:
+    """Run one phase on this rank and return its result document (never raises).
+
+    Logs, documents and (for train_and_save) the checkpoint go to this attempt's own folder
+    (`jobs.layout`); resume loads the checkpoint of train_and_save attempt `checkpoint_attempt`.
+    """
     t_start = time.time()
     rank = _env_rank()
     doc = phase_document(spec, cast(PhaseName, phase), rank)
-    folder = Path(run_folder) / phase
+    layout = RunLayout(Path(run_folder))
+    folder = layout.attempt(phase, attempt).folder
     folder.mkdir(parents=True, exist_ok=True)
     _setup_logging(folder, rank)
     ctx = RankContext(folder, rank, doc)
@@ -85,7 +94,8 @@ def run_rank_phase(spec: dict[str, Any], run_folder: str, phase: str, master_por
         if phase not in PHASE_NAMES:
             raise SpecError("phase", f"unknown phase {phase!r}", list(PHASE_NAMES))
         run_spec = RunSpec.from_dict(spec)
-        _run(ctx, run_spec, phase, Path(run_folder), master_port)
+        saver = layout.attempt("train_and_save", attempt if phase == "train_and_save" else checkpoint_attempt)
+        _run(ctx, run_spec, phase, saver.checkpoint(run_spec.save_step), master_port)
         doc["status"] = "ok"
     except PhaseAbort as abort:
         doc["status"] = "error"
@@ -137,7 +147,7 @@ def _shutdown(ctx: RankContext) -> None:
     cpu_shim.uninstall()
 
 
-def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_port: int | None) -> None:
+def _run(ctx: RankContext, spec: RunSpec, phase: str, ckpt: Path, master_port: int | None) -> None:
     from jobs.rank import dist
 
     doc = ctx.doc
@@ -157,7 +167,6 @@ def _run(ctx: RankContext, spec: RunSpec, phase: str, run_folder: Path, master_p
     ctx.distributed = True
     doc["info"].update(_environment(info))
     trainee = ctx.run("build", lambda: training.build(ctx, spec), STAGE_TIMEOUT_S["build"], agree=True)
-    ckpt = run_folder / "checkpoint" / f"step{spec.save_step}"
     first = 1
     if phase == "resume":
         training.load(ctx, trainee, spec, ckpt, STAGE_TIMEOUT_S["load"])

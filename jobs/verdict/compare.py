@@ -35,9 +35,16 @@ from jobs.verdict.evidence import collect_evidence, probe_findings
 from jobs.verdict.signatures import SIGNATURES, classify_error
 
 
+def same_value(a: float | None, b: float | None) -> bool:
+    """Equal, counting two NaNs as the same value: a resume that reproduces a NaN loss is still the same run."""
+    return a == b or (a is not None and b is not None and a != a and b != b)
+
+
 def _delta(a: float | None, b: float | None) -> tuple[float | None, float | None]:
     if a is None or b is None:
         return None, None
+    if same_value(a, b):
+        return 0.0, 0.0
     d = b - a
     return d, (abs(d) / abs(a) if a != 0 else (0.0 if d == 0 else float("inf")))
 
@@ -51,7 +58,7 @@ def _value(record: StepRecord | None, key: str) -> Any:
 
 
 def _close(a: float, b: float, rtol: float, atol: float) -> bool:
-    return a == b or abs(b - a) <= atol + rtol * abs(a)
+    return same_value(a, b) or abs(b - a) <= atol + rtol * abs(a)
 
 
 def step_rows(
@@ -73,7 +80,7 @@ def step_rows(
             row[f"{key}_abs_delta"], row[f"{key}_rel_delta"] = _delta(row[f"{key}_baseline"], row[f"{key}_resumed"])
         row["within_tolerance"] = None
         if b is not None and r is not None:
-            row["exact"] = b["loss"] == r["loss"] and b["lr"] == r["lr"]
+            row["exact"] = same_value(b["loss"], r["loss"]) and same_value(b["lr"], r["lr"])
             row["loss_within_tolerance"] = _close(b["loss"], r["loss"], profile.loss_rtol, profile.loss_atol)
             row["lr_within_tolerance"] = _close(b["lr"], r["lr"], profile.lr_rtol, profile.lr_atol)
             row["within_tolerance"] = row["loss_within_tolerance"] and row["lr_within_tolerance"]
@@ -87,7 +94,7 @@ def lanes(spec: RunSpec, rows: list[StepRow], profile: ToleranceProfile) -> dict
     complete = len(compared) == len(spec.resumed_steps)
     inexact = [r["step"] for r in compared if not r["exact"]]
     beyond = [r["step"] for r in compared if not r["within_tolerance"]]
-    lr_off = [r["step"] for r in compared if r["lr_baseline"] != r["lr_resumed"]]
+    lr_off = [r["step"] for r in compared if not same_value(r["lr_baseline"], r["lr_resumed"])]
     allowed = profile.max_failing_steps(len(spec.resumed_steps))
     return {
         "compared_steps": len(compared),

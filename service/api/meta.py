@@ -18,7 +18,7 @@ from service.api.deps import AdminToken, ReadAccess, SessionDep, SettingsDep
 from service.api.schemas import ERROR_RESPONSES, EnvironmentIn, EnvironmentOut
 from service.db import session_scope
 from service.environments import create_environment, ensure_default_environment, list_environments
-from service.slurm import pick_executor, slurm_status
+from service.slurm import slurm_status
 from service.state import IN_FLIGHT, RunState
 
 router = APIRouter(prefix="/api/v1", tags=["meta"], responses=ERROR_RESPONSES)
@@ -52,15 +52,21 @@ def healthz(settings: SettingsDep) -> JSONResponse:
     try:
         with session_scope() as session:
             version = session.scalar(text("show server_version"))
-            beat = session.scalar(select(func.max(SchedulerHeartbeat.seen_at)))
+            latest = session.execute(
+                select(SchedulerHeartbeat.seen_at, SchedulerHeartbeat.detail)
+                .order_by(SchedulerHeartbeat.seen_at.desc()).limit(1)
+            ).first()
         body["database"] = {"ok": True, "server_version": version}
+        beat = latest.seen_at if latest else None
         fresh = beat is not None and utcnow() - beat < HEARTBEAT_STALE
-        body["scheduler"] = {"ok": fresh, "last_heartbeat": beat.isoformat() if beat else None}
+        # the executor the scheduler decided at its start-up (heartbeat detail "executor=...")
+        executor = dict(p.split("=", 1) for p in (latest.detail if latest else "").split() if "=" in p).get("executor")
+        body["scheduler"] = {"ok": fresh, "last_heartbeat": beat.isoformat() if beat else None, "executor": executor}
     except Exception as exc:  # any driver error means "down"; the message says which
         body["database"] = {"ok": False, "detail": str(exc).splitlines()[0]}
-        body["scheduler"] = {"ok": False, "last_heartbeat": None}
+        body["scheduler"] = {"ok": False, "last_heartbeat": None, "executor": None}
     reachable, detail = slurm_status()
-    body["slurm"] = {"ok": reachable, "detail": detail, "executor": pick_executor(settings)}
+    body["slurm"] = {"ok": reachable, "detail": detail, "configured_executor": settings.executor}
     body["disk"] = retention.disk_usage(settings)
     body["status"] = "ok" if body["database"]["ok"] else "degraded"
     return JSONResponse(body, status_code=200 if body["database"]["ok"] else 503)

@@ -44,8 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from service.app import create_app
     from service.db import session_scope
-    from service.scheduler.loop import run_forever
-    from service.slurm import pick_executor
+    from service.scheduler.loop import decide_executor, run_forever
     from service.tokens import create_token
 
     if not args.verbose:  # the demo's story is its printed verdicts, not the scheduler's log
@@ -58,10 +57,11 @@ def run(args: argparse.Namespace) -> int:
     server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     stop = threading.Event()
-    threading.Thread(target=run_forever, args=(settings, stop), daemon=True).start()
+    executor = decide_executor(settings)
+    threading.Thread(target=run_forever, args=(settings, stop, executor), daemon=True).start()
     with session_scope() as session:
         token = create_token(session, name="demo", scopes=["submit"])
-    print(f"service on {settings.base_url} (executor: {pick_executor(settings)}, run folder "
+    print(f"service on {settings.base_url} (executor: {executor}, run folder "
           f"{settings.resolved_run_folder})", flush=True)
     base = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
     good = {**base, "workarounds": ["realign-param-index", "restore-adam-step"]}

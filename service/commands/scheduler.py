@@ -19,22 +19,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.scheduler.loop import heartbeat, replica_name, run_forever, tick
-    from service.slurm import pick_executor
+    from service.scheduler.loop import decide_executor, heartbeat, replica_name, run_forever, tick
 
     settings = load_settings()
     if args.check:
         return check_heartbeat()
     ready_database(migrate=args.migrate or not settings.database_url)
-    print(f"scheduler: executor {pick_executor(settings)}, run folder {settings.resolved_run_folder}", flush=True)
+    executor = decide_executor(settings)  # once: `auto` never flips to local processes later
+    print(f"scheduler: executor {executor}, run folder {settings.resolved_run_folder}", flush=True)
     if args.once:
-        heartbeat(replica_name())
-        print(tick(settings))
+        heartbeat(replica_name(), executor)
+        print(tick(settings, executor=executor))
         return 0
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    run_forever(settings, stop)
+    run_forever(settings, stop, executor)
     return 0
 
 

@@ -9,6 +9,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
+from jobs.layout import LOG_SUFFIXES, AttemptLayout
 from models import Phase
 from service.dashboard.rendering import PageError
 
@@ -16,7 +17,6 @@ from service.dashboard.rendering import PageError
 TAIL_BYTES = 1 << 20
 # Triage reads every listed log of a failed phase (ranks x files): a smaller tail per file.
 TRIAGE_TAIL_BYTES = 128 << 10
-LOG_SUFFIXES = (".out", ".err", ".log")
 TRACEBACK = re.compile(r"^Traceback \(most recent call last\)")
 ERROR = re.compile(r"\b[A-Z]\w*(Error|Exception)\b|\bERROR\b|\bsrun: error\b")
 
@@ -48,6 +48,13 @@ def link_path(path: str, run_folder: Path) -> str:
         return path
 
 
+def listed_logs(phase: Phase) -> list[str]:
+    """A phase's logs: those recorded when it ended, else (still running) what its attempt folder holds now."""
+    if phase.log_paths:
+        return list(phase.log_paths)
+    return [str(p) for p in AttemptLayout(Path(phase.folder)).logs()] if phase.folder else []
+
+
 def resolve_log(run_folder: Path, phase: Phase, requested: str) -> Path:
     """The listed log a request names, or PageError 403/404; never a path outside the run folder.
 
@@ -65,7 +72,7 @@ def resolve_log(run_folder: Path, phase: Phase, requested: str) -> Path:
         raise PageError(403, "log files are served only from inside the run folder")
     if candidate.suffix not in LOG_SUFFIXES:
         raise PageError(403, f"only log files are served ({', '.join(LOG_SUFFIXES)})")
-    listed = {Path(p) for p in phase.log_paths or []} | {Path(p).resolve() for p in phase.log_paths or []}
+    listed = {Path(p) for p in listed_logs(phase)} | {Path(p).resolve() for p in listed_logs(phase)}
     if candidate not in listed:
         raise PageError(404, "that file is not a log of this phase")
     return candidate

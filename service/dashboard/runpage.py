@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from models import ProbeFinding, Run, RunEvent, StepMetric
-from service.dashboard.logs import link_path
+from service.dashboard.logs import link_path, listed_logs
 from service.dashboard.rendering import PageError
 
 METRIC_COLUMNS = (StepMetric.step, StepMetric.loss_baseline, StepMetric.loss_resumed, StepMetric.lr_baseline,
@@ -121,10 +121,10 @@ def events_of(session: Session, run_id: int) -> list[RunEvent]:
 
 
 def log_links(run: Run, run_folder: Path) -> dict[int, list[dict[str, str]]]:
-    """Per phase id: log links (label and path relative to the run folder)."""
+    """Per phase id: log links (label and path relative to the run folder), live phases included."""
     out: dict[int, list[dict[str, str]]] = {}
     for phase in run.phases:
-        out[phase.id] = [{"name": Path(p).name, "path": link_path(p, run_folder)} for p in phase.log_paths or []]
+        out[phase.id] = [{"name": Path(p).name, "path": link_path(p, run_folder)} for p in listed_logs(phase)]
     return out
 
 

@@ -1,10 +1,18 @@
-"""Submitit on one side, plain (folder, job id) on the other: submit, re-attach, poll, fetch, cancel."""
+"""Submitit on one side, plain (folder, job id) on the other: submit, re-attach, poll, fetch, cancel.
+
+Slurm jobs are submitted with --no-requeue (a preempted or failed node must not start a second copy
+of an attempt behind our back; the scheduler retries as a new attempt in a new folder) and a job
+name that names run, phase and attempt (`slurm_jobs`). Local jobs lead their own process group and
+are known by pid + start time (`local_jobs`), so a restarted scheduler can still stop them.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -13,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import psutil
 import submitit
 from submitit.core.core import Job
 
 from jobs.contract import PhaseDocument
 from jobs.documents import merge_rank_documents
+from service.scheduler.local_jobs import IsolatedLocalExecutor, kill_group, local_process, start_time
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -27,11 +35,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # result files (a stat), so sacct only has to catch jobs that died without writing one.
 SACCT_MIN_INTERVAL_S = 5.0
 _last_sacct = float("-inf")
+# Fault hook for tests: exit right after sbatch answered, before submitit names the job's pickle.
+FAULT_AFTER_SBATCH = "PARITY_FAULT_EXIT_AFTER_SBATCH"
 
 # Slurm states that mean the infrastructure, not the code under test, stopped the phase.
 INFRA_STATES = frozenset(
     {"CANCELLED", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "LOST"}
 )
+# scancel's answers for a job that has already ended (nothing left to cancel)
+_GONE = re.compile(r"already completing or completed|Invalid job id", re.I)
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,8 @@ class PhaseJob:
     folder: str
     job_id: str
     tasks: int
+    # local jobs: the controller's start time, so a reused pid is never taken for the job
+    started: float | None = None
 
 
 @dataclass(frozen=True)
@@ -92,13 +106,23 @@ def only_job_environment(
 _LOCAL_JOBS: dict[str, Job[Any]] = {}
 
 
+class _SlurmExecutor(submitit.SlurmExecutor):
+    exit_after_sbatch = False
+
+    def _submit_command(self, command: str) -> Job[Any]:
+        job = super()._submit_command(command)
+        if self.exit_after_sbatch:
+            log.error("fault hook %s: exiting after sbatch gave job %s", FAULT_AFTER_SBATCH, job.job_id)
+            os._exit(70)
+        return job
+
+
 def submit_phase(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
     function: Any, args: tuple[Any, ...],
 ) -> PhaseJob:
-    """Submit function(*args) as one job of `tasks` ranks; return its (folder, job id)."""
+    """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle."""
     private_dirs(settings.resolved_run_folder, folder)
-    timeout = settings.phase_timeout_min if executor == "local" else settings.slurm_time_limit_min
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")
     pythonpath = current if str(REPO_ROOT) in current.split(os.pathsep) else os.pathsep.join(
@@ -106,25 +130,30 @@ def submit_phase(
     )
     ex: submitit.Executor
     if executor == "slurm":
-        ex = submitit.SlurmExecutor(folder=folder, python=python, max_num_timeout=0)
+        slurm = _SlurmExecutor(folder=folder, python=python, max_num_timeout=0)
+        slurm.exit_after_sbatch = os.environ.get(FAULT_AFTER_SBATCH) == "1"
         params: dict[str, Any] = dict(
-            ntasks_per_node=tasks, nodes=1, cpus_per_task=settings.slurm_cpus_per_task, time=timeout,
-            job_name=name, setup=[f"export PYTHONPATH={pythonpath}"],
+            ntasks_per_node=tasks, nodes=1, cpus_per_task=settings.slurm_cpus_per_task,
+            time=settings.slurm_time_limit_min, job_name=name, setup=[f"export PYTHONPATH={pythonpath}"],
+            additional_parameters={**settings.sbatch_extra(), "no-requeue": True},
         )
         if settings.slurm_partition:
             params["partition"] = settings.slurm_partition
-        if settings.sbatch_extra():
-            params["additional_parameters"] = settings.sbatch_extra()
-        ex.update_parameters(**params)
+        slurm.update_parameters(**params)
+        ex = slurm
+    elif executor == "local":
+        ex = IsolatedLocalExecutor(folder=folder, python=python, max_num_timeout=0)
+        ex.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
     else:
-        ex = submitit.LocalExecutor(folder=folder, python=python, max_num_timeout=0)
-        ex.update_parameters(tasks_per_node=tasks, timeout_min=timeout)
+        raise ValueError(f"executor: {executor!r} is not one of slurm, local")
     with only_job_environment(settings.job_env_names(), {"PYTHONPATH": pythonpath} if executor == "local" else {}):
         job = ex.submit(function, *args)
+    started = None
     if executor == "local":
         _LOCAL_JOBS[job.job_id] = job
+        started = start_time(int(job.job_id))
     log.info("submitted %s as %s job %s in %s", name, executor, job.job_id, folder)
-    return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks)
+    return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks, started=started)
 
 
 def private_dirs(root: Path, folder: Path) -> None:
@@ -153,58 +182,46 @@ def _submitit_job(job: PhaseJob) -> Job[Any]:
     return submitit.SlurmJob(job.folder, job.job_id, tasks=range(job.tasks))
 
 
-def _local_pid_alive(job_id: str) -> bool:
-    try:
-        return psutil.Process(int(job_id)).status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, ValueError):
-        return False
+def _status(spec: PhaseJob, handle: Job[Any]) -> JobStatus:
+    if spec.executor == "local" and spec.job_id not in _LOCAL_JOBS:
+        # re-attached after a restart: no Popen handle, so judge by the process and the result file
+        if handle.paths.result_pickle.exists():
+            raw = "FINISHED"
+        elif local_process(spec.job_id, spec.started) is not None:
+            raw = "RUNNING"
+        else:
+            raw = "LOST"
+    else:
+        state = submitit.SlurmJob.watcher.get_state(spec.job_id, mode="cache") if spec.executor == "slurm" \
+            else handle.state
+        raw = str(state).split()[0].upper() if state else "UNKNOWN"
+    return JobStatus(kind=_kind(raw), raw=raw)
 
 
 def poll(jobs: list[PhaseJob]) -> dict[PhaseJob, JobStatus]:
     """States of many jobs; all Slurm jobs share one sacct call, made at most every SACCT_MIN_INTERVAL_S."""
     global _last_sacct
     handles = {j: _submitit_job(j) for j in jobs}
-    slurm = [j for j in jobs if j.executor == "slurm"]
-    if slurm and time.monotonic() - _last_sacct >= SACCT_MIN_INTERVAL_S:
+    if any(j.executor == "slurm" for j in jobs) and time.monotonic() - _last_sacct >= SACCT_MIN_INTERVAL_S:
         # submitit would call sacct on every state read after a handle registers; call it once, here
         submitit.SlurmJob.watcher.update()
         _last_sacct = time.monotonic()
     out: dict[PhaseJob, JobStatus] = {}
     for spec, handle in handles.items():
-        if spec.executor == "slurm":
-            state = submitit.SlurmJob.watcher.get_state(spec.job_id, mode="cache")
-        else:
-            state = handle.state
-        raw = str(state).split()[0].upper() if state else "UNKNOWN"
-        if spec.executor == "local" and spec.job_id not in _LOCAL_JOBS:
-            # re-attached after a restart: no Popen handle, so judge by the pid and the result file
-            if handle.paths.result_pickle.exists():
-                raw = "FINISHED"
-            elif _local_pid_alive(spec.job_id):
-                raw = "RUNNING"
-            else:
-                raw = "LOST"
-        out[spec] = JobStatus(kind=_kind(raw), raw=raw)
+        try:
+            out[spec] = _status(spec, handle)
+        except Exception as exc:  # one odd job must not hide every other job's state
+            log.warning("polling %s job %s: %s", spec.executor, spec.job_id, exc)
+            out[spec] = JobStatus(kind="active", raw="UNKNOWN")
     return out
 
 
-def rank_result_paths(phase_folder: Path, tasks: int) -> list[Path]:
-    """The per-rank documents a phase writes under <run>/<phase>/ when it ends (any isolation)."""
-    return [phase_folder / f"result.rank{rank}.json" for rank in range(tasks)]
-
-
-def results_on_disk(phase_folder: Path, tasks: int) -> PhaseDocument | None:
-    """The phase's merged document once every rank has written its own, else None."""
-    paths = rank_result_paths(phase_folder, tasks)
+def results_on_disk(attempt_folder: Path, tasks: int) -> PhaseDocument | None:
+    """The phase's merged document once every rank has written its own into the attempt folder, else None."""
+    paths = [attempt_folder / f"result.rank{rank}.json" for rank in range(tasks)]
     if not all(p.exists() for p in paths):
         return None
     return merge_rank_documents([json.loads(p.read_text()) for p in paths])
-
-
-def clear_results(phase_folder: Path) -> None:
-    """Remove an earlier attempt's rank documents before a new attempt runs the phase."""
-    for path in [*phase_folder.glob("result.rank*.json"), *phase_folder.glob("crash.rank*.txt")]:
-        path.unlink(missing_ok=True)
 
 
 def _kind(raw: str) -> str:
@@ -244,11 +261,23 @@ def fetch_result(job: PhaseJob, phase: str) -> tuple[PhaseDocument | None, str |
 
 
 def cancel(job: PhaseJob) -> None:
-    """Ask the executor to stop a job (scancel, or SIGTERM to the local controller)."""
-    try:
-        _submitit_job(job).cancel(check=False)
-    except Exception as exc:  # already gone: nothing to cancel
-        log.warning("cancel of %s job %s: %s", job.executor, job.job_id, exc)
+    """Ask the executor to stop a job: scancel, or SIGTERM then SIGKILL to a local job's process group.
+
+    Raises when the request could not be made (scancel failed); only a later `poll` that sees the
+    job ended confirms it is gone.
+    """
+    if job.executor == "slurm":
+        out = subprocess.run(["scancel", job.job_id], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0 and not _GONE.search(out.stderr):
+            raise RuntimeError(f"scancel {job.job_id}: {out.stderr.strip() or out.returncode}")
+        return
+    proc = local_process(job.job_id, job.started)
+    if proc is None:
+        return
+    kill_group(proc)
+    local = _LOCAL_JOBS.get(job.job_id)
+    if local is not None:
+        local._process.wait(timeout=10)  # type: ignore[attr-defined]  # reap our own child
 
 
 def log_paths(job: PhaseJob) -> list[str]:

@@ -17,21 +17,23 @@ import os
 import socket
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.exc import DBAPIError, OperationalError
 
-from models import SchedulerHeartbeat
+from models import Run, SchedulerHeartbeat
 from models.base import utcnow
 from service import retention
 from service.db import get_engine, session_scope
-from service.evaluation import evaluate_one
+from service.evaluation import evaluate_pending
 from service.notifications.deliver import deliver_step
+from service.scheduler.guard import describe, is_outage, per_row
 from service.scheduler.reconciler import reconcile, watched_files
-from service.scheduler.submitter import claim_queued, launch_one
+from service.scheduler.submitter import claim_queued, launch, next_pending
 from service.scheduler.wakeup import Wakeup
 from service.settings import Settings
+from service.slurm import pick_executor
 
 log = logging.getLogger(__name__)
 
@@ -41,30 +43,42 @@ def replica_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def heartbeat(name: str) -> None:
-    """Record that this replica is alive."""
+def decide_executor(settings: Settings) -> str:
+    """The executor of this scheduler process, decided once: `slurm` never falls back to local."""
+    executor = pick_executor(settings)
+    log.info("executor %s for the life of this scheduler (PARITY_EXECUTOR=%s)", executor, settings.executor)
+    return executor
+
+
+def heartbeat(name: str, executor: str = "") -> None:
+    """Record that this replica is alive, and which executor it runs phases with."""
+    detail = f"executor={executor}" if executor else ""
     with session_scope() as session:
-        stmt = insert(SchedulerHeartbeat).values(name=name, seen_at=utcnow(), detail="")
-        session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={"seen_at": utcnow()}))
+        stmt = insert(SchedulerHeartbeat).values(name=name, seen_at=utcnow(), detail=detail)
+        session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={"seen_at": utcnow(),
+                                                                                 "detail": detail}))
 
 
-def tick(settings: Settings, *, max_launches: int = 10) -> dict[str, int]:
+def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
     done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "notified": 0, "pruned": 0}
     with session_scope() as session:
-        done["claimed"] = claim_queued(session, settings=settings)
+        done["claimed"] = claim_queued(session, settings=settings, executor=executor)
     for _ in range(max_launches):
+        # one transaction per launch: the pending row stays committed until the submission is recorded
         with session_scope() as session:
-            if not launch_one(session, settings=settings):
+            phase = next_pending(session)
+            if phase is None:
                 break
-        done["launched"] += 1
+            run = session.get(Run, phase.run_id)
+            assert run is not None
+            launched = per_row(session, run, partial(launch, session, phase, settings=settings, executor=executor),
+                               settings=settings, what=f"launching {phase.name} attempt {phase.attempt}")
+        done["launched"] += launched
     with session_scope() as session:
-        done["reconciled"] = reconcile(session, settings=settings)
-    while True:
-        with session_scope() as session:
-            if not evaluate_one(session):
-                break
-        done["evaluated"] += 1
+        done["reconciled"] = reconcile(session, settings=settings, executor=executor)
+    with session_scope() as session:
+        done["evaluated"] = evaluate_pending(session, settings=settings)
     done["notified"] = deliver_step()
     with session_scope() as session:
         done["pruned"] = sum(retention.apply(session, settings).values())
@@ -80,35 +94,36 @@ def _watch(settings: Settings) -> list[Path]:
         return watched_files(session, settings=settings)
 
 
-def run_forever(settings: Settings, stop: threading.Event | None = None) -> None:
+def run_forever(settings: Settings, stop: threading.Event | None = None, executor: str | None = None) -> None:
     """Loop until stop is set (or forever), surviving database outages."""
     stop = stop or threading.Event()
     name = replica_name()
+    executor = executor or decide_executor(settings)
     wake = Wakeup(_database_url, stop)
     failures = 0
     last_beat = float("-inf")
-    log.info("scheduler %s started (events, polling every %.1fs)", name, settings.scheduler_poll_seconds)
+    log.info("scheduler %s started (executor %s; events, polling every %.1fs)", name, executor,
+             settings.scheduler_poll_seconds)
     while not stop.is_set():
         watch: list[Path] = []
         try:
             if time.monotonic() - last_beat >= min(settings.scheduler_poll_seconds, 10.0):
-                heartbeat(name)
+                heartbeat(name, executor)
                 last_beat = time.monotonic()
-            done = tick(settings)
+            done = tick(settings, executor=executor)
             if any(done.values()):
                 log.info("tick: %s", done)
             failures = 0
             # something moved: tick again now, its follow-up (a resume to submit, a run to evaluate) is ready
             delay = 0.0 if any(done.values()) else settings.scheduler_poll_seconds
             watch = _watch(settings) if delay else []
-        except (OperationalError, DBAPIError) as exc:
+        except Exception as exc:  # a bug in one step must not stop every other run; its transaction rolled back
             failures += 1
             delay = min(30.0, settings.scheduler_poll_seconds * 2**failures)
-            log.warning("database unavailable (%s); retrying in %.0fs", str(exc).splitlines()[0], delay)
-        except Exception:  # a bug in one step must not stop every other run; its transaction rolled back
-            failures += 1
-            delay = min(30.0, settings.scheduler_poll_seconds * 2**failures)
-            log.exception("scheduler step failed; retrying in %.0fs", delay)
+            if is_outage(exc):
+                log.warning("database unavailable (%s); retrying in %.0fs", describe(exc), delay)
+            else:
+                log.exception("scheduler step failed; retrying in %.0fs", delay)
         if delay:
             wake.wait(delay, watch)
     wake.close()

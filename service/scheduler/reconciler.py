@@ -1,13 +1,17 @@
-"""Reconciler: poll every in-flight phase in one batch and move runs along the state machine.
+"""Reconciler: poll every in-flight phase in one batch and move runs along the state machines.
 
-Infra failures (cancelled, node failure, preemption, time limit, a vanished local job) are retried
-with backoff up to PARITY_MAX_INFRA_RETRIES and never reported as parity results; a phase that ran
-and returned a document (even one describing a crash) is a parity answer and is never retried.
+Infra failures (cancelled, node failure, preemption, time limit, a vanished local job, a job
+pending or running past its deadline) are retried as a new attempt, in a new folder, after the old
+job is cancelled, up to PARITY_MAX_INFRA_RETRIES, and never reported as parity results; a phase
+that ran and returned a document (even one describing a crash) is a parity answer and is never
+retried. Each phase row is handled in its own savepoint (`guard.per_row`).
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,11 +19,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobs.contract import ErrorRecord, PhaseDocument, PhaseName, error_record, phase_document
+from jobs.layout import AttemptLayout
 from models import Phase, Run
 from models.base import utcnow
 from service.documents import InvalidDocument, rejected_document, validate_phase_document
-from service.scheduler import launcher
-from service.scheduler.submitter import PHASES, SUBMITTED_STATE, isolation, new_phase, retry_or_give_up, run_dir
+from service.phase_state import PHASE_ACTIVE, PhaseState, move_phase
+from service.scheduler import guard, launcher
+from service.scheduler.submitter import PHASES, SUBMITTED_STATE, isolation, job_of, new_phase, retry_or_give_up
 from service.settings import Settings
 from service.state import RunState, transition
 
@@ -27,49 +33,26 @@ log = logging.getLogger(__name__)
 RUNNING_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
 
 
-def _phase_job(phase: Phase, run: Run) -> launcher.PhaseJob:
-    return launcher.PhaseJob(
-        executor=phase.executor, folder=phase.folder or "", job_id=phase.job_id or "", tasks=int(run.spec["dp"])
-    )
+def reconcile(session: Session, *, settings: Settings, executor: str) -> int:
+    """One pass over all submitted/running/cancelling phases (row-locked, skipping ones another replica holds).
 
-
-def _phase_folder(settings: Settings, run: Run, phase: Phase) -> Path:
-    return run_dir(settings, run.id) / phase.name
-
-
-def reconcile(session: Session, *, settings: Settings) -> int:
-    """One pass over all submitted/running phases (row-locked, skipping ones another replica holds).
-
-    A phase has finished when every rank's document is on disk (a stat per rank); sacct, rate
-    limited in launcher.poll, only has to say which jobs ended without them. Returns how many
-    phases changed state.
+    A phase has finished when every rank's document is in its attempt folder (a stat per rank);
+    sacct, rate limited in launcher.poll, only has to say which jobs ended without them. Returns
+    how many phases changed state.
     """
     rows = session.execute(
         select(Phase, Run).join(Run, Run.id == Phase.run_id)
-        .where(Phase.state.in_(("submitted", "running")))
-        .order_by(Phase.id).with_for_update(of=Phase, skip_locked=True)
+        .where(Phase.state.in_([s.value for s in PHASE_ACTIVE]))
+        .order_by(Run.scheduler_failures, Phase.id).with_for_update(of=Phase, skip_locked=True)
     ).tuples().all()
     if not rows:
         return 0
-    statuses = launcher.poll([_phase_job(phase, run) for phase, run in rows])
+    statuses = launcher.poll([job_of(phase, run) for phase, run in rows])
     changed = 0
     for phase, run in rows:
-        job = _phase_job(phase, run)
-        status = statuses[job]
-        folder = _phase_folder(settings, run, phase)
-        doc = None if run.cancel_requested else launcher.results_on_disk(folder, job.tasks)
         before = phase.state
-        if run.cancel_requested:
-            _cancel(session, phase, run, job)
-        elif doc is not None or status.kind in ("done", "failed"):
-            # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so
-            _finished(session, phase, run, job, settings, doc)
-        elif status.kind == "infra":
-            _infra_failure(session, phase, run, status.raw, settings)
-        elif phase.state == "submitted" and (status.kind == "running" or (folder / "rank0.log").exists()):
-            phase.state, phase.started_at = "running", utcnow()
-            if run.state == SUBMITTED_STATE[phase.name]:
-                transition(session, run, RUNNING_STATE[phase.name], f"{phase.executor} job {phase.job_id} running")
+        step = partial(_reconcile_one, session, phase, run, statuses[job_of(phase, run)], settings, executor)
+        guard.per_row(session, run, step, settings=settings, what=f"reconciling {phase.name} attempt {phase.attempt}")
         changed += phase.state != before
     return changed
 
@@ -77,40 +60,68 @@ def reconcile(session: Session, *, settings: Settings) -> int:
 def watched_files(session: Session, *, settings: Settings) -> list[Path]:
     """The rank documents whose appearance means an in-flight phase has finished (what the loop stats)."""
     rows = session.execute(
-        select(Phase.name, Run.id, Run.spec).join(Run, Run.id == Phase.run_id)
-        .where(Phase.state.in_(("submitted", "running")))
+        select(Phase.folder, Run.spec).join(Run, Run.id == Phase.run_id)
+        .where(Phase.state.in_((PhaseState.SUBMITTED.value, PhaseState.RUNNING.value)))
     ).tuples().all()
-    return [
-        path for name, run_id, spec in rows
-        for path in launcher.rank_result_paths(run_dir(settings, run_id) / name, int(spec["dp"]))
-    ]
+    return [AttemptLayout(Path(folder or ".")).result(rank) for folder, spec in rows for rank in range(int(spec["dp"]))]
 
 
-def _close(phase: Phase, state: str, job: launcher.PhaseJob, reason: str | None = None) -> None:
-    phase.state, phase.ended_at, phase.exit_reason = state, utcnow(), reason
-    if phase.started_at is None:
-        phase.started_at = phase.submitted_at
-    if phase.started_at:
-        phase.duration_s = (phase.ended_at - phase.started_at).total_seconds()
-    phase.log_paths = collect_log_paths(phase, job)
+def _reconcile_one(
+    session: Session, phase: Phase, run: Run, status: launcher.JobStatus, settings: Settings, executor: str
+) -> None:
+    layout = AttemptLayout(Path(phase.folder or "."))
+    cancelling = run.cancel_requested or phase.state == PhaseState.CANCELLING
+    doc = None if cancelling else launcher.results_on_disk(layout.folder, int(run.spec["dp"]))
+    if cancelling:
+        _cancel(session, phase, run, status)
+    elif doc is not None or status.kind in ("done", "failed"):
+        # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so
+        _finished(session, phase, run, settings, executor, doc)
+    elif status.kind == "infra":
+        _infra_failure(session, phase, run, f"job {phase.job_id} ended {status.raw}", settings, executor)
+    elif phase.state == PhaseState.SUBMITTED and (status.kind == "running" or layout.rank_log(0).exists()):
+        move_phase(session, phase, PhaseState.RUNNING, f"{phase.executor} job {phase.job_id} running")
+        if run.state == SUBMITTED_STATE[phase.name]:
+            transition(session, run, RUNNING_STATE[phase.name], f"{phase.executor} job {phase.job_id} running")
+    elif phase.state == PhaseState.RUNNING:
+        if _past(phase.started_at, wall_limit_s(settings, phase.executor)):
+            _deadline(session, phase, run, f"running past its wall-clock limit ({status.raw})", settings, executor)
+    elif _past(phase.submitted_at, settings.pending_timeout_s):
+        # PENDING for too long, or a state nobody can read (UNKNOWN): give the slot back and retry
+        _deadline(session, phase, run, f"still {status.raw} after {settings.pending_timeout_s:.0f}s", settings,
+                  executor)
+
+
+def wall_limit_s(settings: Settings, executor: str) -> float:
+    """How long a phase may run before the scheduler stops it: the executor's limit plus a grace."""
+    limit_min = settings.slurm_time_limit_min if executor == "slurm" else settings.phase_timeout_min
+    return limit_min * 60 + settings.phase_grace_s
+
+
+def _past(since: object, seconds: float) -> bool:
+    return since is not None and utcnow() - since > timedelta(seconds=seconds)  # type: ignore[operator]
 
 
 def collect_log_paths(phase: Phase, job: launcher.PhaseJob) -> list[str]:
-    """The job's own per-rank logs (where a caught traceback lands) first, then submitit's stdout/stderr."""
-    rank_dir = Path(phase.folder or ".").parent / phase.name
-    own = [rank_dir / f"rank{rank}.log" for rank in range(job.tasks)]
+    """The attempt's own per-rank logs (where a caught traceback lands) first, then submitit's stdout/stderr."""
+    layout = AttemptLayout(Path(phase.folder or "."))
+    own = [layout.rank_log(rank) for rank in range(job.tasks)]
     return [str(p) for p in own if p.is_file()] + launcher.log_paths(job)
 
 
+def _end(session: Session, phase: Phase, run: Run, state: PhaseState, reason: str) -> None:
+    phase.log_paths = collect_log_paths(phase, job_of(phase, run))
+    move_phase(session, phase, state, reason)
+
+
 def _finished(
-    session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, settings: Settings,
-    raw: PhaseDocument | None = None,
+    session: Session, phase: Phase, run: Run, settings: Settings, executor: str, raw: PhaseDocument | None = None,
 ) -> None:
     error = None
     if raw is None:
-        raw, error = launcher.fetch_result(job, phase.name)
+        raw, error = launcher.fetch_result(job_of(phase, run), phase.name)
     if raw is None:
-        _job_raised(session, phase, run, job, error)
+        _job_raised(session, phase, run, error)
         return
     try:
         doc = validate_phase_document(raw)
@@ -122,23 +133,24 @@ def _finished(
     info = doc["info"]
     phase.save_s, phase.load_s = info.get("save_seconds"), info.get("load_seconds")
     ok = doc["status"] == "ok"
-    _close(phase, "succeeded" if ok else "failed", job, None if ok else _doc_error(doc["error"]))
+    _end(session, phase, run, PhaseState.SUCCEEDED if ok else PhaseState.FAILED, "" if ok else _doc_error(doc["error"]))
     if ok and phase.name == PHASES[0] and isolation(run) == "process":
-        _resume_in_same_job(session, phase, run, settings)
+        _resume_in_same_job(session, phase, run, settings, executor)
     elif ok and phase.name == PHASES[0]:
-        new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings)
+        new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings, executor=executor)
         transition(session, run, RunState.RESUME_SUBMITTED, f"{phase.name} finished; resume queued")
     else:
         # both phases done, or a phase crashed inside the job: either way the evaluator decides
         transition(session, run, RunState.EVALUATING, f"{phase.name} returned {doc['status']}")
 
 
-def _resume_in_same_job(session: Session, saved: Phase, run: Run, settings: Settings) -> None:
-    """Isolation "process": the attempt's job forks the resume child itself; record it as running."""
-    resume = new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings)
-    now = utcnow()
-    resume.folder, resume.job_id, resume.executor = saved.folder, saved.job_id, saved.executor
-    resume.state, resume.submitted_at, resume.started_at = "running", now, now
+def _resume_in_same_job(session: Session, saved: Phase, run: Run, settings: Settings, executor: str) -> None:
+    """Isolation "process": the attempt's job forks the resume child itself (as resume attempt 1); record it."""
+    resume = new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings, executor=executor)
+    resume.job_folder, resume.job_id, resume.executor = saved.job_folder, saved.job_id, saved.executor
+    resume.job_name, resume.process_started_at = saved.job_name, saved.process_started_at
+    move_phase(session, resume, PhaseState.SUBMITTED, f"forked in {saved.executor} job {saved.job_id}")
+    move_phase(session, resume, PhaseState.RUNNING, f"forked in {saved.executor} job {saved.job_id}")
     transition(session, run, RunState.RESUME_SUBMITTED, f"{saved.name} finished; resume forked in the same job")
     transition(session, run, RunState.RESUME_RUNNING, f"{saved.executor} job {saved.job_id} running resume")
 
@@ -149,24 +161,40 @@ def _doc_error(err: ErrorRecord | None) -> str:
     return f"{err['stage']}: {err['type']}: {err['message']}"[:2000]
 
 
-def _job_raised(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob, error: str | None) -> None:
+def _job_raised(session: Session, phase: Phase, run: Run, error: str | None) -> None:
     """The job ended without rank 0's document (it raised, or the rank died): an error, not retried."""
-    _close(phase, "failed", job, error or "job failed without a result")
     record = error_record("JobFailed", error or "", stage="job")
     phase.info = cast(
         dict[str, Any], phase_document(run.spec, cast(PhaseName, phase.name), 0, status="error", error=record)
     )
+    _end(session, phase, run, PhaseState.FAILED, error or "job failed without a result")
     run.error_message = f"{phase.name} job {phase.job_id} failed: {(error or '')[-1500:]}"
     transition(session, run, RunState.EVALUATING, f"{phase.name} job raised")
 
 
-def _infra_failure(session: Session, phase: Phase, run: Run, raw: str, settings: Settings) -> None:
-    job = _phase_job(phase, run)
-    _close(phase, "infra_failed", job, f"{phase.executor} state {raw}")
-    retry_or_give_up(session, phase=phase, run=run, what=f"job {phase.job_id} ended {raw}", settings=settings)
+def _infra_failure(session: Session, phase: Phase, run: Run, what: str, settings: Settings, executor: str) -> None:
+    # the old job is stopped before a retry exists: two attempts never run side by side
+    launcher.cancel(job_of(phase, run))
+    _end(session, phase, run, PhaseState.INFRA_FAILED, f"{phase.executor}: {what}")
+    retry_or_give_up(session, phase=phase, run=run, what=what, settings=settings, executor=executor)
 
 
-def _cancel(session: Session, phase: Phase, run: Run, job: launcher.PhaseJob) -> None:
-    launcher.cancel(job)
-    _close(phase, "cancelled", job, "cancelled by API")
-    transition(session, run, RunState.CANCELLED, f"cancelled by API; {phase.executor} job {phase.job_id} cancelled")
+def _deadline(session: Session, phase: Phase, run: Run, what: str, settings: Settings, executor: str) -> None:
+    log.warning("run %s: %s job %s %s; cancelling it", run.id, phase.executor, phase.job_id, what)
+    _infra_failure(session, phase, run, f"job {phase.job_id} {what}", settings, executor)
+
+
+def _cancel(session: Session, phase: Phase, run: Run, status: launcher.JobStatus) -> None:
+    """Ask the executor to stop the job; the phase is cancelled only once the job is seen gone."""
+    if phase.state != PhaseState.CANCELLING:
+        move_phase(session, phase, PhaseState.CANCELLING, f"cancel requested from {phase.executor}")
+    elif status.kind not in ("running", "active"):
+        _end(session, phase, run, PhaseState.CANCELLED, f"{phase.executor} confirmed: {status.raw}")
+        transition(session, run, RunState.CANCELLED,
+                   f"cancelled by API; {phase.executor} job {phase.job_id} {status.raw}")
+        return
+    try:  # asked again on every pass until the executor confirms: a request can be lost
+        launcher.cancel(job_of(phase, run))
+    except Exception as exc:
+        log.warning("run %s: cancelling %s job %s failed (%s); asking again", run.id, phase.executor,
+                    phase.job_id, guard.describe(exc))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from jobs.launch.local import run_parity
+from jobs.layout import RunLayout
 from jobs.spec import RunSpec
 from service.commands import run_local
 
@@ -52,4 +53,5 @@ def test_run_local_json_prints_one_document(tmp_path: Path, capsys: pytest.Captu
     out = capsys.readouterr().out
     doc = json.loads(out)
     assert out.count("\n") == 1 and doc["verdict"] == "pass" and doc["spec"]["dp"] == 1
-    assert (tmp_path / "result.json").exists() and (tmp_path / "checkpoint" / "step2").is_dir()
+    assert (tmp_path / "result.json").exists()
+    assert RunLayout(tmp_path).attempt("train_and_save", 1).checkpoint(2).is_dir()

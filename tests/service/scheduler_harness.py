@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from models import Phase, Run
+from models import Phase, PhaseEvent, Run
 from service.db import session_scope
 from service.environments import create_environment, ensure_default_environment, get_environment
 from service.runs import create_run, validate_spec
@@ -165,3 +165,19 @@ def queued_jobs(name: str) -> list[str]:
     """Job ids in the Slurm queue under a job name."""
     out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, check=True)
     return out.stdout.split()
+
+
+def phase_moves(run_id: int) -> list[tuple[str | None, str]]:
+    """Every recorded phase state change of a run, oldest first."""
+    with session_scope() as session:
+        return list(session.execute(
+            select(PhaseEvent.from_state, PhaseEvent.to_state).where(PhaseEvent.run_id == run_id)
+            .order_by(PhaseEvent.id)
+        ).tuples())
+
+
+def job_name(phase: Phase) -> str:
+    """The Slurm job name the scheduler gives a phase attempt (with this test's settings)."""
+    from service.scheduler.submitter import job_name as name_of
+
+    return name_of(get_settings(), phase)

@@ -39,3 +39,29 @@ def test_sbatch_extra_args_parse_pairs_and_flags() -> None:
     assert settings.sbatch_extra() == {"account": "ml", "qos": "ci", "hold": True}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         Settings(slurm_extra_args="bad key=1")
+
+
+def test_the_scheduler_decides_once_and_never_falls_back_to_local(
+    slurm: str, committed_db: str, tmp_path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.scheduler.loop import decide_executor, heartbeat, tick
+    from tests.service.scheduler_harness import phases, queue
+
+    settings = Settings(executor="auto", run_folder=tmp_path / "runs", max_infra_retries=0)
+    with caplog.at_level("INFO"):
+        executor = decide_executor(settings)
+    assert executor == "slurm" and "executor slurm for the life of this scheduler" in caplog.text
+    heartbeat("replica-1", executor)
+    with TestClient(create_app()) as client:
+        assert client.get("/api/v1/healthz").json()["scheduler"]["executor"] == "slurm"
+    # Slurm goes away after start-up: `auto` must not turn into training on the service host
+    monkeypatch.setenv("PATH", "/nonexistent")
+    slurm_module._CACHE.clear()
+    run_id = queue({"config": "dense-bf16", "dp": 1, "steps": 2, "save_step": 1})
+    tick(settings, executor=executor)
+    rows = phases(run_id)
+    assert [(p.executor, p.state, p.job_id) for p in rows] == [("slurm", "infra_failed", None)]
+    assert "submission failed" in (rows[0].exit_reason or "")

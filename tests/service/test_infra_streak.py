@@ -33,7 +33,7 @@ def _infra_error(client: TestClient, db: Session, headers: dict[str, str], setti
     transition(db, run, RunState.TRAIN_SUBMITTED, "test")
     # the scheduler's own give-up path after the last retry of a phase killed from outside
     last = Phase(run_id=run.id, name="train_and_save", attempt=settings.max_infra_retries + 1, executor="slurm")
-    retry_or_give_up(db, phase=last, run=run, what="slurm state NODE_FAIL", settings=settings)
+    retry_or_give_up(db, phase=last, run=run, what="slurm state NODE_FAIL", settings=settings, executor="slurm")
     db.flush()
     return run_id
 

@@ -14,16 +14,15 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from jobs.rank.attempt import run_attempt
 from jobs.rank.entry import run_rank_phase
 from jobs.spec import RunSpec
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
-from service.evaluation import evaluate_one
+from service.evaluation import evaluate_pending
 from service.runs import create_run
 from service.scheduler import launcher
 from service.scheduler.launcher import JobStatus, PhaseJob
 from service.scheduler.reconciler import reconcile
-from service.scheduler.submitter import claim_queued, launch_one
+from service.scheduler.submitter import claim_queued, launch, next_pending
 from service.settings import Settings, get_settings
 from tests.golden import documents, expected
 
@@ -38,6 +37,7 @@ class FakeLauncher:
     already_submitted: str | None = None
     refuse: str | None = None
     raised: str | None = None
+    cancelled: list[str] = field(default_factory=list)
 
     def submit_phase(self, **kw: Any) -> PhaseJob:
         if self.refuse:
@@ -45,6 +45,9 @@ class FakeLauncher:
         self.submitted.append(kw)
         return PhaseJob(executor=kw["executor"], folder=str(kw["folder"]), job_id=f"job-{len(self.submitted)}",
                         tasks=kw["tasks"])
+
+    def cancel(self, job: PhaseJob) -> None:
+        self.cancelled.append(job.job_id)
 
     def fetch_result(self, job: PhaseJob, phase: str) -> tuple[Any, str | None]:
         if self.raised:
@@ -70,6 +73,7 @@ def _fake(monkeypatch: pytest.MonkeyPatch, docs: dict[str, Any], **kw: Any) -> F
     monkeypatch.setattr(launcher, "fetch_result", fake.fetch_result)
     monkeypatch.setattr(launcher, "results_on_disk", lambda folder, tasks: None)  # fetch_result says
     monkeypatch.setattr(launcher, "log_paths", lambda job: [])
+    monkeypatch.setattr(launcher, "cancel", fake.cancel)
     return fake
 
 
@@ -87,12 +91,23 @@ def _phases(session: Session, run: Run) -> list[Phase]:
     return list(session.scalars(select(Phase).where(Phase.run_id == run.id).order_by(Phase.id)))
 
 
+def _launch_one(session: Session, settings: Settings) -> bool:
+    phase = next_pending(session)
+    if phase is not None:
+        launch(session, phase, settings=settings, executor="local")
+    return phase is not None
+
+
+def _evaluate_one(session: Session, settings: Settings) -> bool:
+    return evaluate_pending(session, settings=settings, limit=1) == 1
+
+
 def _drive(session: Session, settings: Settings) -> None:
     """What one scheduler tick does, in one transaction (the test's)."""
-    claim_queued(session, settings=settings)
-    while launch_one(session, settings=settings):
+    claim_queued(session, settings=settings, executor="local")
+    while _launch_one(session, settings):
         pass
-    reconcile(session, settings=settings)
+    reconcile(session, settings=settings, executor="local")
 
 
 def test_known_good_run_goes_through_both_phases_to_pass(db_session: Session, settings: Settings,
@@ -107,35 +122,15 @@ def test_known_good_run_goes_through_both_phases_to_pass(db_session: Session, se
     assert first.info == docs["train_and_save"] and first.save_s == docs["train_and_save"]["info"]["save_seconds"]
     assert fake.submitted[0]["function"] is run_rank_phase
     assert fake.submitted[0]["args"] == (run.spec, str(settings.resolved_run_folder / f"run-{run.id}"),
-                                         "train_and_save")
+                                         "train_and_save", None, 1, 1)
     _drive(db_session, settings)  # submit resume, ingest it
     assert run.state == "evaluating" and [p.state for p in _phases(db_session, run)] == ["succeeded"] * 2
-    assert [s["args"][2] for s in fake.submitted] == ["train_and_save", "resume"]  # one job per phase
-    assert evaluate_one(db_session)
+    assert _evaluate_one(db_session, settings)
     assert (run.state, run.verdict, run.signatures) == ("passed", "pass", [])
     assert run.summary["schema_version"] == 2 and run.summary["worked_around"] == ["optimizer-index-misalignment"]
-    assert run.summary["packages"]["megatron_core"] == "0.16.1" and run.summary["isolation"] == "job"
+    assert run.summary["packages"]["megatron_core"] == "0.16.1"
     assert db_session.scalar(select(func.count()).where(StepMetric.run_id == run.id)) == 6
     assert (db_session.scalar(select(func.count()).where(ProbeFinding.run_id == run.id)) or 0) > 0
-
-
-def test_process_isolation_runs_both_phases_in_one_job(db_session: Session, settings: Settings,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _fake(monkeypatch, dict(documents("good")), state=JobStatus(kind="running", raw="RUNNING"))
-    run = _queued(db_session, "good", isolation="process")
-    _drive(db_session, settings)  # claim, submit the attempt; the job is running
-    assert fake.submitted[0]["function"] is run_attempt
-    assert fake.submitted[0]["args"] == (run.spec, str(settings.resolved_run_folder / f"run-{run.id}"),
-                                         ("train_and_save", "resume"))
-    fake.state = JobStatus(kind="done", raw="COMPLETED")
-    _drive(db_session, settings)  # train_and_save ingested; the resume is the same job, already running
-    first, resume = _phases(db_session, run)
-    assert (first.state, resume.state, resume.job_id, resume.folder) == ("succeeded", "running", "job-1", first.folder)
-    assert run.state == "resume_running"
-    _drive(db_session, settings)  # resume ingested from the same job
-    assert len(fake.submitted) == 1 and [p.state for p in _phases(db_session, run)] == ["succeeded"] * 2
-    assert run.state == "evaluating" and evaluate_one(db_session)
-    assert (run.verdict, run.summary["isolation"]) == ("pass", "process")
 
 
 def test_known_good_run_with_process_isolation_resumes_in_the_same_job(
@@ -148,7 +143,11 @@ def test_known_good_run_with_process_isolation_resumes_in_the_same_job(
     assert len(fake.submitted) == 1 and fake.submitted[0]["args"][2] == ("train_and_save", "resume")
     assert [(p.name, p.state, p.job_id) for p in _phases(db_session, run)] == [
         ("train_and_save", "succeeded", "job-1"), ("resume", "succeeded", "job-1")]
-    assert run.state == "evaluating" and evaluate_one(db_session) and run.verdict == "pass"
+    assert run.state == "evaluating" and _evaluate_one(db_session, settings) and run.verdict == "pass"
+    # the forked resume wrote into its own attempt folder, loading the checkpoint its job saved
+    assert fake.submitted[0]["args"][4:] == ({"train_and_save": 1, "resume": 1}, 1)
+    saved, resumed = _phases(db_session, run)
+    assert resumed.job_folder == saved.job_folder and resumed.folder != saved.folder
 
 
 def test_known_bad_crash_is_evaluated_without_a_resume(db_session: Session, settings: Settings,
@@ -158,7 +157,7 @@ def test_known_bad_crash_is_evaluated_without_a_resume(db_session: Session, sett
     _drive(db_session, settings)
     (phase,) = _phases(db_session, run)
     assert phase.state == "failed" and (phase.exit_reason or "").startswith("save: AssertionError")
-    assert run.state == "evaluating" and evaluate_one(db_session)
+    assert run.state == "evaluating" and _evaluate_one(db_session, settings)
     assert (run.state, run.verdict) == ("failed", "fail")
     assert run.signatures[:2] == ["checkpoint-save-crash", "optimizer-index-misalignment"]
     assert run.error_message and run.error_message.startswith("AssertionError")
@@ -176,7 +175,7 @@ def test_an_invalid_document_is_an_error_naming_the_field(db_session: Session, s
     (phase,) = _phases(db_session, run)
     assert phase.state == "failed" and "steps.0.loss" in (phase.exit_reason or "")
     assert phase.info["error"]["type"] == "InvalidDocument" and phase.info["info"]["rejected_document"] == broken
-    assert evaluate_one(db_session)
+    assert _evaluate_one(db_session, settings)
     assert (run.state, run.verdict) == ("error", "error")
     assert "steps.0.loss" in (run.error_message or "")
 
@@ -187,7 +186,7 @@ def test_a_job_that_raised_is_an_error_not_retried(db_session: Session, settings
     run = _queued(db_session, "good")
     _drive(db_session, settings)
     assert [p.state for p in _phases(db_session, run)] == ["failed"]
-    assert evaluate_one(db_session) and run.verdict == "error"
+    assert _evaluate_one(db_session, settings) and run.verdict == "error"
     assert "boom" in (run.error_message or "")
 
 
@@ -201,6 +200,7 @@ def test_an_infra_failure_is_retried_then_an_error(db_session: Session, settings
     assert [p.attempt for p in phases] == list(range(1, settings.max_infra_retries + 2))
     assert all(p.state == "infra_failed" for p in phases) and len(fake.submitted) == len(phases)
     assert len({p.folder for p in phases}) == len(phases)  # each attempt has its own submitit folder
+    assert fake.cancelled == [p.job_id for p in phases]  # each old job stopped before its retry
     assert run.state == "error" and run.verdict is None and "NODE_FAIL" in (run.error_message or "")
 
 
@@ -217,8 +217,8 @@ def test_a_refused_submission_is_an_infra_failure_with_a_retry(db_session: Sessi
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     _fake(monkeypatch, {}, refuse="sbatch: error: invalid partition specified: nope")
     run = _queued(db_session, "good")
-    claim_queued(db_session, settings=settings)
-    assert launch_one(db_session, settings=settings)
+    claim_queued(db_session, settings=settings, executor="local")
+    assert _launch_one(db_session, settings)
     first, retry = _phases(db_session, run)
     assert first.state == "infra_failed" and "invalid partition" in (first.exit_reason or "")
     assert (retry.state, retry.attempt) == ("pending", 2) and run.state == "train_submitted"

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from jobs.layout import AttemptLayout
 from tests.service.scheduler_harness import (
     GOOD,
+    job_name,
     jobs_gone,
+    phase_moves,
     phases,
     queue,
     queued_jobs,
@@ -68,13 +71,19 @@ def test_scheduler_killed_mid_run_resumes_without_double_submission(
     if executor == "slurm":
         jobs_gone(run_id)
         # accounting lags the job's end by a moment
-        wait_for(lambda: sacct_jobs(f"parity-{run_id}-train_and_save", since), 30, "accounting of the job")
-        assert sacct_jobs(f"parity-{run_id}-train_and_save", since) == [rows[0].job_id]
+        assert rows[0].job_name == job_name(rows[0])
+        wait_for(lambda: sacct_jobs(rows[0].job_name or "", since), 30, "accounting of the job")
+        assert sacct_jobs(rows[0].job_name or "", since) == [rows[0].job_id]
         if isolation == "job":
-            wait_for(lambda: sacct_jobs(f"parity-{run_id}-resume", since), 30, "accounting of the resume job")
-            assert sacct_jobs(f"parity-{run_id}-resume", since) == [rows[1].job_id]
-        else:
-            assert sacct_jobs(f"parity-{run_id}-resume", since) == []
+            assert rows[1].job_name == job_name(rows[1])
+            wait_for(lambda: sacct_jobs(rows[1].job_name or "", since), 30, "accounting of the resume job")
+            assert sacct_jobs(rows[1].job_name or "", since) == [rows[1].job_id]
+        else:  # the resume ran inside the train_and_save attempt's job
+            assert rows[1].job_name == rows[0].job_name
+    # every attempt keeps its own rank logs, and the checkpoint lives in the attempt that saved it
+    saved, resumed = (AttemptLayout(Path(p.folder or "")) for p in rows)
+    assert saved.rank_log(0).is_file() and resumed.rank_log(1).is_file()
+    assert saved.checkpoint(4).is_dir() and not resumed.checkpoint(4).exists()  # save_step 4
     assert len(marker.read_text().split()) == 2 * jobs  # every job's 2 ranks ran under the environment's Python
     assert run.summary["packages"]["megatron_core"] == "0.16.1"
 
@@ -117,7 +126,7 @@ def test_two_replicas_submit_each_of_50_runs_exactly_once(committed_db: str, slu
         assert len(all_phases) == 50
         assert len({p.job_id for p in all_phases}) == 50
         for run_id in run_ids:
-            assert queued_jobs(f"parity-{run_id}-train_and_save") == [
+            assert queued_jobs(phases(run_id)[0].job_name or "") == [
                 p.job_id for p in phases(run_id)
             ], f"run {run_id} should have exactly one job in the Slurm queue"
     finally:
@@ -146,7 +155,9 @@ def test_cancel_through_the_api_stops_the_slurm_job(committed_db: str, slurm: st
     assert run.state == "cancelled" and run.verdict is None
     assert [(p.name, p.state) for p in phases(run_id)] == [("train_and_save", "cancelled")]
     job_id = phases(run_id)[0].job_id
-    wait_for(lambda: _sacct_state(job_id, since).startswith("CANCELLED"), 30, "Slurm to record the cancel")
+    # the phase waited in `cancelling` until Slurm itself reported the job ended
+    assert phase_moves(run_id)[-2:] == [("running", "cancelling"), ("cancelling", "cancelled")]
+    assert _sacct_state(job_id, since).startswith("CANCELLED")
 
 
 def _sacct_state(job_id: str | None, since: str) -> str:

@@ -1,0 +1,85 @@
+"""Local jobs that can be found and stopped again: own process group, known by pid + start time.
+
+submitit's LocalExecutor starts its controller in the scheduler's own process group and keeps the
+only handle in memory, so after a restart nothing can stop the job, and a pid reused by another
+process looks like the job. Here the controller leads a session of its own (it and its ranks form
+one process group that can be killed as a whole) and the controller's start time is recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psutil
+import submitit
+from submitit.local import local as submitit_local
+
+
+class IsolatedLocalExecutor(submitit.LocalExecutor):
+    """submitit's LocalExecutor, with the controller started as the leader of its own session."""
+
+    def _submit_command(self, command: str) -> submitit_local.LocalJob[Any]:
+        ntasks = self.parameters.get("tasks_per_node", 1)
+        env = dict(os.environ)
+        env.update(
+            SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
+            SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
+            SUBMITIT_LOCAL_SIGNAL_DELAY_S="30", SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+            SUBMITIT_STDERR_TO_STDOUT="", SUBMITIT_EXECUTOR="local", CUDA_VISIBLE_DEVICES="",
+            SUBMITIT_LOCAL_WITH_SHELL="",
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-m", "submitit.local._local", str(self.folder)], env=env, start_new_session=True,
+        )
+        return submitit_local.LocalJob(folder=self.folder, job_id=str(process.pid), process=process,
+                                       tasks=list(range(ntasks)))
+
+
+def start_time(pid: int) -> float:
+    """The start time of a process, as recorded for a local job."""
+    return float(psutil.Process(pid).create_time())
+
+
+def local_process(job_id: str, started: float | None) -> psutil.Process | None:
+    """The live controller process of a local job: same pid and same start time, else None.
+
+    Without a recorded start time the pid alone proves nothing (it may have been reused), and a
+    process we cannot prove is ours is never signalled.
+    """
+    if started is None:
+        return None
+    try:
+        proc = psutil.Process(int(job_id))
+        if proc.status() == psutil.STATUS_ZOMBIE or abs(proc.create_time() - started) > 0.01:
+            return None  # gone, or the pid now belongs to another process
+        return proc
+    except (psutil.NoSuchProcess, ValueError):
+        return None
+
+
+def kill_group(proc: psutil.Process, grace_s: float = 5.0) -> None:
+    """SIGTERM the process group `proc` leads, then SIGKILL what is left after grace_s."""
+    pgid = os.getpgid(proc.pid)
+    if pgid != proc.pid:  # not a controller started in its own session: never signal a stranger's group
+        raise RuntimeError(f"local job {proc.pid} does not lead its process group ({pgid})")
+    os.killpg(pgid, signal.SIGTERM)  # submitit's ranks ignore SIGTERM (preemption notice), hence the SIGKILL
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _group_alive(pgid):
+        time.sleep(0.1)
+    if _group_alive(pgid):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except ProcessLookupError:
+            continue
+    return False

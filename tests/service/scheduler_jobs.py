@@ -1,0 +1,40 @@
+"""Tiny job payloads and phase documents for scheduler tests that need real jobs but not Megatron.
+
+The payloads run as real submitit jobs (local processes or Slurm); they import nothing heavy. The
+documents are the golden known-good ones (tests/golden), with a NaN loss at step 5 on both sides
+and an infinite wall time, which a rank can really return.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from tests.golden import documents, expected
+
+SPEC: dict[str, Any] = {**expected("good")["spec"], "isolation": "job"}  # one job per phase, as submitted here
+
+
+def phase_doc(phase: str, **info: Any) -> dict[str, Any]:
+    """The golden known-good document of `phase`, with NaN/Infinity in it and `info` merged into its info."""
+    doc: dict[str, Any] = dict(documents("good")[phase])  # type: ignore[arg-type]
+    doc["steps"] = [dict(s, loss=math.nan) if s["step"] == 5 else dict(s) for s in doc["steps"]]
+    doc["steps"][-1]["wall_s"] = math.inf
+    doc["info"] = {**doc["info"], **info}
+    return doc
+
+
+def return_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """Job payload: return the given document."""
+    return doc
+
+
+def sleep_forever(marker: str) -> None:
+    """Job payload: note this process's pid in `marker`, then sleep until killed."""
+    import os
+
+    with open(marker, "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    while True:
+        time.sleep(1)
