@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -80,7 +80,8 @@ class RunOut(BaseModel):
     labels: dict[str, str]
     requester: str | None
     state: str
-    verdict: Verdict | None
+    # the contract's parity verdicts, plus the service's own for failures explained by known upstream bugs
+    verdict: Verdict | Literal["known-failure"] | None
     signatures: list[str]
     regression: bool
     first_divergent_step: int | None

@@ -1,8 +1,8 @@
 """`parity demo`: the whole product on embedded defaults — API, scheduler, two parity runs, verdicts.
 
-It queues a known-good run (workarounds on) and then the same spec without them, through the real
-REST API, lets the scheduler run both through submitit, and ends with the verdicts, the regression
-flag and the dashboard / triage URLs.
+It queues a known-good run (workarounds on) and then the same spec without them (another check, so
+never a regression of the first), through the real REST API, lets the scheduler run both through
+submitit, and ends with the verdicts and the dashboard / triage URLs.
 """
 
 from __future__ import annotations
