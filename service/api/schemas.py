@@ -82,7 +82,13 @@ class RunOut(BaseModel):
     state: str
     # the contract's parity verdicts, plus the service's own for failures explained by known upstream bugs
     verdict: Verdict | Literal["known-failure"] | None
+    verdict_label: str | None = Field(
+        default=None,
+        description='The verdict as the matrix shows it: "pass (worked around)" when a workaround hid a finding',
+    )
     signatures: list[str]
+    worked_around: list[str] = Field(default_factory=list, description="Findings a requested workaround neutralised")
+    worked_around_by: dict[str, list[str]] = Field(default_factory=dict, description="Workaround -> findings it hid")
     regression: bool
     first_divergent_step: int | None
     first_step_beyond_tolerance: int | None
