@@ -41,14 +41,17 @@ SEED_SQL = """
 INSERT INTO environments (name, python, description, packages, created_at)
 VALUES ('default', %(python)s, 'bench', '{}', now());
 INSERT INTO runs (config, spec, environment_id, labels, state, state_version, updated_at, cancel_requested,
-                  verdict, signatures, summary, regression, created_at, finished_at, max_abs_loss_delta)
+                  verdict, signatures, summary, regression, created_at, finished_at, max_abs_loss_delta,
+                  check_key, check_name, track)
 SELECT (ARRAY['moe-fp32-router','moe-fp32-router-gates','dense-bf16'])[1 + i %% 3],
        jsonb_build_object('config', (ARRAY['moe-fp32-router','moe-fp32-router-gates','dense-bf16'])[1 + i %% 3],
                           'dp', 2, 'steps', 20, 'save_step', 10, 'sharding', 'dp_reshardable', 'seed', 1234,
                           'tolerance', 'default', 'workarounds', '[]'::jsonb),
        1, jsonb_build_object('branch', 'main', 'commit', md5(i::text)), 'passed', 6, now(), false,
        CASE WHEN i %% 7 = 0 THEN 'fail' ELSE 'pass' END, '[]', '{}', false,
-       now() - (i || ' minutes')::interval, now() - (i || ' minutes')::interval, 0.0
+       now() - (i || ' minutes')::interval, now() - (i || ' minutes')::interval, 0.0,
+       substr(md5((1 + i %% 3)::text), 1, 16),
+       (ARRAY['moe-fp32-router','moe-fp32-router-gates','dense-bf16'])[1 + i %% 3], 'main'
 FROM generate_series(1, %(n)s) AS i;
 ANALYZE;
 """
@@ -169,7 +172,9 @@ def main() -> int:
             for statement in filter(str.strip, SEED_SQL.split(";")):
                 conn.execute(statement, {"n": args.runs, "python": sys.executable})
         print(f"seeded {args.runs} runs in {time.perf_counter() - t0:.1f}s")
-        env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": "local"}
+        # no scheduler drains the queue here: lift the admission caps, or POSTs would measure 429s
+        env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": "local",
+               "PARITY_MAX_IN_FLIGHT": "1000000", "PARITY_MAX_QUEUED_PER_REQUESTER": "1000000"}
         token = subprocess.run(
             [sys.executable, "-m", "service.cli", "token", "create", "--name", "bench", "--scope", "submit"],
             env=env, capture_output=True, text=True, check=True, cwd=ROOT,

@@ -97,7 +97,7 @@ HOOK = '''
 import importlib.abc, importlib.util, os, signal, sys
 
 MODE = os.environ.get("PARITY_CHAOS")
-PHASE = "resume" if any("resume" in a for a in sys.argv) else "train_and_save"
+FIRST_STEP = {}  # per process (phases may be forked children of one job): resume starts after step 1
 
 
 def _patch(module):
@@ -105,6 +105,7 @@ def _patch(module):
 
     def _one_step(tr, step, world):
         rank = int(os.environ.get("RANK", "0"))
+        PHASE = "train_and_save" if FIRST_STEP.setdefault(os.getpid(), step) == 1 else "resume"
         if MODE == "kill" and PHASE == "train_and_save" and rank == 1 and step == 2:
             os.kill(os.getpid(), signal.SIGKILL)  # one rank dies mid-phase
         record = step_fn(tr, step, world)

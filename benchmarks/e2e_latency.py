@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -76,7 +77,8 @@ def _notice_delays(run_root: Path, doc: dict[str, Any]) -> list[float]:
     out = []
     for phase in doc.get("phases") or []:
         found = (run_root / f"run-{doc['id']}").rglob("result.rank*.json")
-        files = [p for p in found if p.parent.name == phase["name"]]
+        # <run>/<phase>/result.rank*.json, or per attempt <run>/<phase>/attempt-<n>/result.rank*.json
+        files = [p for p in found if phase["name"] in (p.parent.name, p.parent.parent.name)]
         if files and phase.get("ended_at"):
             written = max(p.stat().st_mtime for p in files)
             out.append(datetime.fromisoformat(phase["ended_at"]).timestamp() - written)
@@ -147,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    # a SIGTERM ends the run through `finally`: the server, the scheduler and the database go with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = [int(s) for s in args.sizes.split(",") if s]
     spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step,
                             "workarounds": GOOD}

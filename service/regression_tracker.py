@@ -39,6 +39,8 @@ def on_verdict(session: Session, run: Run) -> Regression | None:
             return current
         if not run.regression:
             return None
+        # two evaluators opening the same check × track at once: the partial unique index makes the
+        # second transaction fail and roll back whole; its run is evaluated again next tick and joins
         opened = Regression(
             check_key=run.check_key, check_name=run.check_name, config=run.config, track=run.track,
             compared_track=run.compared_track or run.track, state="open", first_failing_run_id=run.id,

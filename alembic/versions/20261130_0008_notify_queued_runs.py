@@ -1,7 +1,7 @@
 """notify listening schedulers when a run is queued (trigger on runs)
 
 Revision ID: 0008
-Revises: 0001
+Revises: 0006
 Create Date: 2026-11-30
 
 A trigger rather than a NOTIFY from the API: it costs the request no extra round trip, and every

@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workaround", action="append", default=[])
     p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
     p.add_argument("--environment", default="default")
+    p.add_argument("--requirement", "-r", action="append", default=[],
+                   help="build (or reuse) an environment from these requirement lines and run on it (repeatable)")
     p.add_argument("--label", action="append", default=[], help="key=value, repeatable (commit, branch, pr...)")
     p.add_argument("--idempotency-key")
     p.add_argument("--wait", action="store_true", help="wait for the verdict")
@@ -71,6 +73,12 @@ def step_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def poll_interval(waited_s: float) -> float:
+    """Seconds between polls: 0.25 s for the first minute (a GET is cheap; each second here is CI's),
+    growing to 2 s for long waits."""
+    return min(2.0, 0.25 + max(0.0, waited_s - 60.0) / 60.0)
+
+
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
     url = (args.url or settings.service_url or settings.base_url).rstrip("/")
@@ -80,7 +88,12 @@ def run(args: argparse.Namespace) -> int:
         headers["Idempotency-Key"] = args.idempotency_key
     with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
         try:
-            resp = client.post("/api/v1/runs", json=build_body(args))
+            body = build_body(args)
+            if args.requirement:  # the run queues at once and starts when its environment is built
+                from service.commands.env import ensure_build
+
+                body["environment"] = ensure_build(client, args.requirement)["name"]
+            resp = client.post("/api/v1/runs", json=body)
         except httpx.HTTPError as exc:
             print(f"parity submit: cannot reach {url}: {exc}", file=sys.stderr)
             return 2
@@ -94,9 +107,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"check {run_doc['check_key']} ({run_doc['check_name']}) on track {run_doc['track']}")
         if not args.wait:
             return 0
-        deadline = time.monotonic() + args.timeout
+        started = time.monotonic()
+        deadline = started + args.timeout
         while run_doc["state"] not in TERMINAL and time.monotonic() < deadline:
-            time.sleep(2)
+            time.sleep(poll_interval(time.monotonic() - started))
             try:
                 run_doc = client.get(f"/api/v1/runs/{run_doc['id']}").json()
             except httpx.HTTPError as exc:  # the service restarting is not a verdict: keep waiting

@@ -149,12 +149,16 @@ def wait_for(
 
 
 def sacct_jobs(name: str, since: str) -> list[str]:
-    """Job ids Slurm accounting knows under a job name, submitted since `since` (allocations only)."""
+    """Job ids Slurm accounting knows under a job name, submitted since `since` from this checkout
+    (allocations only). The Slurm is shared and run ids repeat across test sessions, so another
+    checkout's job may carry the same name: the submitting directory tells them apart."""
     out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", f"--name={name}", "-o", "JobID", "-S", since],
+        ["sacct", "-n", "-X", "-P", f"--name={name}", "-o", "JobID,WorkDir", "-S", since],
         capture_output=True, text=True, check=True,
     )
-    return [line for line in out.stdout.split() if line]
+    here = os.getcwd()
+    rows = [line.split("|", 1) for line in out.stdout.splitlines() if line.strip()]
+    return [job for job, work_dir in rows if work_dir == here]
 
 
 def queued_jobs(name: str) -> list[str]:

@@ -22,6 +22,7 @@ def test_demo_on_embedded_defaults_ends_in_verdicts(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "verdict: pass" in out
-    assert "verdict: fail" in out and "optimizer-index-misalignment" in out and "REGRESSION" in out
+    assert "verdict: fail" in out and "optimizer-index-misalignment" in out
+    assert "REGRESSION" not in out  # with and without workarounds are two checks: never compared
     assert "/runs/2/triage" in out and "dashboard: http://127.0.0.1:" in out
     assert (tmp_path / "data" / "pgdata" / "PG_VERSION").exists()  # the embedded server was used

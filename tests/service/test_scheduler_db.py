@@ -125,10 +125,11 @@ def test_known_good_run_goes_through_both_phases_to_pass(db_session: Session, se
                                          "train_and_save", None, 1, 1)
     _drive(db_session, settings)  # submit resume, ingest it
     assert run.state == "evaluating" and [p.state for p in _phases(db_session, run)] == ["succeeded"] * 2
+    assert [s["args"][2] for s in fake.submitted] == ["train_and_save", "resume"]  # one job per phase
     assert _evaluate_one(db_session, settings)
     assert (run.state, run.verdict, run.signatures) == ("passed", "pass", [])
     assert run.summary["schema_version"] == 2 and run.summary["worked_around"] == ["optimizer-index-misalignment"]
-    assert run.summary["packages"]["megatron_core"] == "0.16.1"
+    assert run.summary["packages"]["megatron_core"] == "0.16.1" and run.summary["isolation"] == "job"
     assert db_session.scalar(select(func.count()).where(StepMetric.run_id == run.id)) == 6
     assert (db_session.scalar(select(func.count()).where(ProbeFinding.run_id == run.id)) or 0) > 0
 

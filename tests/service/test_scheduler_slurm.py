@@ -49,7 +49,8 @@ def test_scheduler_killed_mid_run_resumes_without_double_submission(
     run_id = queue({**SMALL, "isolation": isolation}, environment=register_environment("wrapped", str(wrapper)))
     first = start(["scheduler"], env, tmp_path / "scheduler-1.log")
     try:
-        wait_for(lambda: run_row(run_id).state in ("train_running", "resume_submitted", "resume_running"), 120,
+        # generous: on the shared single-node Slurm the job may first wait behind other sessions' jobs
+        wait_for(lambda: run_row(run_id).state in ("train_running", "resume_submitted", "resume_running"), 600,
                  "phase 1 running", alive=[first])
     finally:
         stop(first, signal.SIGKILL)  # no clean shutdown: the job keeps running (in Slurm, or orphaned locally)
