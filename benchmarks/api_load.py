@@ -41,14 +41,17 @@ SEED_SQL = """
 INSERT INTO environments (name, python, description, packages, created_at)
 VALUES ('default', %(python)s, 'bench', '{}', now());
 INSERT INTO runs (config, spec, environment_id, labels, state, state_version, updated_at, cancel_requested,
-                  verdict, signatures, summary, regression, created_at, finished_at, max_abs_loss_delta)
+                  verdict, signatures, summary, regression, created_at, finished_at, max_abs_loss_delta,
+                  check_key, check_name, track)
 SELECT (ARRAY['moe-fp32-router','moe-fp32-router-gates','dense-bf16'])[1 + i %% 3],
        jsonb_build_object('config', (ARRAY['moe-fp32-router','moe-fp32-router-gates','dense-bf16'])[1 + i %% 3],
                           'dp', 2, 'steps', 20, 'save_step', 10, 'sharding', 'dp_reshardable', 'seed', 1234,
                           'tolerance', 'default', 'workarounds', '[]'::jsonb),
        1, jsonb_build_object('branch', 'main', 'commit', md5(i::text)), 'passed', 6, now(), false,
        CASE WHEN i %% 7 = 0 THEN 'fail' ELSE 'pass' END, '[]', '{}', false,
-       now() - (i || ' minutes')::interval, now() - (i || ' minutes')::interval, 0.0
+       now() - (i || ' minutes')::interval, now() - (i || ' minutes')::interval, 0.0,
+       substr(md5((1 + i %% 3)::text), 1, 16),
+       (ARRAY['moe-fp32-router','moe-fp32-router-gates','dense-bf16'])[1 + i %% 3], 'main'
 FROM generate_series(1, %(n)s) AS i;
 ANALYZE;
 """

@@ -77,7 +77,8 @@ def _notice_delays(run_root: Path, doc: dict[str, Any]) -> list[float]:
     out = []
     for phase in doc.get("phases") or []:
         found = (run_root / f"run-{doc['id']}").rglob("result.rank*.json")
-        files = [p for p in found if p.parent.name == phase["name"]]
+        # <run>/<phase>/result.rank*.json, or per attempt <run>/<phase>/attempt-<n>/result.rank*.json
+        files = [p for p in found if phase["name"] in (p.parent.name, p.parent.parent.name)]
         if files and phase.get("ended_at"):
             written = max(p.stat().st_mtime for p in files)
             out.append(datetime.fromisoformat(phase["ended_at"]).timestamp() - written)

@@ -27,6 +27,7 @@ class ModelConfig:
     num_attention_heads: int = 4
     num_experts: int = 0  # 0: dense MLP
     moe_router_topk: int = 2
+    dropout: float = 0.0  # hidden and attention dropout (> 0 makes the RNG restore matter)
     vocab_size: int = 1024
     seq_length: int = 32
     micro_batch_size: int = 4
@@ -57,6 +58,8 @@ class ModelConfig:
             raise ValueError(f"{self.name}: hidden_size must be divisible by num_attention_heads")
         if self.num_experts and self.moe_router_topk > self.num_experts:
             raise ValueError(f"{self.name}: moe_router_topk exceeds num_experts")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"{self.name}: dropout must be in [0, 1)")
         if not 1 <= self.max_dp <= 8:
             raise ValueError(f"{self.name}: max_dp must be in 1..8")
 
@@ -97,6 +100,15 @@ CONFIGS: dict[str, ModelConfig] = {
             description="GPT, 2 dense layers, hidden 128, all params bf16 (control)",
             why="No FP32 params, so the index map is aligned; isolates the torch-Adam `step` restore bug.",
             kind="gpt",
+            expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+        ),
+        ModelConfig(
+            name="dense-bf16-dropout",
+            description="dense-bf16 with hidden and attention dropout 0.1",
+            why="Dropout draws from torch's generator and Megatron's RNG tracker, so a resume that does "
+            "not restore RNG state draws different masks and diverges at step N+1.",
+            kind="gpt",
+            dropout=0.1,
             expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
         ),
         ModelConfig(

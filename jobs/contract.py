@@ -47,6 +47,16 @@ SignatureId = Literal[
     "fp32-view-inplace-load",
     "checkpoint-save-crash",
     "checkpoint-load-crash",
+    "model-weights-mismatch",
+    "main-params-mismatch",
+    "optimizer-moments-mismatch",
+    "param-group-scalars-mismatch",
+    "scheduler-state-mismatch",
+    "iteration-mismatch",
+    "rng-state-mismatch",
+    "save-mutates-live-state",
+    "final-state-mismatch",
+    "unsupported-by-build",
 ]
 SIGNATURE_IDS: tuple[SignatureId, ...] = get_args(SignatureId)
 SignatureKind = Literal["cause", "latent", "crash"]
@@ -71,6 +81,18 @@ PARAM_GROUPS: dict[Moment, Literal["param_groups_at_save", "param_groups_after_l
     "after_load": "param_groups_after_load",
 }
 
+# The full state snapshot (jobs/rank/probes/state.py), per rank: {section: {name: exact text}}.
+STATE_AT_SAVE: Literal["state_at_save"] = "state_at_save"
+STATE_AFTER_SAVE: Literal["state_after_save"] = "state_after_save"
+STATE_AFTER_LOAD_RAW: Literal["state_after_load_raw"] = "state_after_load_raw"  # before any workaround
+STATE_AFTER_LOAD: Literal["state_after_load"] = "state_after_load"  # after them (only when one changed state)
+STATE_FINAL: Literal["state_final"] = "state_final"  # after step M, in both phases
+# Bug C: every rank's param groups right after optimizer.load_state_dict, before the scheduler.
+GROUPS_AFTER_OPTIMIZER_LOAD: Literal["param_groups_after_optimizer_load"] = "param_groups_after_optimizer_load"
+# Whether a load outside torch.no_grad() would raise on FP32 leaf views (what load-no-grad hides).
+FP32_VIEW_INPLACE: Literal["fp32_view_inplace"] = "fp32_view_inplace"
+StateSnapshot = dict[str, dict[str, str]]
+
 # Probe names of the flattened findings the service stores and the dashboard groups.
 FindingProbe = Literal[
     "index_map", "bucket_offsets", "param_group_agreement", "checkpoint_slot_fingerprints",
@@ -86,7 +108,8 @@ class ErrorRecord(TypedDict):
     traceback: str
     stage: Stage
     rank: int | None
-    rank_errors: NotRequired[list[ErrorRecord]]
+    ranks: NotRequired[list[int]]  # every rank that raised this same error (jobs/errors.py)
+    rank_errors: NotRequired[list[ErrorRecord]]  # the other distinct errors, without tracebacks
 
 
 def error_record(
@@ -121,6 +144,7 @@ class IndexMapReport(TypedDict):
     applicable: bool
     misaligned_total: int
     per_rank: list[dict[str, Any]]
+    reason: NotRequired[str]  # why the probe could not look ("not applicable on this build: ...")
 
 
 class BucketsReport(TypedDict):
@@ -129,6 +153,7 @@ class BucketsReport(TypedDict):
     applicable: bool
     unaligned_total: int
     per_rank: list[dict[str, Any]]
+    reason: NotRequired[str]  # why the probe could not look ("not applicable on this build: ...")
 
 
 class FingerprintsReport(TypedDict):
@@ -157,6 +182,13 @@ class PhaseProbes(TypedDict, total=False):
     fingerprints_after_load: FingerprintsReport
     param_groups_at_save: ParamGroupsReport
     param_groups_after_load: ParamGroupsReport
+    state_at_save: list[StateSnapshot]
+    state_after_save: list[StateSnapshot]
+    state_after_load_raw: list[StateSnapshot]
+    state_after_load: list[StateSnapshot]
+    state_final: list[StateSnapshot]
+    param_groups_after_optimizer_load: list[dict[str, str]]
+    fp32_view_inplace: list[dict[str, Any]]
 
 
 class PhaseDocument(TypedDict):
@@ -238,8 +270,10 @@ class StepRow(TypedDict):
     lr_rel_delta: float | None
     within_tolerance: bool | None
     exact: NotRequired[bool]
+    differing_metrics: NotRequired[list[str]]
     loss_within_tolerance: NotRequired[bool]
     lr_within_tolerance: NotRequired[bool]
+    metrics_within_tolerance: NotRequired[bool]
 
 
 class ProbeFindingRow(TypedDict):
@@ -267,9 +301,13 @@ class ParityResult(TypedDict):
 
     schema_version: int
     verdict: Verdict
+    # the verdict as the matrix shows it: "pass (worked around)" when a workaround hid a finding
+    verdict_label: NotRequired[str]
     signatures: list[SignatureId]
     advisories: list[SignatureId]
     worked_around: list[SignatureId]
+    worked_around_by: NotRequired[dict[str, list[SignatureId]]]  # workaround -> the findings it hid
+    worked_around_evidence: NotRequired[dict[str, Any]]  # finding -> its evidence before the workaround
     evidence: dict[str, Any]
     errors: list[ErrorRecord]
     error: ErrorRecord | None
@@ -295,9 +333,12 @@ def parity_result(
     result: ParityResult = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "verdict": verdict,
+        "verdict_label": verdict,
         "signatures": [],
         "advisories": [],
         "worked_around": [],
+        "worked_around_by": {},
+        "worked_around_evidence": {},
         "evidence": {},
         "errors": errors,
         "error": errors[0] if errors else None,

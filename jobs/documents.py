@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from jobs.contract import ErrorRecord, PhaseDocument
+from jobs.errors import dedupe_errors, with_rank_errors
 from jobs.layout import RunLayout
 
 
@@ -38,14 +39,8 @@ def merge_rank_documents(docs: list[PhaseDocument]) -> PhaseDocument | None:
     if not docs:
         return None
     main = next((d for d in docs if d.get("rank") == 0), docs[0])
-    errors: list[ErrorRecord] = []
-    for doc in docs:
-        err = doc.get("error") if doc.get("status") == "error" else None
-        for own in (err.get("rank_errors") or [err]) if err else []:
-            record: ErrorRecord = {k: v for k, v in own.items() if k != "rank_errors"}  # type: ignore[assignment]
-            if record not in errors:
-                errors.append(record)
+    errors = dedupe_errors([e for d in docs if d.get("status") == "error" and (e := d.get("error"))])
     if errors:
         root = next((e for e in errors if not _is_secondary(e)), errors[0])
-        main = {**main, "status": "error", "error": {**root, "rank_errors": errors}}
+        main = {**main, "status": "error", "error": with_rank_errors(root, errors)}
     return main

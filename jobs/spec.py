@@ -11,6 +11,7 @@ from typing import Any
 
 from jobs.configs import CONFIGS, config_names
 from jobs.contract import WORKAROUND_NAMES
+from jobs.selftest.catalogue import mutant_names
 from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
 
 MAX_DP = 8
@@ -64,6 +65,8 @@ class RunSpec:
     seed: int = 1234
     tolerance: str = DEFAULT_TOLERANCE
     workarounds: tuple[str, ...] = ()
+    # Injected resume bugs (jobs/selftest/catalogue.py): only the detector's self-test sets them.
+    mutants: tuple[str, ...] = ()
     isolation: str = DEFAULT_ISOLATION
 
     def __post_init__(self) -> None:
@@ -95,10 +98,16 @@ class RunSpec:
         for w in self.workarounds:
             if not isinstance(w, str) or w not in WORKAROUNDS:
                 raise SpecError("workarounds", f"unknown workaround {w!r}", list(WORKAROUNDS))
+        if isinstance(self.mutants, str) or not isinstance(self.mutants, (tuple, list)):
+            raise SpecError("mutants", f"must be a list of names, got {self.mutants!r}", mutant_names())
+        for m in self.mutants:
+            if m not in mutant_names():
+                raise SpecError("mutants", f"unknown mutant {m!r}", mutant_names())
         if self.isolation not in ISOLATION_MODES:
             raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
+        object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSpec:
@@ -113,14 +122,19 @@ class RunSpec:
         if missing:
             raise SpecError(missing[0], "is required")
         values = dict(data)
-        if "workarounds" in values and isinstance(values["workarounds"], list):
-            values["workarounds"] = tuple(values["workarounds"])
+        for key in ("workarounds", "mutants"):
+            if key in values and isinstance(values[key], list):
+                values[key] = tuple(values[key])
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the spec as JSON-ready plain data."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["workarounds"] = list(self.workarounds)
+        if self.mutants:
+            out["mutants"] = list(self.mutants)
+        else:  # absent unless set, so ordinary specs (and their stored forms) are unchanged
+            del out["mutants"]
         return out
 
     @property

@@ -1,10 +1,16 @@
-"""An environment: the Python (or command prefix) that runs job phases, and its package versions."""
+"""An environment: the Python that runs job phases, how it came to be, and its package versions.
+
+Either registered (someone prepared `python` by hand; checked at registration) or built by the
+service from requirement lines (`requirements` set): then `state` moves pending → building →
+ready | failed, and `pruned` once its unused virtualenv is deleted.
+"""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String
+from sqlalchemy import String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -16,8 +22,23 @@ class Environment(CreatedAt, Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
-    # Executable handed to submitit's `python` option, e.g. "/opt/mcore-main/bin/python".
+    # Absolute path of the Python executable handed (quoted) to submitit, e.g. "/opt/mcore/bin/python".
     python: Mapped[str] = mapped_column(String(1000))
     description: Mapped[str] = mapped_column(String(2000), default="")
-    # Package versions as recorded by the jobs that ran in it (torch, megatron-core, ...).
+    # Package versions as recorded at registration/build and by the jobs that ran in it.
     packages: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+
+    state: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready", index=True)
+    # Built environments: the normalised requirement lines and their content hash (one build per set).
+    requirements: Mapped[list[str] | None] = mapped_column(JSONB)
+    content_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    folder: Mapped[str | None] = mapped_column(String(1000))
+    executor: Mapped[str | None] = mapped_column(String(16))
+    job_id: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    freeze: Mapped[list[str]] = mapped_column(JSONB, default=list, server_default="[]")
+    megatron_core: Mapped[str | None] = mapped_column(String(100))
+    torch: Mapped[str | None] = mapped_column(String(100))
+    build_seconds: Mapped[float | None]
+    built_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]

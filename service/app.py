@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.api import meta, oncall, runs
+from service.api import environments, meta, oncall, runs, sweeps
 from service.api.limits import BodyLimit
 from service.dashboard import routes as dashboard
 from service.errors import DomainError
@@ -70,6 +70,8 @@ def create_app() -> FastAPI:
     app.add_exception_handler(InterfaceError, _database_down)
     app.add_middleware(BodyLimit)
     app.include_router(runs.router)
+    app.include_router(environments.router)
+    app.include_router(sweeps.router)
     app.include_router(oncall.router)
     app.include_router(meta.router)
     app.include_router(meta.metrics_router)

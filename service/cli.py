@@ -8,7 +8,9 @@ import sys
 from service.errors import ConfigError
 
 # each module in service/commands registers one subcommand (imported lazily: torch is slow to import)
-COMMANDS = ("serve", "scheduler", "db", "token", "submit", "demo", "run_local", "configs", "notify")
+COMMANDS = (
+    "serve", "scheduler", "db", "token", "submit", "env", "sweep", "demo", "run_local", "configs", "notify", "selftest",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

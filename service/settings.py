@@ -63,6 +63,10 @@ class Settings(BaseSettings):
     max_infra_retries: int = Field(default=2, ge=0)
     retry_backoff_seconds: float = Field(default=5.0, ge=0)
     phase_timeout_min: int = Field(default=60, ge=1)
+    # Built environments no run has used for this many days have their virtualenv deleted.
+    env_keep_days: float = Field(default=14.0, ge=0)
+    # the detector-health self-test batch (service/selftest.py); 0 turns it off
+    selftest_interval_hours: float = Field(default=24.0, ge=0)
     # a phase not running this long after submission (PENDING, or a state nobody can read) is
     # cancelled and retried as an infrastructure failure
     pending_timeout_s: float = Field(default=3600.0, gt=0)

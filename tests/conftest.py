@@ -22,6 +22,10 @@ from service.db import reset_engine
 from service.migrate import upgrade
 from service.settings import get_settings
 
+# The periodic detector-health batch would queue Megatron runs behind every scheduler test;
+# tests that exercise it turn it on themselves.
+os.environ.setdefault("PARITY_SELFTEST_INTERVAL_HOURS", "0")
+
 SERVER_URL = os.environ.get(
     "PARITY_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )

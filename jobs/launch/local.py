@@ -180,12 +180,14 @@ def format_step_table(result: ParityResult) -> str:
             f"{_fmt(r['lr_resumed'], '12.6e')} {_fmt(r['lr_abs_delta'], '+10.2e')}  {mark}"
         )
     lines.append("")
-    lines.append(f"verdict: {result.get('verdict')}  (isolation: {result.get('isolation', '-')})")
+    verdict = result.get("verdict_label") or result.get("verdict")
+    lines.append(f"verdict: {verdict}  (isolation: {result.get('isolation', '-')})")
     lines.append(f"signatures: {', '.join(result.get('signatures') or []) or '-'}")
     if result.get("advisories"):
         lines.append(f"advisories: {', '.join(result['advisories'])}")
     if result.get("worked_around"):
-        lines.append(f"worked around: {', '.join(result['worked_around'])}")
+        by = result.get("worked_around_by") or {}
+        lines += [f"passes only with workaround {w}, which hides {', '.join(sigs)}" for w, sigs in sorted(by.items())]
     lines.append(f"first divergent step: {_fmt(result.get('first_divergent_step'), '')}")
     for err in result.get("errors") or []:
         lines.append(f"error in {err.get('stage')}: {err.get('type')}: {str(err.get('message'))[:300]}")

@@ -9,31 +9,31 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from jobs.rank import compat, rng
 from jobs.rank.model import Trainee
 from jobs.rank.probes.index_map import distributed_optimizers
 from jobs.rank.workarounds import adam_steps
 
 
-def _metadata(sharding: str) -> dict[str, Any]:
-    return {"distrib_optim_sharding_type": sharding}
-
-
 def build_save_state(tr: Trainee, sharding: str, iteration: int) -> dict[str, Any]:
-    """Build the sharded state dict to save: model, optimizer, scheduler, iteration."""
+    """Build the sharded state dict to save: model, optimizer, scheduler, iteration, RNG."""
     msd = tr.sharded_model_state()
     steps = adam_steps(tr.optimizer)
     return {
         "model": msd,
-        "optimizer": tr.optimizer.sharded_state_dict(msd, metadata=_metadata(sharding)),
+        "optimizer": tr.optimizer.sharded_state_dict(msd, **compat.sharding_kwargs(sharding)),
         # Common (non-sharded) entries: written once by rank 0 into common.pt.
         "scheduler": tr.scheduler.state_dict(),
         "iteration": iteration,
         "adam_step": steps[-1] if steps else None,
+        # Per rank: ranks' generators can differ, so this is not a common entry.
+        rng.KEY: rng.sharded(),
     }
 
 
@@ -77,7 +77,8 @@ def build_load_state(tr: Trainee, sharding: str) -> dict[str, Any]:
     msd = tr.sharded_model_state()
     return {
         "model": msd,
-        "optimizer": tr.optimizer.sharded_state_dict(msd, is_loading=True, metadata=_metadata(sharding)),
+        "optimizer": tr.optimizer.sharded_state_dict(msd, is_loading=True, **compat.sharding_kwargs(sharding)),
+        rng.KEY: rng.sharded(),
     }
 
 
@@ -88,14 +89,28 @@ def read(state: dict[str, Any], folder: Path) -> dict[str, Any]:
     return dict(dist_checkpointing.load(state, str(folder)))
 
 
-def apply(tr: Trainee, loaded: dict[str, Any], no_grad: bool) -> None:
-    """Install loaded model, optimizer and scheduler state into the trainee."""
+def apply(
+    tr: Trainee,
+    loaded: dict[str, Any],
+    no_grad: bool,
+    after_optimizer_load: Callable[[], None] | None = None,
+) -> None:
+    """Install loaded model, optimizer, scheduler, iteration and RNG state into the trainee.
+
+    `after_optimizer_load` runs between the optimizer load and the scheduler load: the scheduler
+    rewrites every group's lr and weight decay, so group metadata must be probed before it.
+    """
     tr.ddp.module.load_state_dict(loaded["model"], strict=True)
     # Realigned maps expose the in-place copy into FP32 leaf views (PR #5835, second fix).
     guard = torch.no_grad() if no_grad else contextlib.nullcontext()
     with guard:
         tr.optimizer.load_state_dict(loaded["optimizer"])
+    if after_optimizer_load is not None:
+        after_optimizer_load()
     tr.scheduler.load_state_dict(loaded["scheduler"])
+    tr.iteration = int(loaded["iteration"])
+    # Last, so nothing the load did can consume random numbers after the restore.
+    rng.restore(loaded[rng.KEY])
 
 
 def checkpoint_step(loaded: dict[str, Any]) -> float | None:

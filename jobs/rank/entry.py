@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from jobs.contract import PHASE_NAMES, PhaseDocument, PhaseName, exception_record, phase_document
+from jobs.errors import with_rank_errors
 from jobs.layout import RunLayout
 from jobs.rank.context import PhaseAbort, RankContext, write_json
 from jobs.spec import RunSpec, SpecError
@@ -99,7 +100,7 @@ def run_rank_phase(
         doc["status"] = "ok"
     except PhaseAbort as abort:
         doc["status"] = "error"
-        doc["error"] = {**abort.errors[0], "rank_errors": abort.errors}
+        doc["error"] = with_rank_errors(abort.errors[0], abort.errors)
     except Exception as exc:  # noqa: BLE001 - a phase returns a document, whatever happened
         doc["status"] = "error"
         doc["error"] = exception_record(exc, ctx.stage, rank)
@@ -150,8 +151,6 @@ def _shutdown(ctx: RankContext) -> None:
 def _run(ctx: RankContext, spec: RunSpec, phase: str, ckpt: Path, master_port: int | None) -> None:
     from jobs.rank import dist
 
-    doc = ctx.doc
-
     def imports() -> None:
         # torch first, so rank 0's rendezvous server is listening while everyone imports Megatron.
         dist.start_rendezvous(master_port, COLLECTIVE_TIMEOUT_S)
@@ -161,16 +160,30 @@ def _run(ctx: RankContext, spec: RunSpec, phase: str, ckpt: Path, master_port: i
         import megatron.core  # noqa: F401 - import cost is part of what the stage measures
 
     ctx.run("import", imports, STAGE_TIMEOUT_S["import"])
-    from jobs.rank import training
+    from jobs.rank import mutants, training
 
+    # Inside the phase body, so a forked child and a fresh interpreter inject alike.
+    undo = mutants.install(spec.mutants, phase)
+    try:
+        _body(ctx, spec, phase, ckpt, master_port, training)
+    finally:
+        undo()
+
+
+def _body(
+    ctx: RankContext, spec: RunSpec, phase: str, ckpt: Path, master_port: int | None, training: Any
+) -> None:
+    from jobs.rank import dist
+
+    doc = ctx.doc
     info = ctx.run("init", lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S), STAGE_TIMEOUT_S["init"])
     ctx.distributed = True
     doc["info"].update(_environment(info))
-    trainee = ctx.run("build", lambda: training.build(ctx, spec), STAGE_TIMEOUT_S["build"], agree=True)
+    trainee = ctx.run("build", lambda: training.build(ctx, spec, phase), STAGE_TIMEOUT_S["build"], agree=True)
     first = 1
     if phase == "resume":
         training.load(ctx, trainee, spec, ckpt, STAGE_TIMEOUT_S["load"])
-        first = spec.save_step + 1
+        first = trainee.iteration + 1  # the restored iteration drives the loop (checked to be N)
     save_at = spec.save_step if phase == "train_and_save" else None
     training.run_steps(ctx, trainee, spec, first, save_at, ckpt, STAGE_TIMEOUT_S["save"])
 

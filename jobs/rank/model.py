@@ -27,6 +27,7 @@ class Trainee:
     scheduler: Any  # OptimizerParamScheduler
     name_of: dict[Any, str]
     loss_fn: Callable[[int], torch.Tensor]
+    iteration: int = 0  # the last completed step; saved, restored, and where a resume continues
 
     @property
     def sub_optimizers(self) -> list[Any]:
@@ -70,8 +71,8 @@ def _transformer_config(cfg: ModelConfig) -> Any:
         bf16=True,
         params_dtype=torch.bfloat16,
         use_cpu_initialization=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
+        hidden_dropout=cfg.dropout,
+        attention_dropout=cfg.dropout,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
@@ -233,15 +234,19 @@ def _layerwise(opt: Any, ocfg: Any) -> Any:
     return LayerWiseDistributedOptimizer(subs, ocfg, pgs, init_state_fn_list=[adam_init_state] * len(subs))
 
 
-def build(cfg: ModelConfig, seed: int, total_steps: int) -> Trainee:
-    """Build a freshly initialised, DDP-wrapped model with its optimizer and scheduler."""
+def build(cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None = None) -> Trainee:
+    """Build a freshly initialised, DDP-wrapped model with its optimizer and scheduler.
+
+    `seed` keys the data; `init_seed` (default `seed`) seeds the weights and generators, so a
+    resume can start from a different initialisation and every missing restore shows.
+    """
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.module import Float16Module
 
-    torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
+    torch.manual_seed(seed if init_seed is None else init_seed)
+    model_parallel_cuda_manual_seed(seed if init_seed is None else init_seed)
     tcfg = _transformer_config(cfg)
     net, forward = _build_gpt(cfg, tcfg) if cfg.kind == "gpt" else _build_linear_stack(cfg)
     model = Float16Module(tcfg, net)

@@ -17,19 +17,27 @@ from jobs.configs import get_config
 from jobs.contract import (
     BUCKETS,
     FINGERPRINTS,
+    FP32_VIEW_INPLACE,
+    GROUPS_AFTER_OPTIMIZER_LOAD,
     INDEX_MAP,
     INDEX_MAP_EFFECTIVE,
     LOAD_NO_GRAD,
     PARAM_GROUPS,
     REALIGN,
     RESTORE_STEP,
+    STATE_AFTER_LOAD,
+    STATE_AFTER_LOAD_RAW,
+    STATE_AFTER_SAVE,
+    STATE_AT_SAVE,
+    STATE_FINAL,
     Moment,
     StepRecord,
 )
-from jobs.rank import checkpoint, dist, model
+from jobs.rank import checkpoint, compat, dist, model
 from jobs.rank.context import RankContext
 from jobs.rank.probes import buckets, fingerprints, groups, index_map
-from jobs.rank.workarounds import adam_steps, realign_param_index, restore_adam_step
+from jobs.rank.probes import state as state_probe
+from jobs.rank.workarounds import adam_steps, fp32_leaf_views, realign_param_index, restore_adam_step
 from jobs.spec import RunSpec
 
 PROBE_TIMEOUT_S = 60.0
@@ -40,13 +48,26 @@ def _gather(ctx: RankContext, value: Any) -> list[Any]:
     return ctx.run("probe", lambda: dist.gather(value), PROBE_TIMEOUT_S)
 
 
-def build(ctx: RankContext, spec: RunSpec) -> model.Trainee:
-    """Build the trainee; probe the index map and buckets; apply realign-param-index if asked."""
-    tr = model.build(get_config(spec.config), spec.seed, spec.steps)
+def resume_init_seed(seed: int) -> int:
+    """The seed a resume builds its model from: never the saving run's, so no restore is implicit."""
+    return (seed + 1_000_003) % 2**63
+
+
+def build(ctx: RankContext, spec: RunSpec, phase: str = "train_and_save") -> model.Trainee:
+    """Build the trainee; probe the index map and buckets; apply realign-param-index if asked.
+
+    A resume builds from a different seed: a state the load fails to restore then differs from
+    the saved one whatever the save step (at step 1 the weights would otherwise still equal a
+    fresh build's, since warm-up starts at lr 0).
+    """
+    compat.check_spec(spec)  # an option this build lacks is unsupported-by-build, before anything runs
+    ctx.doc["info"]["compat_shims"] = compat.install_shims()
+    init_seed = resume_init_seed(spec.seed) if phase == "resume" else None
+    tr = model.build(get_config(spec.config), spec.seed, spec.steps, init_seed)
     # Local reports wait here until the first collective stage gathers them (_publish_build_probes).
     ctx.local_build_probes = {
-        INDEX_MAP: index_map.probe(tr.optimizer, tr.name_of),
-        BUCKETS: buckets.probe(tr.ddp, tr.name_of),
+        INDEX_MAP: compat.guarded(index_map.probe, optimizers=[], misaligned_total=0)(tr.optimizer, tr.name_of),
+        BUCKETS: compat.guarded(buckets.probe, buffers=[], unaligned_total=0)(tr.ddp, tr.name_of),
     }
     if REALIGN in spec.workarounds:
         ctx.doc["workarounds"][REALIGN] = realign_param_index(tr.optimizer)
@@ -70,6 +91,11 @@ def _publish_build_probes(ctx: RankContext) -> None:
         "unaligned_total": sum(r[BUCKETS]["unaligned_total"] for r in per_rank),
         "per_rank": [r[BUCKETS] for r in per_rank],
     }
+    # not applicable on this build: say why, once
+    if "reason" in per_rank[0][INDEX_MAP] and INDEX_MAP in probes:
+        probes[INDEX_MAP]["reason"] = per_rank[0][INDEX_MAP]["reason"]
+    if "reason" in per_rank[0][BUCKETS]:
+        probes[BUCKETS]["reason"] = per_rank[0][BUCKETS]["reason"]
     if REALIGN in ctx.doc["workarounds"]:
         reports = _gather(ctx, ctx.doc["workarounds"][REALIGN])
         ctx.doc["workarounds"][REALIGN] = {
@@ -99,33 +125,61 @@ def _state_probe(ctx: RankContext, tr: model.Trainee, moment: Moment, with_slots
 
 
 def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout_s: float) -> None:
-    """Load the step-N checkpoint into fresh state, apply restore workarounds, probe the result."""
+    """Load the step-N checkpoint into fresh state, apply restore workarounds, probe the result.
+
+    State is snapshotted right after the load (before any workaround) and again after the
+    workarounds, so the verdict can say what each workaround hid.
+    """
     _publish_build_probes(ctx)
+    no_grad = REALIGN in spec.workarounds or LOAD_NO_GRAD in spec.workarounds
+    local: dict[str, Any] = {}
+    if no_grad:  # before the load: the trial must see the shards as the build left them
+        local["fp32_view"] = fp32_leaf_views(tr.optimizer, tr.name_of)
     t0 = time.perf_counter()
     state = ctx.run("load", lambda: checkpoint.build_load_state(tr, spec.sharding), timeout_s, agree=True)
     loaded = ctx.run("load", lambda: checkpoint.read(state, ckpt), timeout_s, agree=True)
-    no_grad = REALIGN in spec.workarounds or LOAD_NO_GRAD in spec.workarounds
-    ctx.run("load", lambda: checkpoint.apply(tr, loaded, no_grad=no_grad), timeout_s, agree=True)
+
+    def groups_now() -> None:  # Bug C: before the scheduler rewrites lr / weight decay
+        local["groups"] = state_probe.param_groups(tr.optimizer)
+
+    ctx.run(
+        "load",
+        lambda: checkpoint.apply(tr, loaded, no_grad=no_grad, after_optimizer_load=groups_now),
+        timeout_s,
+        agree=True,
+    )
     if no_grad:
         ctx.doc["workarounds"][LOAD_NO_GRAD] = True
     info = ctx.doc["info"]
     info["load_seconds"] = round(time.perf_counter() - t0, 4)
     info["checkpoint"] = checkpoint.describe(ckpt)
+    info["restored_iteration"] = tr.iteration
     ck_step = checkpoint.checkpoint_step(loaded)
     info["checkpoint_adam_step"] = ck_step
     info["adam_steps_after_load"] = adam_steps(tr.optimizer)
     info["scheduler_num_steps_after_load"] = int(tr.scheduler.num_steps)
+    local["raw"] = state_probe.snapshot(tr)
     if RESTORE_STEP in spec.workarounds:
         if ck_step is None:
             ctx.doc["workarounds"][RESTORE_STEP] = {"name": RESTORE_STEP, "skipped": "no step in checkpoint"}
         else:
             ctx.doc["workarounds"][RESTORE_STEP] = restore_adam_step(tr.optimizer, ck_step)
+        local["after"] = state_probe.snapshot(tr)
+    per_rank = _gather(ctx, local)
+    probes = ctx.doc["probes"]
+    probes[STATE_AFTER_LOAD_RAW] = [r["raw"] for r in per_rank]
+    if "after" in local:
+        probes[STATE_AFTER_LOAD] = [r["after"] for r in per_rank]
+    probes[GROUPS_AFTER_OPTIMIZER_LOAD] = [r["groups"] for r in per_rank]
+    if no_grad:
+        probes[FP32_VIEW_INPLACE] = [r["fp32_view"] for r in per_rank]
     _state_probe(ctx, tr, "after_load", with_slots=False)
 
 
 def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: Path, timeout_s: float) -> None:
     # Evidence first: if the save crashes, the fingerprints still show what it would have written.
     _state_probe(ctx, tr, "at_save", with_slots=True)
+    ctx.doc["probes"][STATE_AT_SAVE] = _gather(ctx, state_probe.snapshot(tr))
     t0 = time.perf_counter()
     state = ctx.run("save", lambda: checkpoint.build_save_state(tr, spec.sharding, step), timeout_s, agree=True)
     t1 = time.perf_counter()
@@ -136,6 +190,8 @@ def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: P
     info["save_build_seconds"] = round(t1 - t0, 4)
     info["save_seconds"] = round(time.perf_counter() - t0, 4)
     info["checkpoint"] = checkpoint.describe(ckpt)
+    # Saving must not change the live run: the same snapshot again, right after the write.
+    ctx.doc["probes"][STATE_AFTER_SAVE] = _gather(ctx, state_probe.snapshot(tr))
 
 
 def _one_step(tr: model.Trainee, step: int, world: int) -> StepRecord:
@@ -148,6 +204,7 @@ def _one_step(tr: model.Trainee, step: int, world: int) -> StepRecord:
     tr.ddp.finish_grad_sync()
     ok, grad_norm, num_zeros = tr.optimizer.step()
     tr.scheduler.step(increment=1)
+    tr.iteration = step
     mean = loss.detach().clone().float()
     torch.distributed.all_reduce(mean)
     mean /= world
@@ -183,3 +240,5 @@ def run_steps(
             ctx.doc["info"]["train_seconds_before_save"] = round(time.perf_counter() - t0, 4)
             _save(ctx, tr, spec, step, ckpt, save_timeout_s)
     ctx.doc["info"]["train_seconds"] = round(time.perf_counter() - t0, 4)
+    # After step M in both runs: what the update of the last step left behind.
+    ctx.doc["probes"][STATE_FINAL] = _gather(ctx, state_probe.snapshot(tr))

@@ -71,3 +71,26 @@ def restore_adam_step(optimizer: Any, checkpoint_step: float) -> dict[str, Any]:
         "after": adam_steps(optimizer),
         "changed": changed,
     }
+
+
+def fp32_leaf_views(optimizer: Any, name_of: dict[Any, str]) -> dict[str, Any]:
+    """Measure whether a load outside `torch.no_grad()` would raise on FP32 shards (PR #5835).
+
+    FP32 params' main shards are views of leaf params that require grad; an in-place copy into
+    one raises. The copy is tried once, with the view's own values, where it must raise: the
+    message is the evidence a `no_grad` load hides. Nothing is written (the check runs first).
+    """
+    views = []
+    for opt in distributed_optimizers(optimizer):
+        for model_group, shard_group in zip(opt.model_fp32_groups, opt.shard_fp32_groups, strict=True):
+            for param, shard in zip(model_group, shard_group, strict=True):
+                base = shard._base
+                if base is not None and base.is_leaf and base.requires_grad:
+                    views.append((name_of.get(param, "?"), shard))
+    message = None
+    if views:
+        try:
+            views[0][1].copy_(views[0][1].detach().clone())
+        except RuntimeError as exc:
+            message = str(exc).splitlines()[0][:300]
+    return {"would_raise": message is not None, "params": [n for n, _ in views][:12], "message": message}

@@ -13,6 +13,7 @@ Pure functions over plain data; no torch. Verdict rules:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from jobs.contract import (
@@ -29,10 +30,11 @@ from jobs.contract import (
     parity_result,
     required_probes,
 )
+from jobs.errors import with_rank_errors
 from jobs.spec import RunSpec, SpecError
 from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
-from jobs.verdict.evidence import collect_evidence, probe_findings
-from jobs.verdict.signatures import SIGNATURES, classify_error
+from jobs.verdict.evidence import collect_evidence, final_state_evidence, probe_findings
+from jobs.verdict.signatures import SIGNATURES, UNSUPPORTED, classify_error
 
 
 def same_value(a: float | None, b: float | None) -> bool:
@@ -43,7 +45,7 @@ def same_value(a: float | None, b: float | None) -> bool:
 def _delta(a: float | None, b: float | None) -> tuple[float | None, float | None]:
     if a is None or b is None:
         return None, None
-    if same_value(a, b):
+    if same(a, b):
         return 0.0, 0.0
     d = b - a
     return d, (abs(d) / abs(a) if a != 0 else (0.0 if d == 0 else float("inf")))
@@ -57,8 +59,21 @@ def _value(record: StepRecord | None, key: str) -> Any:
     return None if record is None else record[key]  # type: ignore[literal-required]
 
 
-def _close(a: float, b: float, rtol: float, atol: float) -> bool:
-    return same_value(a, b) or abs(b - a) <= atol + rtol * abs(a)
+def same(a: Any, b: Any) -> bool:
+    """Exact equality where two NaNs of the same metric count as equal (both runs blew up alike)."""
+    return bool(a == b) or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
+    if same(a, b):
+        return True
+    if a is None or b is None or math.isnan(a) or math.isnan(b):
+        return False
+    return bool(abs(b - a) <= atol + rtol * abs(a))
+
+
+# Per-step metrics compared besides the lr: Megatron's own resume test compares num-zeros.
+COMPARED_METRICS: tuple[str, ...] = ("loss", "grad_norm", "num_zeros")
 
 
 def step_rows(
@@ -80,10 +95,19 @@ def step_rows(
             row[f"{key}_abs_delta"], row[f"{key}_rel_delta"] = _delta(row[f"{key}_baseline"], row[f"{key}_resumed"])
         row["within_tolerance"] = None
         if b is not None and r is not None:
-            row["exact"] = same_value(b["loss"], r["loss"]) and same_value(b["lr"], r["lr"])
+            differing = [k for k in (*COMPARED_METRICS, "lr") if not same(_value(b, k), _value(r, k))]
+            row["exact"] = not differing
+            row["differing_metrics"] = differing
             row["loss_within_tolerance"] = _close(b["loss"], r["loss"], profile.loss_rtol, profile.loss_atol)
             row["lr_within_tolerance"] = _close(b["lr"], r["lr"], profile.lr_rtol, profile.lr_atol)
-            row["within_tolerance"] = row["loss_within_tolerance"] and row["lr_within_tolerance"]
+            # grad norm and num-zeros get the loss's tolerance (Megatron compares num-zeros like loss)
+            row["metrics_within_tolerance"] = all(
+                _close(_value(b, k), _value(r, k), profile.loss_rtol, profile.loss_atol)
+                for k in ("grad_norm", "num_zeros")
+            )
+            row["within_tolerance"] = (
+                row["loss_within_tolerance"] and row["lr_within_tolerance"] and row["metrics_within_tolerance"]
+            )
         rows.append(row)  # type: ignore[arg-type]  # built key by key above; StepRow lists every key
     return rows
 
@@ -94,7 +118,7 @@ def lanes(spec: RunSpec, rows: list[StepRow], profile: ToleranceProfile) -> dict
     complete = len(compared) == len(spec.resumed_steps)
     inexact = [r["step"] for r in compared if not r["exact"]]
     beyond = [r["step"] for r in compared if not r["within_tolerance"]]
-    lr_off = [r["step"] for r in compared if not same_value(r["lr_baseline"], r["lr_resumed"])]
+    lr_off = [r["step"] for r in compared if not same(r["lr_baseline"], r["lr_resumed"])]
     allowed = profile.max_failing_steps(len(spec.resumed_steps))
     return {
         "compared_steps": len(compared),
@@ -145,17 +169,30 @@ def missing_probes(spec: RunSpec, doc: PhaseDocument | None) -> list[ErrorRecord
     ]
 
 
-def _error_verdict(errors: list[ErrorRecord], causes: list[SignatureId]) -> tuple[Verdict, list[SignatureId]]:
+def _error_verdict(
+    errors: list[ErrorRecord], causes: list[SignatureId]
+) -> tuple[Verdict, list[SignatureId], list[SignatureId]]:
+    """(verdict, signatures, causes moved to advisories) for a run in which a phase crashed.
+
+    A crash is attributed to a known bug only by its own stage, type and message; a crash that
+    comes with measured evidence (a probe's cause) is a `fail` with that evidence. An option the
+    build does not have is `unsupported-by-build` and an `error`: no measured finding explains it.
+    """
     names: list[SignatureId] = []
     for err in errors:
         names += [n for n in classify_error(err) if n not in names]
-    explained: list[SignatureId] = [n for n in names if SIGNATURES[n].kind == "cause"]
-    for err in errors:
-        # A save/load crash on a build whose index map the probe found misaligned is Bug A.
-        if err.get("stage") in ("save", "load") and "optimizer-index-misalignment" in causes:
-            explained.append("optimizer-index-misalignment")
-    names += [n for n in dict.fromkeys(explained) if n not in names]
-    return ("fail" if explained else "error"), names
+    names.sort(key=lambda n: SIGNATURES[n].kind != "crash")  # where it crashed first, then why
+    if UNSUPPORTED in names:
+        return "error", names, causes
+    explained = [n for n in names if SIGNATURES[n].kind == "cause"] + causes
+    names += [n for n in causes if n not in names]
+    return ("fail" if explained else "error"), names, []
+
+
+def verdict_label(verdict: Verdict, worked_around: list[SignatureId]) -> str:
+    """The verdict as the matrix shows it: a pass that needed a workaround to hide a finding is
+    `pass (worked around)`, never a plain pass."""
+    return "pass (worked around)" if verdict == "pass" and worked_around else verdict
 
 
 def evaluate(
@@ -170,33 +207,52 @@ def evaluate(
     rows = step_rows(spec, baseline_doc, resumed_doc, profile)
     lane = lanes(spec, rows, profile)
     evidence = collect_evidence(spec, baseline_doc, resumed_doc, lane)
-    worked_around = evidence.pop("_worked_around", [])
+    hidden: dict[str, Any] = evidence.pop("_worked_around", {})
     causes = [n for n in SIGNATURE_IDS if n in evidence and SIGNATURES[n].kind == "cause"]
     advisories = [n for n in SIGNATURE_IDS if n in evidence and SIGNATURES[n].kind == "latent"]
-    errors = [e for d in (baseline_doc, resumed_doc) if d and d.get("status") == "error" and (e := d.get("error"))]
+    errors = [
+        with_rank_errors(e, e.get("rank_errors") or [])
+        for d in (baseline_doc, resumed_doc)
+        if d and d.get("status") == "error" and (e := d.get("error"))
+    ]
     missing = missing_probes(spec, baseline_doc) + missing_probes(spec, resumed_doc)
     verdict: Verdict
     if baseline_doc is None or (resumed_doc is None and not errors):
         verdict, signatures = "error", causes
         errors = errors or [error_record("MissingResult", "a phase produced no document", stage="launch")]
     elif errors:
-        verdict, crash_names = _error_verdict(errors, causes)
-        signatures = crash_names + [c for c in causes if c not in crash_names]
+        verdict, signatures, unexplained = _error_verdict(errors, causes)
+        advisories += [n for n in unexplained if n not in advisories]
     else:
+        final = final_state_evidence(baseline_doc, resumed_doc)
+        if final and not causes:
+            # Restored state matched, yet the runs ended apart: the resumed loop itself differs.
+            causes.append("final-state-mismatch")
+            evidence.update(final)
         if not lane["tolerance"]["pass"] and not causes:
             causes.append("loss-divergence-unexplained")
-            evidence["loss-divergence-unexplained"] = {"failing_steps": lane["tolerance"]["failing_steps"]}
+            evidence["loss-divergence-unexplained"] = {
+                "failing_steps": lane["tolerance"]["failing_steps"],
+                "metrics": sorted({m for r in rows for m in r.get("differing_metrics", [])}),
+            }
         verdict = "fail" if causes or not lane["tolerance"]["pass"] else "pass"
         signatures = causes
     if missing:  # evidence the spec requires is absent: whatever the rest says, the run is not judged
         verdict, errors = "error", [*missing, *errors]
+    worked_around: list[SignatureId] = [n for n in SIGNATURE_IDS if n in hidden]
+    by: dict[str, list[SignatureId]] = {}
+    for name in worked_around:
+        by.setdefault(hidden[name]["by"], []).append(name)
     return parity_result(
         verdict,
         spec.to_dict(),
         errors=errors,
         signatures=signatures,
+        verdict_label=verdict_label(verdict, worked_around),
         advisories=advisories,
         worked_around=worked_around,
+        worked_around_by=by,
+        worked_around_evidence={n: hidden[n]["evidence"] for n in worked_around},
         evidence=evidence,
         probe_findings=probe_findings(baseline_doc, resumed_doc),
         first_divergent_step=lane["exact"]["first_divergent_step"],

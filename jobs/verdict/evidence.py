@@ -7,9 +7,19 @@ from typing import Any
 from jobs.contract import (
     BUCKETS,
     FINGERPRINTS,
+    FP32_VIEW_INPLACE,
+    GROUPS_AFTER_OPTIMIZER_LOAD,
     INDEX_MAP,
     INDEX_MAP_EFFECTIVE,
+    LOAD_NO_GRAD,
     PARAM_GROUPS,
+    REALIGN,
+    RESTORE_STEP,
+    STATE_AFTER_LOAD,
+    STATE_AFTER_LOAD_RAW,
+    STATE_AFTER_SAVE,
+    STATE_AT_SAVE,
+    STATE_FINAL,
     FindingProbe,
     PhaseDocument,
     PhaseName,
@@ -17,6 +27,12 @@ from jobs.contract import (
     ProbeFindingRow,
 )
 from jobs.spec import RunSpec
+from jobs.verdict.state_diff import (
+    final_findings,
+    groups_after_optimizer_load,
+    mutation_findings,
+    restore_findings,
+)
 
 MAX_ITEMS = 12
 
@@ -83,36 +99,94 @@ def _per_rank_diffs(before: list[Any] | None, after: list[Any] | None) -> list[d
     return out
 
 
+def _legacy_restore(at_save: dict[str, Any], after_load: dict[str, Any]) -> dict[str, Any]:
+    """Restore evidence from documents written before the state snapshot existed."""
+    ev: dict[str, Any] = {}
+    restore_diffs = _per_rank_diffs(at_save.get("owned"), after_load.get("owned"))
+    state_diffs = [d for d in restore_diffs if d["key"] != "step"]
+    if state_diffs:
+        ev["optimizer-state-mismatch"] = {
+            "after_load_differs_from_save": {"count": len(state_diffs), "items": state_diffs[:MAX_ITEMS]}
+        }
+    step_diffs = [d for d in restore_diffs if d["key"] == "step"]
+    if step_diffs:
+        ev["adam-step-not-restored"] = {"params_affected": len(step_diffs), "items": step_diffs[:3]}
+    return ev
+
+
+def _restore_evidence(
+    baseline: PhaseDocument | None, resumed: PhaseDocument | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(findings after every workaround, findings a post-load workaround neutralised)."""
+    saved = _probes(baseline).get(STATE_AT_SAVE)
+    raw = _probes(resumed).get(STATE_AFTER_LOAD_RAW)
+    if not any(saved or []) or not any(raw or []):  # documents without the snapshot's sections
+        at_save = dict(_probes(baseline).get(FINGERPRINTS["at_save"]) or {})
+        after_load = dict(_probes(resumed).get(FINGERPRINTS["after_load"]) or {})
+        return _legacy_restore(at_save, after_load), {}
+    effective = restore_findings(saved, _probes(resumed).get(STATE_AFTER_LOAD) or raw)
+    before_workarounds = restore_findings(saved, raw)
+    return effective, {k: v for k, v in before_workarounds.items() if k not in effective}
+
+
+def _step_details(spec: RunSpec, resumed: PhaseDocument | None, ev: dict[str, Any]) -> dict[str, Any]:
+    info = resumed["info"] if resumed else {}
+    return {
+        "step": spec.save_step + 1,
+        "checkpoint_step": info.get("checkpoint_adam_step"),
+        "adam_steps_after_load": info.get("adam_steps_after_load"),
+        "params_affected": ev.get("count", ev.get("params_affected")),
+        **ev,
+    }
+
+
+def _fp32_view(resumed: PhaseDocument | None) -> dict[str, Any] | None:
+    per_rank = _probes(resumed).get(FP32_VIEW_INPLACE) or []
+    hits = [{"rank": r, **p} for r, p in enumerate(per_rank) if p and p.get("would_raise")]
+    if not hits:
+        return None
+    return {"ranks": [h["rank"] for h in hits], "params": hits[0]["params"], "message": hits[0]["message"]}
+
+
 def collect_evidence(
     spec: RunSpec, baseline: PhaseDocument | None, resumed: PhaseDocument | None, lane: dict[str, Any]
 ) -> dict[str, Any]:
-    """Return {signature name: evidence} for every signature the probes support."""
+    """Return {signature name: evidence} for every signature the probes support.
+
+    The entry `_worked_around` maps each finding a workaround neutralised to {"by", "evidence"}.
+    """
     ev: dict[str, Any] = {}
+    hidden: dict[str, Any] = {}
     misaligned, worked_around = index_map_findings(baseline)
     if misaligned is None and baseline is None:
         misaligned, worked_around = index_map_findings(resumed)
     if misaligned:
         ev["optimizer-index-misalignment"] = misaligned
+    if worked_around:
+        raw_map = _probes(baseline or resumed).get(INDEX_MAP)
+        hidden["optimizer-index-misalignment"] = {
+            "by": REALIGN,
+            "evidence": {"misaligned_total": raw_map["misaligned_total"] if raw_map else None},
+        }
     at_save: dict[str, Any] = dict(_probes(baseline).get(FINGERPRINTS["at_save"]) or {})
-    after_load: dict[str, Any] = dict(_probes(resumed).get(FINGERPRINTS["after_load"]) or {})
     slot_diffs = _per_rank_diffs(at_save.get("owned"), at_save.get("slots"))
-    restore_diffs = _per_rank_diffs(at_save.get("owned"), after_load.get("owned"))
-    state_diffs = [d for d in restore_diffs if d["key"] != "step"]
-    if slot_diffs or state_diffs:
-        ev["optimizer-state-mismatch"] = {
-            "checkpoint_slot_differs_from_owner": {"count": len(slot_diffs), "items": slot_diffs[:MAX_ITEMS]},
-            "after_load_differs_from_save": {"count": len(state_diffs), "items": state_diffs[:MAX_ITEMS]},
+    restored, hidden_by_restore = _restore_evidence(baseline, resumed)
+    for name, found in hidden_by_restore.items():
+        hidden[name] = {"by": RESTORE_STEP, "evidence": found}
+    if slot_diffs:
+        restored.setdefault("optimizer-state-mismatch", {})["checkpoint_slot_differs_from_owner"] = {
+            "count": len(slot_diffs),
+            "items": slot_diffs[:MAX_ITEMS],
         }
-    step_diffs = [d for d in restore_diffs if d["key"] == "step"]
-    if step_diffs:
-        info = resumed["info"] if resumed else {}
-        ev["adam-step-not-restored"] = {
-            "step": spec.save_step + 1,
-            "checkpoint_step": info.get("checkpoint_adam_step"),
-            "adam_steps_after_load": info.get("adam_steps_after_load"),
-            "params_affected": len(step_diffs),
-            "items": step_diffs[:3],
-        }
+    if "adam-step-not-restored" in restored:
+        restored["adam-step-not-restored"] = _step_details(spec, resumed, restored["adam-step-not-restored"])
+    ev.update(restored)
+    ev.update(mutation_findings(_probes(baseline).get(STATE_AT_SAVE), _probes(baseline).get(STATE_AFTER_SAVE)))
+    bug_c = groups_after_optimizer_load(
+        _probes(baseline).get(STATE_AT_SAVE), _probes(resumed).get(GROUPS_AFTER_OPTIMIZER_LOAD)
+    )
+    for name, found in bug_c.items():
+        ev[name] = {**ev[name], "after_optimizer_load": found} if name in ev else found
     if lane["lr_mismatched_steps"]:
         ev["lr-schedule-mismatch"] = {
             "steps": lane["lr_mismatched_steps"][:MAX_ITEMS],
@@ -120,10 +194,11 @@ def collect_evidence(
         }
     groups = _probes(resumed).get(PARAM_GROUPS["after_load"])
     if groups and not groups["agree"]:
-        ev["layerwise-metadata-mismatch"] = {
+        legacy = {
             "disagreements": groups["disagreements"][:MAX_ITEMS],
             "empty_rank_groups": groups["empty_rank_groups"],
         }
+        ev["layerwise-metadata-mismatch"] = {**legacy, **ev.get("layerwise-metadata-mismatch", {})}
     buckets = _probes(baseline).get(BUCKETS) or _probes(resumed).get(BUCKETS)
     if buckets and buckets["unaligned_total"]:
         issues = [
@@ -133,9 +208,18 @@ def collect_evidence(
             for i in b["issues"]
         ]
         ev["bucket-offset-unaligned"] = {"count": len(issues), "items": issues[:MAX_ITEMS]}
-    if worked_around:
-        ev["_worked_around"] = ["optimizer-index-misalignment"]
+    view = _fp32_view(resumed)
+    if view:
+        hidden["fp32-view-inplace-load"] = {"by": LOAD_NO_GRAD if LOAD_NO_GRAD in spec.workarounds else REALIGN,
+                                            "evidence": view}
+    if hidden:
+        ev["_worked_around"] = hidden
     return ev
+
+
+def final_state_evidence(baseline: PhaseDocument | None, resumed: PhaseDocument | None) -> dict[str, Any]:
+    """Evidence that the state after the last step differs between the runs, or {}."""
+    return final_findings(_probes(baseline).get(STATE_FINAL), _probes(resumed).get(STATE_FINAL))
 
 
 MAX_FINDINGS = 200

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from jobs.contract import ErrorRecord, SignatureId, SignatureKind, Stage
 
@@ -24,6 +24,10 @@ PARAM_AND_GRAD_BUFFER = (
 LAYER_WISE = "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/optimizer/layer_wise_optimizer.py"
 
 
+ANY_STAGE: Literal["*"] = "*"
+UNSUPPORTED: SignatureId = "unsupported-by-build"
+
+
 @dataclass(frozen=True)
 class Signature:
     """One known signature."""
@@ -33,7 +37,7 @@ class Signature:
     title: str
     meaning: str
     references: tuple[str, ...] = ()
-    match_stage: Stage | None = None
+    match_stage: Stage | Literal["*"] | None = None
     match_type: str | None = None
     match_message: str | None = None
 
@@ -41,7 +45,7 @@ class Signature:
         """Return True if a phase error record fits this signature's match rule."""
         if self.match_stage is None:
             return False
-        if error.get("stage") != self.match_stage:
+        if self.match_stage != ANY_STAGE and error.get("stage") != self.match_stage:
             return False
         if self.match_type and error.get("type") != self.match_type:
             return False
@@ -66,15 +70,19 @@ _TABLE = (
         "Optimizer index map points at other params' shards",
         "DistributedOptimizer.model_param_group_index_map is in grad-buffer order while the group "
         "is installed FP32-first; dp_reshardable save asserts, other formats raise size "
-        "mismatches, equal shard sizes silently attach state to the wrong params (Bug A).",
+        "mismatches, equal shard sizes silently attach state to the wrong params (Bug A). A crash "
+        "is attributed to it only by its own traceback (the dp_reshardable save assertion).",
         (ISSUE_2777, PR_5835, PR_2872),
+        "save",
+        "AssertionError",
+        r"sharded_param_state_dp_reshardable",
     ),
     Signature(
         "optimizer-state-mismatch",
         "cause",
-        "Optimizer state differs from what was saved",
-        "A param's main weight, exp_avg or exp_avg_sq differs between the state it owns at save, "
-        "what the checkpoint records for it, and what it holds right after load.",
+        "Checkpoint records other params' optimizer state",
+        "What the checkpoint records for a param (read through the index map, as the save does) "
+        "differs from the state the param owns at save (the silent case of Bug A).",
         (ISSUE_2777, PR_5835),
     ),
     Signature(
@@ -104,10 +112,81 @@ _TABLE = (
         (LAYER_WISE,),
     ),
     Signature(
+        "model-weights-mismatch",
+        "cause",
+        "Model weights not restored",
+        "Right after load, a weight or buffer as the model holds it differs (exact bytes) from the "
+        "saved run's at step N. The resume is built from a different seed, so a weight the load "
+        "skipped always shows.",
+        (),
+    ),
+    Signature(
+        "main-params-mismatch",
+        "cause",
+        "FP32 main params not restored",
+        "Right after load, an optimizer main (FP32) param differs from the saved one, e.g. re-derived "
+        "from the 16-bit model weights instead of loaded.",
+        (DISTRIB_OPTIMIZER,),
+    ),
+    Signature(
+        "optimizer-moments-mismatch",
+        "cause",
+        "Optimizer moments not restored",
+        "Right after load, an optimizer state tensor (exp_avg, exp_avg_sq, ...) differs from the saved one.",
+        (DISTRIB_OPTIMIZER,),
+    ),
+    Signature(
+        "param-group-scalars-mismatch",
+        "cause",
+        "Param-group scalars not restored",
+        "A param group's lr, weight decay, betas, eps or step differs from the saved run's, right "
+        "after optimizer.load_state_dict (before the scheduler rewrites lr / wd) or after the load.",
+        (),
+    ),
+    Signature(
+        "scheduler-state-mismatch",
+        "cause",
+        "LR scheduler state not restored",
+        "The scheduler's state (num_steps, max/min lr, warm-up, decay) differs from the saved one.",
+        (),
+    ),
+    Signature(
+        "iteration-mismatch",
+        "cause",
+        "Restored iteration is not N",
+        "The iteration restored from the checkpoint differs from the step it was saved at; the "
+        "resumed loop starts from the restored iteration, so steps are skipped or repeated.",
+        (),
+    ),
+    Signature(
+        "rng-state-mismatch",
+        "cause",
+        "RNG state not restored",
+        "The torch CPU, CUDA or Megatron RNG-tracker state after load differs from the saved one; "
+        "dropout then draws different masks.",
+        (),
+    ),
+    Signature(
+        "save-mutates-live-state",
+        "cause",
+        "Saving changed the live run",
+        "The state right after writing the checkpoint differs from the state right before it: the "
+        "uninterrupted run is no longer the run that was saved.",
+        (),
+    ),
+    Signature(
+        "final-state-mismatch",
+        "cause",
+        "State after the last step differs",
+        "The restored state matched the saved one, yet the state after step M differs between the "
+        "runs: the resumed loop itself behaves differently.",
+        (),
+    ),
+    Signature(
         "loss-divergence-unexplained",
         "cause",
         "Loss diverged with no known cause",
-        "The resumed loss left the tolerance band but no probe found a cause.",
+        "The resumed loss, grad norm or num-zeros left the tolerance band but no probe found a cause.",
         (),
     ),
     Signature(
@@ -152,6 +231,18 @@ _TABLE = (
         "load",
         "RuntimeError",
         r"view of a leaf Variable that requires grad",
+    ),
+    Signature(
+        UNSUPPORTED,
+        "crash",
+        "Option not supported by this build",
+        "The build under test does not offer a requested option (e.g. a sharding type added in a "
+        "later release: 0.13/0.14 raise 'Unknown sharding_type'). The check cannot run here; nothing "
+        "is blamed on a known bug.",
+        (),
+        ANY_STAGE,
+        None,
+        r"Unknown sharding_type|UnsupportedByBuild|not supported by this build",
     ),
     Signature(
         "checkpoint-save-crash",

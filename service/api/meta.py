@@ -1,4 +1,4 @@
-"""/api/v1 configs, environments, health; /metrics for Prometheus."""
+"""/api/v1 configs and health; /metrics for Prometheus."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from jobs.configs import list_configs
 from models import Phase, Regression, Run, SchedulerHeartbeat
 from models.base import utcnow
 from service import retention
-from service.api.deps import AdminToken, ReadAccess, SessionDep, SettingsDep
-from service.api.schemas import ERROR_RESPONSES, EnvironmentIn, EnvironmentOut
+from service.api.deps import ReadAccess, SessionDep, SettingsDep
+from service.api.schemas import ERROR_RESPONSES
 from service.db import session_scope
-from service.environments import create_environment, ensure_default_environment, list_environments
 from service.slurm import slurm_status
 from service.state import IN_FLIGHT, RunState
 
@@ -29,20 +28,6 @@ HEARTBEAT_STALE = timedelta(seconds=60)
 def configs(_: ReadAccess) -> list[dict[str, Any]]:
     """Named model configs with their parameters and why each exists."""
     return list_configs()
-
-
-@router.get("/environments", response_model=list[EnvironmentOut])
-def environments(session: SessionDep, settings: SettingsDep, _: ReadAccess) -> list[EnvironmentOut]:
-    """Registered environments (the default one is created on first use)."""
-    ensure_default_environment(session, settings=settings)
-    return [EnvironmentOut.model_validate(e) for e in list_environments(session)]
-
-
-@router.post("/environments", status_code=201, response_model=EnvironmentOut)
-def add_environment(body: EnvironmentIn, session: SessionDep, _: AdminToken) -> EnvironmentOut:
-    """Register an environment: the Python that runs job phases for another Megatron-Core build."""
-    env = create_environment(session, name=body.name, python=body.python, description=body.description)
-    return EnvironmentOut.model_validate(env)
 
 
 @router.get("/healthz")

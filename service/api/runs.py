@@ -25,7 +25,7 @@ from service.api.schemas import (
     RunPage,
     StepMetricOut,
 )
-from service.environments import DEFAULT_ENVIRONMENT, ensure_default_environment, get_environment
+from service.environments import DEFAULT_ENVIRONMENT, ensure_default_environment, get_environment, use_environment
 from service.errors import InvalidSpec
 from service.known_failures import RUN_VERDICTS
 from service.links import BaseUrl
@@ -54,7 +54,8 @@ def caps(settings: Settings) -> run_service.Caps:
                             max_queued_per_requester=settings.max_queued_per_requester)
 
 
-_NOT_COLUMNS = frozenset({"environment", "links", "phases", "regression_text", "known_failures", "fixed_known"})
+_NOT_COLUMNS = frozenset({"environment", "links", "phases", "regression_text", "known_failures", "fixed_known",
+                          "verdict_label", "worked_around", "worked_around_by"})
 
 
 def run_out(run: Run, base: str, *, with_phases: bool = False) -> RunOut:
@@ -64,6 +65,10 @@ def run_out(run: Run, base: str, *, with_phases: bool = False) -> RunOut:
                   regression_text=regression_text(run) or None,
                   known_failures=list((run.summary or {}).get("known_failures") or []),
                   fixed_known=list((run.summary or {}).get("known_fixed") or []))
+    summary = run.summary or {}
+    fields.update(verdict_label=summary.get("verdict_label", run.verdict),
+                  worked_around=list(summary.get("worked_around") or []),
+                  worked_around_by=dict(summary.get("worked_around_by") or {}))
     if with_phases:
         fields["phases"] = [PhaseOut.model_validate(p) for p in run.phases]
     return RunOut(**fields)
@@ -94,6 +99,7 @@ def create_run(
         environment = ensure_default_environment(session, settings=settings)
     else:
         environment = get_environment(session, name=body.environment)
+    use_environment(environment)
     run, created = run_service.create_run(
         session,
         spec=spec,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from jobs.contract import Verdict
 from service.api.limits import MAX_LABELS
@@ -82,7 +82,13 @@ class RunOut(BaseModel):
     state: str
     # the contract's parity verdicts, plus the service's own for failures explained by known upstream bugs
     verdict: Verdict | Literal["known-failure"] | None
+    verdict_label: str | None = Field(
+        default=None,
+        description='The verdict as the matrix shows it: "pass (worked around)" when a workaround hid a finding',
+    )
     signatures: list[str]
+    worked_around: list[str] = Field(default_factory=list, description="Findings a requested workaround neutralised")
+    worked_around_by: dict[str, list[str]] = Field(default_factory=dict, description="Workaround -> findings it hid")
     regression: bool
     first_divergent_step: int | None
     first_step_beyond_tolerance: int | None
@@ -142,11 +148,33 @@ class RunMetrics(BaseModel):
 
 
 class EnvironmentIn(BaseModel):
+    """POST /environments: register a prepared `python` (admin), or build from `requirements` (submit)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,200}$")
-    python: str = Field(min_length=1, max_length=1000, description="Python executable that runs the jobs")
+    name: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_.\-]{1,200}$",
+        description="Unique name; required with python, defaults to build-<hash> with requirements",
+    )
+    python: str | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="Absolute path of a Python that imports torch and megatron.core (no whitespace)",
+    )
+    requirements: list[Annotated[str, Field(max_length=500)]] | None = Field(
+        default=None, min_length=1, max_length=32,
+        description="pip requirement lines: megatron-core==0.15.3, /abs/path/to/wheel-or-source-dir, "
+        "git+https://host/repo@<commit sha>",
+        examples=[["megatron-core==0.15.3"]],
+    )
     description: str = Field(default="", max_length=2000)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvironmentIn:
+        if (self.python is None) == (self.requirements is None):
+            raise ValueError("give exactly one of python (a prepared environment) or requirements (a build)")
+        if self.python is not None and self.name is None:
+            raise ValueError("name is required when registering a python")
+        return self
 
 
 class EnvironmentOut(BaseModel):
@@ -157,6 +185,16 @@ class EnvironmentOut(BaseModel):
     python: str
     description: str
     packages: dict[str, Any]
+    state: str = Field(description="ready | pending | building | failed | pruned")
+    requirements: list[str] | None
+    content_hash: str | None
+    megatron_core: str | None
+    torch: str | None
+    error_message: str | None
+    freeze: list[str]
+    build_seconds: float | None
+    built_at: datetime | None
+    last_used_at: datetime | None
     created_at: datetime
 
 

@@ -52,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings()
     ready_database(migrate=True)
     port = _free_port(settings.api_port)
+    # no detector-health batch here: the demo's two runs must not queue behind it
     settings = settings.model_copy(update={"api_port": port, "public_url": settings.public_url
-                                           or f"http://127.0.0.1:{port}"})
+                                           or f"http://127.0.0.1:{port}", "selftest_interval_hours": 0})
     server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     stop = threading.Event()

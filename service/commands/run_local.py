@@ -47,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
+    p.add_argument("--python", help="run the phases with this Python (e.g. a built environment's venv/bin/python)")
     p.set_defaults(func=handle)
 
 
@@ -74,7 +75,7 @@ def handle(args: argparse.Namespace) -> int:
     folder = args.run_folder or Path(tempfile.mkdtemp(prefix="parity-run-"))
     print(f"parity run-local: run folder {folder}", file=sys.stderr)
     try:
-        result = run_parity(spec, folder)
+        result = run_parity(spec, folder, executor=_executor_for(args.python) if args.python else None)
     finally:
         # a temporary folder holds a checkpoint per run: gone unless asked for; a named one is the user's
         if args.run_folder is None and not args.keep:
@@ -85,3 +86,15 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(format_step_table(result))
     return EXIT.get(result["verdict"], 2)
+
+
+def _executor_for(python: str):  # type: ignore[no-untyped-def]
+    """Local submitit processes under another Python, with this checkout's jobs package on its path."""
+    import os
+    import shlex
+
+    import submitit
+
+    repo = str(Path(__file__).resolve().parents[2])
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH", "")]))
+    return lambda folder: submitit.LocalExecutor(folder=str(folder), python=shlex.quote(python))

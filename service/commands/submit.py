@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workaround", action="append", default=[])
     p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
     p.add_argument("--environment", default="default")
+    p.add_argument("--requirement", "-r", action="append", default=[],
+                   help="build (or reuse) an environment from these requirement lines and run on it (repeatable)")
     p.add_argument("--label", action="append", default=[], help="key=value, repeatable (commit, branch, pr...)")
     p.add_argument("--idempotency-key")
     p.add_argument("--wait", action="store_true", help="wait for the verdict")
@@ -86,7 +88,12 @@ def run(args: argparse.Namespace) -> int:
         headers["Idempotency-Key"] = args.idempotency_key
     with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
         try:
-            resp = client.post("/api/v1/runs", json=build_body(args))
+            body = build_body(args)
+            if args.requirement:  # the run queues at once and starts when its environment is built
+                from service.commands.env import ensure_build
+
+                body["environment"] = ensure_build(client, args.requirement)["name"]
+            resp = client.post("/api/v1/runs", json=body)
         except httpx.HTTPError as exc:
             print(f"parity submit: cannot reach {url}: {exc}", file=sys.stderr)
             return 2

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from models import Environment, Run
 from service.known_failures import RUN_VERDICTS
+from service.selftest import LABEL as SELFTEST_LABEL
+from service.selftest import detector_health
 from service.state import IN_FLIGHT, RunState
 
 BAD = ("fail", "error")
+# detector-health runs fail on purpose: they have their own section, not cells of the matrix
+NOT_SELFTEST = ~Run.labels.has_key(SELFTEST_LABEL)
 VERDICTS = RUN_VERDICTS
 
 
@@ -37,6 +42,19 @@ class Cell:
     counts: dict[str, int] = field(default_factory=dict)
     known: list[dict] = field(default_factory=list)
     fixed_known: list[dict] = field(default_factory=list)
+    label: str | None = None  # "pass (worked around)" where a workaround hid a finding
+    worked_around_by: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def shown(self) -> str:
+        """The verdict as the matrix shows it."""
+        return self.label or self.verdict
+
+    @property
+    def hidden(self) -> list[str]:
+        """'passes only with workaround X, which hides Y' lines for a worked-around pass."""
+        return [f"passes only with workaround {w}, which hides {', '.join(sigs)}"
+                for w, sigs in sorted(self.worked_around_by.items())] if self.verdict == "pass" else []
 
     @property
     def bad(self) -> bool:
@@ -70,6 +88,7 @@ class Matrix:
     failing: list[Cell]
     totals: dict[str, int]
     in_flight: dict[str, int]
+    health: dict[str, Any] | None = None
 
 
 def _build():  # type: ignore[no-untyped-def]
@@ -86,8 +105,10 @@ def latest_cells(session: Session) -> list[Cell]:
         select(Run.id, Run.check_key, Run.check_name, Run.config, Run.track, Run.environment_id, Run.verdict,
                Run.regression, Run.compared_track, Run.finished_at, Run.max_abs_loss_delta, Run.signatures,
                Run.failing_since_run_id, _build(), Run.summary["known_failures"].label("known"),
-               Run.summary["known_fixed"].label("fixed_known"))
-        .where(Run.verdict.is_not(None))
+               Run.summary["known_fixed"].label("fixed_known"),
+               Run.summary["verdict_label"].astext.label("label"),
+               Run.summary["worked_around_by"].label("worked_around_by"))
+        .where(Run.verdict.is_not(None), NOT_SELFTEST)
         .distinct(Run.check_key, Run.track)
         .order_by(Run.check_key, Run.track, Run.finished_at.desc().nulls_last(), Run.id.desc())
         .subquery()
@@ -95,7 +116,7 @@ def latest_cells(session: Session) -> list[Cell]:
     counts = (
         select(Run.check_key, Run.track,
                *(func.count().filter(Run.verdict == v).label(f"n{i}") for i, v in enumerate(VERDICTS)))
-        .where(Run.verdict.is_not(None))
+        .where(Run.verdict.is_not(None), NOT_SELFTEST)
         .group_by(Run.check_key, Run.track)
         .subquery()
     )
@@ -110,7 +131,8 @@ def latest_cells(session: Session) -> list[Cell]:
              compared_track=r.compared_track, finished_at=r.finished_at, max_abs_loss_delta=r.max_abs_loss_delta,
              signatures=list(r.signatures or []), failing_since_run_id=r.failing_since_run_id,
              counts={v: getattr(r, f"n{i}") for i, v in enumerate(VERDICTS)},
-             known=list(r.known or []), fixed_known=list(r.fixed_known or []))
+             known=list(r.known or []), fixed_known=list(r.fixed_known or []),
+             label=r.label, worked_around_by=dict(r.worked_around_by or {}))
         for r in rows
     ]
 
@@ -145,4 +167,5 @@ def matrix(session: Session) -> Matrix:
         failing=failing,
         totals=totals,
         in_flight=in_flight_counts(session),
+        health=detector_health(session),
     )

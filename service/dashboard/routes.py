@@ -51,6 +51,14 @@ def runs(request: Request, session: SessionDep, _: DashboardRead) -> Response:
                                          "now": datetime.now(UTC)})
 
 
+@router.get("/sweeps/{sweep_id}")
+def sweep(request: Request, sweep_id: str, session: SessionDep, _: DashboardRead) -> Response:
+    """A sweep's grid (environment × variation rows, config columns) filling in as runs finish."""
+    from service.sweeps import sweep_grid
+
+    return render(request, "sweep.html", {"g": sweep_grid(session, sweep_id=sweep_id)})
+
+
 @router.get("/runs/{run_id}")
 def run(request: Request, run_id: RunId, session: SessionDep, settings: SettingsDep, _: DashboardRead) -> Response:
     """One run: charts, per-step table, probe findings, phases, events."""

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import subprocess
 import threading
 import time
@@ -119,22 +120,28 @@ class _SlurmExecutor(submitit.SlurmExecutor):
 
 def submit_phase(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
-    function: Any, args: tuple[Any, ...],
+    function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(),
 ) -> PhaseJob:
-    """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle."""
+    """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
+
+    env_names: variables this job may inherit beyond the allow-list (a build needs pip's).
+    """
     private_dirs(settings.resolved_run_folder, folder)
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")
     pythonpath = current if str(REPO_ROOT) in current.split(os.pathsep) else os.pathsep.join(
         filter(None, [str(REPO_ROOT), current])
     )
+    # submitit pastes `python` into a shell command (the sbatch script): quote it, whatever its checks.
+    quoted = shlex.quote(python)
     ex: submitit.Executor
     if executor == "slurm":
-        slurm = _SlurmExecutor(folder=folder, python=python, max_num_timeout=0)
+        slurm = _SlurmExecutor(folder=folder, python=quoted, max_num_timeout=0)
         slurm.exit_after_sbatch = os.environ.get(FAULT_AFTER_SBATCH) == "1"
         params: dict[str, Any] = dict(
             ntasks_per_node=tasks, nodes=1, cpus_per_task=settings.slurm_cpus_per_task,
-            time=settings.slurm_time_limit_min, job_name=name, setup=[f"export PYTHONPATH={pythonpath}"],
+            time=settings.slurm_time_limit_min, job_name=name,
+            setup=[f"export PYTHONPATH={shlex.quote(pythonpath)}"],
             additional_parameters={**settings.sbatch_extra(), "no-requeue": True},
         )
         if settings.slurm_partition:
@@ -142,11 +149,12 @@ def submit_phase(
         slurm.update_parameters(**params)
         ex = slurm
     elif executor == "local":
-        ex = IsolatedLocalExecutor(folder=folder, python=python, max_num_timeout=0)
+        ex = IsolatedLocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
         ex.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
     else:
         raise ValueError(f"executor: {executor!r} is not one of slurm, local")
-    with only_job_environment(settings.job_env_names(), {"PYTHONPATH": pythonpath} if executor == "local" else {}):
+    local_path = {"PYTHONPATH": pythonpath} if executor == "local" else {}
+    with only_job_environment(settings.job_env_names() | env_names, local_path):
         job = ex.submit(function, *args)
     started = None
     if executor == "local":
@@ -258,6 +266,11 @@ def fetch_result(job: PhaseJob, phase: str) -> tuple[PhaseDocument | None, str |
     if merged is not None:
         return merged, None
     return None, "\n".join(errors) or f"no rank returned a {phase} result"
+
+
+def job_result(job: PhaseJob) -> Any:
+    """The return value of a one-task job; raises the job's own exception when it failed."""
+    return _submitit_job(job).result()
 
 
 def cancel(job: PhaseJob) -> None:

@@ -25,6 +25,7 @@ from sqlalchemy.dialects.postgresql import insert
 from models import Run, SchedulerHeartbeat
 from models.base import utcnow
 from service import retention
+from service.builds import steps as builds
 from service.db import get_engine, session_scope
 from service.evaluation import evaluate_pending
 from service.notifications.deliver import deliver_step
@@ -32,6 +33,7 @@ from service.scheduler.guard import describe, is_outage, per_row
 from service.scheduler.reconciler import reconcile, watched_files
 from service.scheduler.submitter import claim_queued, launch, next_pending
 from service.scheduler.wakeup import Wakeup
+from service.selftest import enqueue_due
 from service.settings import Settings
 from service.slurm import pick_executor
 
@@ -61,7 +63,16 @@ def heartbeat(name: str, executor: str = "") -> None:
 
 def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
-    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "notified": 0, "pruned": 0}
+    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "notified": 0, "pruned": 0,
+            "selftest_queued": 0, "builds": 0}
+    with session_scope() as session:
+        done["selftest_queued"] = enqueue_due(session, settings=settings)
+    with session_scope() as session:
+        done["builds"] = builds.launch_builds(session, settings=settings, executor=executor)
+    with session_scope() as session:
+        done["builds"] += builds.reconcile_builds(session)
+        builds.fail_runs_on_failed_builds(session)
+        builds.prune_builds(session, keep_days=settings.env_keep_days)
     with session_scope() as session:
         done["claimed"] = claim_queued(session, settings=settings, executor=executor)
     for _ in range(max_launches):

@@ -90,9 +90,11 @@ def retry_or_give_up(
 
 def claim_queued(session: Session, *, settings: Settings, executor: str, limit: int = 20) -> int:
     """Turn up to `limit` queued runs into pending train_and_save phases. Returns how many."""
+    # A run waits in the queue while the environment it names is still being built.
     runs = session.scalars(
-        select(Run).where(Run.state == RunState.QUEUED.value).order_by(Run.id).limit(limit)
-        .with_for_update(skip_locked=True)
+        select(Run).join(Environment, Run.environment_id == Environment.id)
+        .where(Run.state == RunState.QUEUED.value, Environment.state == "ready").order_by(Run.id).limit(limit)
+        .with_for_update(of=Run, skip_locked=True)
     ).all()
     for run in runs:
         new_phase(session, run=run, name=PHASES[0], attempt=1, settings=settings, executor=executor)

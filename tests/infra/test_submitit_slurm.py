@@ -87,9 +87,10 @@ def test_local_executor_with_two_tasks_returns_both_ranks(tmp_path: Path) -> Non
 def test_scancel_of_running_job_is_reported_cancelled(slurm_cluster: str, tmp_path: Path) -> None:
     executor = _two_rank_executor(tmp_path / "submitit", "slurm")
     job = executor.submit(sleep_forever)
-    _wait_until(lambda: _sacct_state(job.job_id) == "RUNNING", 60, "the job to run")
-
-    subprocess.run(["scancel", job.job_id], check=True, timeout=10)
+    try:
+        _wait_until(lambda: _sacct_state(job.job_id) == "RUNNING", 300, "the job to run")
+    finally:  # a job that never gets cancelled would hold the node's CPUs for every later test
+        subprocess.run(["scancel", job.job_id], check=True, timeout=10)
 
     _wait_until(lambda: _sacct_state(job.job_id) == "CANCELLED", 60, "sacct to say CANCELLED")
     _wait_until(lambda: job.done(force_check=True), 30, "submitit to see the job done")

@@ -34,6 +34,13 @@ CLEAN = {
     "buckets": {"applicable": True, "unaligned_total": 0, "per_rank": [{"buffers": []}]},
     "param_groups_at_save": {"agree": True, "disagreements": [], "empty_rank_groups": [], "per_rank": [[]]},
     "param_groups_after_load": {"agree": True, "disagreements": [], "empty_rank_groups": [], "per_rank": [[]]},
+    # state snapshots with no sections: these tests exercise the optimizer fingerprints instead
+    # (the snapshot diff has its own tests in test_state_diff.py)
+    "state_at_save": [{}],
+    "state_after_save": [{}],
+    "state_after_load_raw": [{}],
+    "param_groups_after_optimizer_load": [{}],
+    "state_final": [{}],
 }
 
 
@@ -155,12 +162,17 @@ def test_save_crash_with_misalignment_is_fail_without_is_error() -> None:
     crashed = _baseline(probes=probes, status="error", error=SAVE_ASSERT)
     r = evaluate(SPEC, crashed, None)
     assert r["verdict"] == "fail"
-    assert r["signatures"][:2] == ["checkpoint-save-crash", "optimizer-index-misalignment"]
+    assert set(r["signatures"]) == {"checkpoint-save-crash", "optimizer-index-misalignment"}
     assert r["evidence"]["optimizer-index-misalignment"]["per_rank"][0]["misaligned"][0]["installed_numel"] == 512
     assert r["error"] and r["error"]["traceback"]
-    unexplained = evaluate(
+    # Attributed by its own traceback even without the probe; another save crash is not blamed on Bug A.
+    by_pattern = evaluate(
         SPEC, _baseline(probes={"index_map": _misaligned_probe(0)}, status="error", error=SAVE_ASSERT), None
     )
+    assert by_pattern["verdict"] == "fail" and "optimizer-index-misalignment" in by_pattern["signatures"]
+    other = {**SAVE_ASSERT, "type": "OSError", "message": "disk full", "traceback": "OSError: disk full"}
+    clean = {"index_map": _misaligned_probe(0)}
+    unexplained = evaluate(SPEC, _baseline(probes=clean, status="error", error=other), None)
     assert unexplained["verdict"] == "error" and unexplained["signatures"] == ["checkpoint-save-crash"]
 
 
@@ -255,3 +267,16 @@ def test_realign_requires_the_effective_index_map() -> None:
 
 def test_every_contract_signature_id_has_a_table_row() -> None:
     assert set(SIGNATURES) == set(SIGNATURE_IDS)
+
+
+def test_an_option_the_build_lacks_is_unsupported_by_build_never_a_bug() -> None:
+    unsupported = {
+        "type": "UnsupportedByBuild", "stage": "build", "traceback": "",
+        "message": "sharding 'dp_reshardable' is not supported by this build (megatron-core 0.14.0): its "
+                   "DistributedOptimizer offers only dp_zero_gather_scatter, fully_sharded_model_space",
+    }
+    # the check runs in the build stage before any probe, so nothing else is on record
+    r = evaluate(SPEC, _baseline(probes={}, status="error", error=unsupported), None)
+    assert r["verdict"] == "error"
+    assert r["signatures"] == ["unsupported-by-build"]
+    assert r["error"] is not None and "dp_zero_gather_scatter" in r["error"]["message"]

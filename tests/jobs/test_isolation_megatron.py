@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +53,13 @@ def test_resume_child_cannot_see_the_savers_state(tmp_path: Path, monkeypatch: p
 def test_child_crash_is_reported_and_hangs_nobody(how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARITY_INJECT_FAULT", f"build:1:{how}")
     spec = RunSpec(config="dense-bf16", dp=2, steps=4, save_step=2)
-    t0 = time.perf_counter()
     r = run_parity(spec, tmp_path)
-    assert time.perf_counter() - t0 < 120  # peers saw the broken group; no parent waited for a timeout
     assert r["verdict"] == "error" and r["phases"]["resume"] is None
     err = r["error"]
     assert err is not None
     assert err["type"] == "ChildCrashed" and err["rank"] == 1 and err["stage"] == "job"
+    # no hang: the peer saw the broken group at once, not through a stage watchdog's timeout
+    assert not any(e["type"] == "StageTimeout" for e in err.get("rank_errors", []))
     if how == "exit":
         assert "exited with code 1" in err["message"]
         # the child's own traceback, from the frame that raised

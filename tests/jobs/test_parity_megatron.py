@@ -95,7 +95,14 @@ def test_workarounds_make_resume_bit_identical(results: dict, name: str) -> None
 
 def test_known_good_reports_what_workarounds_did(results: dict) -> None:
     r = results["known_good_dp2"]
-    assert r["worked_around"] == ["optimizer-index-misalignment"]
+    # each workaround says what it hid, measured before and after it
+    assert r["verdict_label"] == "pass (worked around)"
+    assert r["worked_around_by"] == {
+        "realign-param-index": ["optimizer-index-misalignment", "fp32-view-inplace-load"],
+        "restore-adam-step": ["adam-step-not-restored"],
+    }
+    view = r["worked_around_evidence"]["fp32-view-inplace-load"]
+    assert "view of a leaf Variable" in view["message"] and view["ranks"] == [0, 1]
     save_wa = r["phases"]["train_and_save"]["workarounds"]["realign-param-index"]
     assert save_wa["corrected_total"] > 0
     step_wa = r["phases"]["resume"]["workarounds"]["restore-adam-step"]
@@ -125,6 +132,7 @@ def test_silent_case_fails_even_when_loss_parity_is_exact(results: dict) -> None
 def test_dense_adam_step_not_restored(results: dict) -> None:
     r = results["dense"]
     assert r["verdict"] == "fail" and r["signatures"] == ["adam-step-not-restored"]
+    assert r["evidence"]["adam-step-not-restored"]["items"][0]["before"] == "2.0"
     ev = r["evidence"]["adam-step-not-restored"]
     assert ev["step"] == 3 and ev["checkpoint_step"] == 2.0 and ev["adam_steps_after_load"] == [1.0]
     rows = {s["step"]: s for s in _resumed_rows(r)}

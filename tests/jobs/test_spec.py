@@ -72,3 +72,27 @@ def test_allowed_values_and_configs_are_plain_data() -> None:
     assert {"moe-fp32-router", "moe-fp32-router-gates", "dense-bf16", "equal-shards-fp32-head"} <= names
     assert all(c["description"] and c["why"] and c["parameters"] for c in configs)
 
+
+
+def test_mutants_are_validated_and_absent_from_ordinary_specs() -> None:
+    from jobs.selftest.catalogue import MUTANTS, health_specs
+
+    base = {"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 2}
+    assert "mutants" not in RunSpec.from_dict(base).to_dict()
+    spec = RunSpec.from_dict({**base, "mutants": ["rng-tracker-not-restored", "exp-avg-sq-reset"]})
+    assert spec.to_dict()["mutants"] == ["exp-avg-sq-reset", "rng-tracker-not-restored"]
+    with pytest.raises(SpecError) as err:
+        RunSpec.from_dict({**base, "mutants": ["nope"]})
+    assert err.value.field == "mutants" and "rng-tracker-not-restored" in str(err.value)
+    assert len([m for m in MUTANTS.values() if not m.benign]) >= 10
+    for _, fields in health_specs():
+        RunSpec.from_dict(fields)
+    for mutant in MUTANTS.values():
+        RunSpec.from_dict(mutant.run_spec(2))
+
+
+def test_every_catalogue_mutant_has_an_injection() -> None:
+    from jobs.rank.mutants import REGISTRY
+    from jobs.selftest.catalogue import MUTANTS
+
+    assert set(REGISTRY) == set(MUTANTS)

@@ -47,8 +47,9 @@ def test_writes_need_a_token_with_the_right_scope(client: TestClient, make_token
     assert read_only.status_code == 403 and read_only.json()["error"] == "forbidden"
     env = client.post("/api/v1/environments", json={"name": "x", "python": "python"}, headers=make_token("submit"))
     assert env.status_code == 403
+    # admin passes the scope check; the path itself is then refused (tests/service/test_environments.py)
     env = client.post("/api/v1/environments", json={"name": "x", "python": "python"}, headers=make_token("admin"))
-    assert env.status_code == 201
+    assert env.status_code == 422 and env.json()["field"] == "python"
 
 
 def test_unknown_config_lists_the_known_ones(client: TestClient, make_token) -> None:
@@ -146,3 +147,19 @@ def test_edge_inputs_get_clear_4xx_not_500(client: TestClient, make_token) -> No
     assert bad_json.status_code == 422 and bad_json.json()["error"] == "invalid_request"
     weird_label = _post(client, headers, labels={"bad key!": "x"})
     assert weird_label.status_code == 422 and "labels.bad key!" in weird_label.json()["detail"]
+
+
+def test_a_pass_that_needed_a_workaround_says_what_it_hid(client: TestClient, make_token, db_session) -> None:
+    from models import Run
+
+    run_id = _post(client, make_token("submit")).json()["id"]
+    assert client.get(f"/api/v1/runs/{run_id}").json()["worked_around"] == []
+    run = db_session.get(Run, run_id)
+    assert run is not None
+    run.verdict = "pass"
+    run.summary = {"verdict_label": "pass (worked around)", "worked_around": ["adam-step-not-restored"],
+                   "worked_around_by": {"restore-adam-step": ["adam-step-not-restored"]}}
+    db_session.flush()
+    got = client.get(f"/api/v1/runs/{run_id}").json()
+    assert got["verdict"] == "pass" and got["verdict_label"] == "pass (worked around)"
+    assert got["worked_around_by"] == {"restore-adam-step": ["adam-step-not-restored"]}

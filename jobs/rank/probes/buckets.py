@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from jobs.rank import compat
+
 ALIGNMENT = 64
 
 
@@ -71,6 +73,13 @@ def probe(ddp: Any, name_of: dict[Any, str]) -> dict[str, Any]:
     """Check all dense and expert-parallel buffers of a Megatron DDP model."""
     align = ALIGNMENT if ddp.ddp_config.use_distributed_optimizer else None
     buffers = list(ddp.buffers) + list(getattr(ddp, "expert_parallel_buffers", []))
+    first = next((bucket for buf in buffers for bucket in buf.buckets), None)
+    if first is not None and not hasattr(first, "param_to_index"):
+        # 0.12.x: buckets keep no per-param offsets, so there is nothing that can be misaligned
+        return compat.not_applicable(
+            f"{type(first).__name__} has no param_to_index (this build lays buckets out differently)",
+            buffers=[], unaligned_total=0,
+        )
     reports = [{"buffer": i, **check_buffer(buf, name_of, align)} for i, buf in enumerate(buffers)]
     return {
         "applicable": align is not None,

@@ -42,7 +42,8 @@ def _state_fp(main: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _owned_pairs(opt: Any) -> list[tuple[Any, Any]]:
+def owned_pairs(opt: Any) -> list[tuple[Any, Any]]:
+    """Return (model param, main param) pairs of one optimizer, found by identity."""
     if hasattr(opt, "model_param_group_index_map"):
         return list(own_shards(opt).items())
     pairs: list[tuple[Any, Any]] = []
@@ -60,7 +61,7 @@ def owned(optimizer: Any, name_of: dict[Any, str]) -> dict[str, Any]:
     out = {}
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = opt.optimizer
-        for model_param, main in _owned_pairs(opt):
+        for model_param, main in owned_pairs(opt):
             out[name_of.get(model_param, "?")] = _state_fp(main, inner.state.get(main, {}))
     return out
 

@@ -1,0 +1,139 @@
+"""What the Megatron-Core build under test offers, asked before it is used.
+
+The harness spans releases 0.12.x … 0.16.x. A spec option a build lacks (a sharding type added
+later) raises `UnsupportedByBuild` up front, in the build stage, so it is reported as
+`unsupported-by-build` naming what is missing, never as a crash blamed on a Megatron bug. A
+probe or workaround whose target a build lays out differently reports itself "not applicable on
+this build" with the reason, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from jobs.spec import RunSpec
+
+T = TypeVar("T")
+NOT_APPLICABLE = "not applicable on this build"
+
+
+class UnsupportedByBuild(RuntimeError):
+    """A spec option the build under test does not offer; the message names what is missing."""
+
+    def __init__(self, option: str, missing: str) -> None:
+        self.option = option
+        self.missing = missing
+        super().__init__(f"{option} is not supported by this build (megatron-core {megatron_version()}): {missing}")
+
+
+def megatron_version() -> str:
+    """The version string of the imported megatron.core (or '?')."""
+    try:
+        import megatron.core
+
+        return str(getattr(megatron.core, "__version__", "?"))
+    except ImportError:
+        return "?"
+
+
+@functools.cache
+def sharding_types() -> tuple[str, ...]:
+    """The optimizer sharding types this build's DistributedOptimizer names in its source.
+
+    Releases dispatch on string literals (`sharding_type == 'dp_reshardable'`); a type that never
+    appears cannot be saved (0.13/0.14: NotImplementedError 'Unknown sharding_type').
+    """
+    from megatron.core.optimizer import distrib_optimizer
+
+    source = Path(str(distrib_optimizer.__file__)).read_text()
+    offered = set(re.findall(r"""sharding_type\s*[!=]=\s*['"](\w+)['"]""", source))
+    offered |= set(re.findall(r"""['"](\w+)['"]\s*[!=]=\s*sharding_type""", source))
+    return tuple(sorted(offered))
+
+
+def check_spec(spec: RunSpec) -> None:
+    """Raise UnsupportedByBuild for an option of spec this build does not have."""
+    offered = sharding_types()
+    if spec.sharding not in offered:
+        raise UnsupportedByBuild(
+            f"sharding {spec.sharding!r}",
+            f"its DistributedOptimizer offers only {', '.join(offered) or 'no sharding types'}",
+        )
+
+
+def not_applicable(reason: str, **empty: Any) -> dict[str, Any]:
+    """A probe or workaround report that says why it could not look on this build."""
+    return {"applicable": False, "reason": f"{NOT_APPLICABLE}: {reason}", **empty}
+
+
+def guarded(fn: Callable[..., dict[str, Any]], **empty: Any) -> Callable[..., dict[str, Any]]:
+    """Wrap a probe so a build that lacks an attribute it reads gives 'not applicable', not a crash.
+
+    Only AttributeError counts: it is what a renamed or missing Megatron attribute raises. Any
+    other error is a real failure of the probe and propagates.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return fn(*args, **kwargs)
+        except AttributeError as exc:
+            return not_applicable(f"{type(exc).__name__}: {exc}", **empty)
+
+    return wrapper
+
+
+def install_shims() -> list[str]:
+    """Patch, in this process only, what an old build cannot do without GPU libraries; return their names.
+
+    0.12.x without Transformer Engine: `quantize_param_shard` always raises "Invalid Transformer
+    Engine version", even with no FP8 params to quantize, so every distributed-optimizer step
+    fails. With nothing to quantize it has nothing to do; with FP8 params it still raises.
+    """
+    from megatron.core import fp8_utils
+
+    applied = []
+    impl = getattr(fp8_utils, "_quantize_param_shard_impl", None)
+    if impl is not None and not getattr(impl, "_parity_shim", False) and _is_te_fallback(impl):
+
+        def quantize_nothing(model_params: Any, *args: Any, **kwargs: Any) -> None:
+            if len(model_params) == 0:
+                return None
+            return impl(model_params, *args, **kwargs)
+
+        quantize_nothing._parity_shim = True  # type: ignore[attr-defined]
+        fp8_utils._quantize_param_shard_impl = quantize_nothing
+        applied.append("fp8_utils.quantize_param_shard: no-op without FP8 params (0.12.x, no TE)")
+    return applied
+
+
+def _is_te_fallback(fn: Callable[..., Any]) -> bool:
+    # read, never call: the real implementation is collective and must not run outside a step
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    return "Invalid Transformer Engine version" in source and source.count("\n") <= 3
+
+
+@functools.cache
+def _takes_metadata() -> bool:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return "metadata" in inspect.signature(DistributedOptimizer.sharded_state_dict).parameters
+
+
+def sharding_kwargs(sharding: str) -> dict[str, Any]:
+    """How this build's optimizer.sharded_state_dict is told the sharding type.
+
+    0.13+ read it from `metadata={"distrib_optim_sharding_type": ...}`; 0.12.x take a
+    `sharding_type=` argument (and reject `metadata`).
+    """
+    if _takes_metadata():
+        return {"metadata": {"distrib_optim_sharding_type": sharding}}
+    return {"sharding_type": sharding}

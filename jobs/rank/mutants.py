@@ -1,0 +1,280 @@
+"""Inject the catalogue's resume bugs (jobs/selftest/catalogue.py) into Megatron-Core, in this process.
+
+Each mutant wraps a Megatron-Core (or harness) function with a monkeypatch; `install` returns an
+undo. Patches act only in the phase named in their registration, and ask torch.distributed for
+the rank when they run, so they work in a fresh interpreter and in a forked child alike.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Patch = tuple[Any, str, Any]  # (owner, attribute, original)
+RESUME, SAVE, BOTH = ("resume",), ("train_and_save",), ("train_and_save", "resume")
+
+
+def _last_rank() -> bool:
+    return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
+
+
+def _dist_opt() -> Any:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return DistributedOptimizer
+
+
+def _after(owner: Any, attr: str, hook: Callable[..., Any]) -> Patch:
+    """Wrap owner.attr so that hook(self, result, *args, **kwargs) runs after it; hook's value is returned."""
+    original = getattr(owner, attr)
+
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return hook(self, original(self, *args, **kwargs), *args, **kwargs)
+
+    setattr(owner, attr, wrapper)
+    return owner, attr, original
+
+
+def _before(owner: Any, attr: str, hook: Callable[..., None]) -> Patch:
+    original = getattr(owner, attr)
+
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        hook(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    setattr(owner, attr, wrapper)
+    return owner, attr, original
+
+
+def _states(opt: Any) -> list[dict[str, Any]]:
+    return list(opt.optimizer.state.values())
+
+
+def model_weight_skipped() -> list[Patch]:
+    from megatron.core.transformer.module import Float16Module
+
+    # torch_dist loads model tensors in place during the read, so the fresh value is taken when
+    # the load's sharded state dict is built (before the read) and put back by load_state_dict.
+    fresh: dict[str, Any] = {}
+
+    def remember(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        if not fresh:
+            param = next(p for p in self.parameters() if p.dim() == 2)
+            fresh.update(param=param, value=param.detach().clone())
+        return result
+
+    def put_back(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        if fresh:
+            fresh["param"].data.copy_(fresh["value"])
+        return result
+
+    return [_after(Float16Module, "sharded_state_dict", remember), _after(Float16Module, "load_state_dict", put_back)]
+
+
+def main_params_from_model() -> list[Patch]:
+    return [_after(_dist_opt(), "load_state_dict", lambda self, r, *a, **k: self._copy_model_params_to_main_params())]
+
+
+def exp_avg_sq_reset() -> list[Patch]:
+    def zero(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        for s in _states(self):
+            s["exp_avg_sq"].zero_()
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", zero)]
+
+
+def _walk_groups(node: Any, fn: Callable[[dict[str, Any]], None]) -> None:
+    if isinstance(node, dict):
+        for g in node.get("param_groups") or [] if isinstance(node.get("param_groups"), list) else []:
+            fn(g)
+        for v in node.values():
+            _walk_groups(v, fn)
+
+
+def adam_step_saved_off_by_one() -> list[Patch]:
+    def minus_one(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        _walk_groups(result, lambda g: g.__setitem__("step", g["step"] - 1) if "step" in g else None)
+        return result
+
+    return [_after(_dist_opt(), "state_dict", minus_one)]
+
+
+def scheduler_one_step_behind() -> list[Patch]:
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    original = OptimizerParamScheduler.load_state_dict
+
+    def behind(self: Any, state_dict: dict[str, Any]) -> None:
+        original(self, {**state_dict, "num_steps": state_dict["num_steps"] - 1})
+
+    OptimizerParamScheduler.load_state_dict = behind  # type: ignore[method-assign]
+    return [(OptimizerParamScheduler, "load_state_dict", original)]
+
+
+def iteration_one_behind() -> list[Patch]:
+    from jobs.rank import checkpoint
+
+    original = checkpoint.build_save_state
+
+    def behind(tr: Any, sharding: str, iteration: int) -> dict[str, Any]:
+        return original(tr, sharding, iteration - 1)
+
+    checkpoint.build_save_state = behind
+    return [(checkpoint, "build_save_state", original)]
+
+
+def rng_tracker_not_restored() -> list[Patch]:
+    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+    original = CudaRNGStatesTracker.set_states
+    CudaRNGStatesTracker.set_states = lambda self, states: None
+    return [(CudaRNGStatesTracker, "set_states", original)]
+
+
+def _is_loading(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    # sharded_state_dict(model_sharded_state_dict, is_loading=False, ...): callers pass it either way
+    return bool(kwargs.get("is_loading", args[1] if len(args) > 1 else False))
+
+
+def save_rounds_main_params() -> list[Patch]:
+    def rounding(self: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _is_loading(args, kwargs):
+            for group in self.shard_fp32_from_float16_groups:
+                for shard in group:
+                    shard.data.copy_(shard.data.bfloat16().float())
+        return result
+
+    return [_after(_dist_opt(), "sharded_state_dict", rounding)]
+
+
+def index_map_swap() -> list[Patch]:
+    def swap(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        from jobs.rank.probes.index_map import own_shards
+
+        own = own_shards(self)
+        seen: dict[tuple[int, int], Any] = {}
+        for param, (g, _) in list(self.model_param_group_index_map.items()):
+            key = (g, int(own[param].numel()))
+            if key in seen:
+                other = seen[key]
+                m = self.model_param_group_index_map
+                m[param], m[other] = m[other], m[param]
+                break
+            seen[key] = param
+        return result
+
+    return [_after(_dist_opt(), "__init__", swap)]
+
+
+def moments_lost_on_last_rank() -> list[Patch]:
+    def lose(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        if _last_rank():
+            for s in _states(self):
+                s["exp_avg"].zero_()
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", lose)]
+
+
+def group_lr_skewed_on_last_rank() -> list[Patch]:
+    def skew(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        if _last_rank():
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["lr"] * 2 + 1e-3
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", skew)]
+
+
+def adam_eps_not_restored() -> list[Patch]:
+    def eps(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        for group in self.optimizer.param_groups:
+            group["eps"] = 1e-6
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", eps)]
+
+
+def clip_grad_changed_on_resume() -> list[Patch]:
+    def clip(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        self.config.clip_grad = 1e-3
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", clip)]
+
+
+def build_lacks_sharding_type() -> list[Patch]:
+    def unknown(self: Any, *args: Any, metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        sharding = (metadata or {}).get("distrib_optim_sharding_type")
+        raise NotImplementedError(f"Unknown sharding_type: {sharding}")
+
+    return [_before(_dist_opt(), "sharded_state_dict", unknown)]
+
+
+def benign_state_in_new_storage() -> list[Patch]:
+    def copy(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        for s in _states(self):
+            for key, value in list(s.items()):
+                if isinstance(value, torch.Tensor):
+                    s[key] = value.clone()
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", copy)]
+
+
+def benign_reordered_state_dict() -> list[Patch]:
+    from megatron.core.transformer.module import Float16Module
+
+    def reverse(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        return dict(reversed(list(result.items()))) if isinstance(result, dict) else result
+
+    return [_after(Float16Module, "sharded_state_dict", reverse), _after(_dist_opt(), "sharded_state_dict", reverse)]
+
+
+def benign_rng_drawn_before_load() -> list[Patch]:
+    def draw(self: Any, *a: Any, **k: Any) -> None:
+        torch.rand(17)
+
+    return [_before(_dist_opt(), "load_state_dict", draw)]
+
+
+REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
+    "model-weight-skipped": (RESUME, model_weight_skipped),
+    "main-params-from-model": (RESUME, main_params_from_model),
+    "exp-avg-sq-reset": (RESUME, exp_avg_sq_reset),
+    "adam-step-saved-off-by-one": (SAVE, adam_step_saved_off_by_one),
+    "scheduler-one-step-behind": (RESUME, scheduler_one_step_behind),
+    "iteration-one-behind": (SAVE, iteration_one_behind),
+    "rng-tracker-not-restored": (RESUME, rng_tracker_not_restored),
+    "save-rounds-main-params": (SAVE, save_rounds_main_params),
+    "index-map-swap": (BOTH, index_map_swap),
+    "moments-lost-on-last-rank": (RESUME, moments_lost_on_last_rank),
+    "group-lr-skewed-on-last-rank": (RESUME, group_lr_skewed_on_last_rank),
+    "adam-eps-not-restored": (RESUME, adam_eps_not_restored),
+    "clip-grad-changed-on-resume": (RESUME, clip_grad_changed_on_resume),
+    "build-lacks-sharding-type": (SAVE, build_lacks_sharding_type),
+    "benign-state-in-new-storage": (RESUME, benign_state_in_new_storage),
+    "benign-reordered-state-dict": (BOTH, benign_reordered_state_dict),
+    "benign-rng-drawn-before-load": (RESUME, benign_rng_drawn_before_load),
+}
+
+
+def install(names: tuple[str, ...] | list[str], phase: str) -> Callable[[], None]:
+    """Apply the named mutants that act in `phase`; return a function that undoes them (in reverse)."""
+    patches: list[Patch] = []
+    for name in names:
+        phases, make = REGISTRY[name]
+        if phase in phases:
+            patches += make()
+
+    def undo() -> None:
+        for owner, attr, original in reversed(patches):
+            setattr(owner, attr, original)
+
+    return undo

@@ -1,0 +1,1 @@
+"""Environments the service builds from requirement lines."""

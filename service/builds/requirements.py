@@ -1,0 +1,101 @@
+"""Requirement lines a build accepts, and the content hash that lets identical sets share one build.
+
+A line is one of: a PEP 508 requirement (`megatron-core==0.15.3`), an absolute path to a local
+wheel or source directory, or `git+https://…@<commit sha>`. Pip options (`-e`, `--index-url`, …)
+are refused: the build decides how pip runs. A local path is hashed by content, so editing a
+source directory gives a new build instead of silently reusing the old one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+# Bump when the build recipe changes what an environment contains: old builds stop being reused.
+RECIPE_VERSION = "1"
+MAX_LINES = 32
+MAX_LINE_LENGTH = 500
+GIT_URL = re.compile(r"^git\+https://[A-Za-z0-9._~:/%\-]+@[0-9a-f]{7,40}(#egg=[A-Za-z0-9_.\-]+)?$")
+# Source trees carry caches and build output that do not change what gets installed.
+SKIP_PARTS = {"__pycache__", ".git", "build", "dist", ".eggs"}
+
+
+class RequirementError(ValueError):
+    """A requirement line that cannot be built; names the line and what is allowed."""
+
+    def __init__(self, index: int, message: str) -> None:
+        self.field = f"requirements[{index}]"
+        super().__init__(
+            f"{self.field}: {message}; allowed: a requirement such as megatron-core==0.15.3, an absolute "
+            "path to a local wheel or source directory, or git+https://HOST/REPO@<commit sha>"
+        )
+
+
+def normalize(lines: list[str]) -> list[str]:
+    """Validate requirement lines and return them stripped, de-duplicated and sorted."""
+    if not isinstance(lines, list) or not lines:
+        raise RequirementError(0, "at least one requirement line is needed")
+    if len(lines) > MAX_LINES:
+        raise RequirementError(MAX_LINES, f"at most {MAX_LINES} lines")
+    out = []
+    for i, raw in enumerate(lines):
+        if not isinstance(raw, str):
+            raise RequirementError(i, f"must be a string, got {type(raw).__name__}")
+        line = raw.strip()
+        if not line or len(line) > MAX_LINE_LENGTH:
+            raise RequirementError(i, f"must be 1..{MAX_LINE_LENGTH} characters")
+        out.append(_check(i, line))
+    return sorted(set(out))
+
+
+def _check(i: int, line: str) -> str:
+    if line.startswith("-"):
+        raise RequirementError(i, f"pip options are not accepted ({line.split()[0]!r})")
+    if line.startswith("git+"):
+        if not GIT_URL.match(line):
+            raise RequirementError(i, f"{line!r} is not git+https://…@<7-40 hex commit sha>")
+        return line
+    if line.startswith("/"):
+        path = Path(line)
+        if any(c.isspace() for c in line) or not path.exists():
+            raise RequirementError(i, f"local path {line!r} does not exist (or has whitespace)")
+        if path.is_file() and path.suffix != ".whl":
+            raise RequirementError(i, f"local file {line!r} is not a wheel (.whl)")
+        if path.is_dir() and not any((path / f).is_file() for f in ("pyproject.toml", "setup.py")):
+            raise RequirementError(i, f"local directory {line!r} has no pyproject.toml or setup.py")
+        return str(path.resolve())
+    try:
+        req = Requirement(line)
+    except InvalidRequirement as exc:
+        raise RequirementError(i, f"{line!r} is not a valid requirement ({exc})") from None
+    if req.url:
+        raise RequirementError(i, f"{line!r}: direct URLs other than git+https…@sha are not accepted")
+    return str(req)
+
+
+def _skipped(root: Path, path: Path) -> bool:
+    # a pip build writes <name>.egg-info into the source tree: that must not make it a new build
+    parts = path.relative_to(root).parts
+    return bool(SKIP_PARTS.intersection(parts)) or any(p.endswith(".egg-info") for p in parts)
+
+
+def _path_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not _skipped(path, p))
+    for f in files:
+        h.update(str(f.relative_to(path) if f != path else f.name).encode())
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def content_hash(lines: list[str], *, torch_version: str, python_version: str) -> str:
+    """sha256 of what a build installs: recipe, Python, torch, each line (local paths by content)."""
+    h = hashlib.sha256(f"recipe={RECIPE_VERSION}\npython={python_version}\ntorch={torch_version}\n".encode())
+    for line in normalize(lines):
+        h.update(line.encode() + b"\n")
+        if line.startswith("/"):
+            h.update(_path_digest(Path(line)).encode() + b"\n")
+    return h.hexdigest()

@@ -1,0 +1,85 @@
+"""The mutation self-test on real Megatron-Core: injected resume bugs are caught, benign changes pass.
+
+One module-scoped fast self-test (control, the combined faults, a benign change) at DP 1 and 2,
+plus the two faults that cannot share a run: a resumed loop that differs only after the restore
+(final state) and an option the build lacks (a crash that must not be blamed on Bug A).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs.launch.selftest import format_matrix, run_one, run_selftest
+from jobs.selftest.catalogue import MUTANTS, combined_mutant
+
+pytestmark = pytest.mark.megatron
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("selftest")
+    report = run_selftest(folder, dps=(1, 2), fast=True)
+    report["folder"] = folder
+    return report
+
+
+def _result(folder: Path, dp: int, index: int) -> dict[str, Any]:
+    return json.loads((folder / f"dp{dp}" / f"{index:02d}" / "result.json").read_text())
+
+
+def test_fast_selftest_catches_everything_and_flags_nothing_benign(fast: dict) -> None:
+    assert fast["ok"], format_matrix(fast)
+    assert fast["missed"] == 0 and fast["false_alarms"] == 0 and fast["caught"] == 2
+    outcomes = {(r["mutant"], r["dp"]): r["outcome"] for r in fast["rows"]}
+    assert outcomes[("control", 1)] == outcomes[("control", 2)] == "silent"
+    assert outcomes[("combined", 1)] == outcomes[("combined", 2)] == "caught"
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_every_state_signature_fires_with_names(fast: dict, dp: int) -> None:
+    r = _result(fast["folder"], dp, 1)  # the combined run
+    assert set(combined_mutant().expect) <= set(r["signatures"])
+    ev = r["evidence"]
+    assert ev["model-weights-mismatch"]["names"] == ["module.embedding.word_embeddings.weight"]
+    assert ev["iteration-mismatch"]["items"][0] | {"rank": 0} == {
+        "rank": 0, "name": "iteration", "before": "2", "after": "1"
+    }
+    assert all(n.endswith("/exp_avg_sq") for n in ev["optimizer-moments-mismatch"]["names"])
+    assert {n.split("/")[0] for n in ev["rng-state-mismatch"]["names"]} == {"tracker"}
+    assert ev["scheduler-state-mismatch"]["names"] == ["num_steps"]
+    assert ev["save-mutates-live-state"]["sections"] == ["main"]
+    # the Bug C probe: only the last rank's groups were skewed, before the scheduler rewrote lr
+    after_opt = ev["param-group-scalars-mismatch"]["after_optimizer_load"]
+    assert after_opt["ranks"] == [dp - 1]
+    assert ("layerwise-metadata-mismatch" in r["signatures"]) == (dp == 2)
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_known_good_with_dropout_is_bit_identical_and_says_what_the_workaround_hid(fast: dict, dp: int) -> None:
+    r = _result(fast["folder"], dp, 0)
+    assert r["verdict"] == "pass" and r["signatures"] == [] and r["first_divergent_step"] is None
+    assert r["verdict_label"] == "pass (worked around)"
+    assert r["worked_around_by"] == {"restore-adam-step": ["adam-step-not-restored"]}
+    rows = [s for s in r["steps"] if s["resumed_phase"]]
+    assert all(s["grad_norm_baseline"] == s["grad_norm_resumed"] for s in rows)
+    assert r["phases"]["resume"]["info"]["restored_iteration"] == 2
+
+
+def test_resumed_loop_difference_shows_in_the_final_state(tmp_path: Path) -> None:
+    row = run_one(MUTANTS["clip-grad-changed-on-resume"], 1, tmp_path)
+    assert row["outcome"] == "caught" and row["signatures"] == ["final-state-mismatch"]
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["evidence"]["final-state-mismatch"]["sections"][:1] == ["main"]
+
+
+def test_unsupported_option_is_an_error_not_bug_a(tmp_path: Path) -> None:
+    row = run_one(MUTANTS["build-lacks-sharding-type"], 2, tmp_path)
+    assert row["outcome"] == "caught", row
+    assert row["verdict"] == "error" and row["signatures"][0] == "unsupported-by-build"
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert "optimizer-index-misalignment" not in r["signatures"] and "optimizer-index-misalignment" in r["advisories"]
+    assert r["error"]["ranks"] == [0, 1] and len(r["error"]["rank_errors"]) == 1  # one record for both ranks
