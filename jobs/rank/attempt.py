@@ -30,8 +30,8 @@ from typing import Any, cast
 from jobs.contract import PhaseDocument, PhaseName, error_record, phase_document
 from jobs.layout import RunLayout
 from jobs.rank.context import write_json
-from jobs.rank.dist import job_master_port, under_submitit
-from jobs.rank.entry import _env_rank, run_rank_phase
+from jobs.rank.dist import job_master_port
+from jobs.rank.entry import _env_rank, arm_fast_exit, run_rank_phase
 
 # Everything a phase imports lazily that is slow to import; pre-importing is pure module loading.
 PRELOAD = (
@@ -108,7 +108,7 @@ def run_attempt(
         peers = wait_for_peers(RunLayout(Path(run_folder)).attempt(phase, attempt).folder, world, PEER_WAIT_S)
         if index + 1 < len(phases) and not all(d.get("status") == "ok" for d in peers):
             break
-    _arm_fast_exit()
+    arm_fast_exit()  # the parent skips its teardown too, once its result is pickled
     return out
 
 
@@ -167,20 +167,3 @@ def wait_for_peers(folder: Path, world: int, timeout_s: float) -> list[dict[str,
     while not all(p.exists() for p in paths) and time.monotonic() < deadline:
         time.sleep(POLL_S)
     return [json.loads(p.read_text()) if p.exists() else {"status": "error"} for p in paths]
-
-
-def _arm_fast_exit() -> None:
-    """Under submitit, skip the parent's interpreter teardown once its result is pickled."""
-    import atexit
-    import logging
-
-    if not under_submitit() or os.environ.get("PARITY_FAST_EXIT", "1") != "1":
-        return
-
-    def fast_exit() -> None:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-
-    atexit.register(fast_exit)

@@ -110,12 +110,12 @@ def run_rank_phase(
     except Exception:  # noqa: BLE001 - torch may have failed to import
         pass
     _shutdown(ctx)
-    doc["info"]["fast_exit"] = _arm_fast_exit()
+    doc["info"]["fast_exit"] = arm_fast_exit()
     write_json(ctx.result_path, doc)
     return doc
 
 
-def _arm_fast_exit() -> bool:
+def arm_fast_exit() -> bool:
     """Under submitit, skip interpreter teardown once the task has written its result.
 
     Tearing down torch + Megatron module state takes ~1 s per process and does nothing the OS
