@@ -65,7 +65,8 @@ def test_regression_notified_acknowledged_and_resolved(committed_db: str, tmp_pa
         wrapper.write_text(f'#!/bin/sh\nexport PYTHONPATH="{REGRESSED}:$PYTHONPATH"\nexec {sys.executable} "$@"\n')
         wrapper.chmod(0o755)
         made = httpx.post(f"{url}/api/v1/environments", headers=auth,
-                          json={"name": "mcore-regressed", "python": str(wrapper)})
+                          json={"name": "mcore-regressed", "python": str(wrapper)},
+                          timeout=120)  # registration imports torch + megatron.core in that python
         assert made.status_code == 201, made.text
 
         good = _submit(env, url, alice, "default", tmp_path / "good.xml")

@@ -61,6 +61,7 @@ def test_embedded_postgres_is_real_and_persists_across_restart(tmp_path: Path) -
             f"http://127.0.0.1:{port}/api/v1/environments",
             json={"name": "kept", "python": sys.executable},
             headers={"Authorization": f"Bearer {token}"},
+            timeout=120,  # registration imports torch + megatron.core in that python to check it
         )
         assert created.status_code == 201, created.text
     finally:
