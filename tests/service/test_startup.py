@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -75,6 +76,15 @@ def test_embedded_postgres_is_real_and_persists_across_restart(tmp_path: Path) -
         assert "kept" in names
     finally:
         _stop(second)
+        _stop_embedded_postgres(tmp_path / "data" / "pgdata")
+
+
+def _stop_embedded_postgres(pgdata: Path) -> None:
+    """The embedded server outlives `parity serve` on purpose (reused on restart); the test stops it."""
+    pid_file = pgdata / "postmaster.pid"
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text().splitlines()[0]), signal.SIGINT)  # fast shutdown
 
 
 @pytest.mark.parametrize(
