@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -70,14 +71,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(seeded: Seeded) -> Iterator[str]:
-    """A real uvicorn server in a thread on a free loopback port; -> its base URL."""
+@contextlib.contextmanager
+def app_in_thread(port: int | None = None) -> Iterator[str]:
+    """The app served by a real uvicorn in a thread on a loopback port (a free one by default); -> its base URL."""
     import uvicorn
 
     from service.app import create_app
 
-    port = _free_port()
+    port = port or _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
@@ -86,9 +87,18 @@ def server(seeded: Seeded) -> Iterator[str]:
         if time.monotonic() > deadline or not thread.is_alive():
             pytest.fail("uvicorn did not start")
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server(seeded: Seeded) -> Iterator[str]:
+    """A real uvicorn server in a thread on a free loopback port; -> its base URL."""
+    with app_in_thread() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

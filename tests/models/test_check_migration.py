@@ -3,26 +3,19 @@
 from __future__ import annotations
 
 import json
-import uuid
 
-import psycopg
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import text
 
 from service.checks import check_key, check_name
 from service.migrate import downgrade, upgrade
-from tests.conftest import SERVER_URL, _admin_conninfo
+from tests.models.scratch import scratch_database
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10, "sharding": "dp_reshardable",
         "seed": 1234, "tolerance": "exact", "workarounds": ["realign-param-index"]}
 
 
 def test_existing_runs_get_their_check_key_and_track() -> None:
-    name = f"parity_mig_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(_admin_conninfo(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(SERVER_URL).set(database=name).render_as_string(hide_password=False)
-    engine = create_engine(url)
-    try:
+    with scratch_database() as (url, engine):
         upgrade(url)
         downgrade(url, "0006-1")
         with engine.begin() as conn:
@@ -42,7 +35,3 @@ def test_existing_runs_get_their_check_key_and_track() -> None:
             rows = conn.execute(text("SELECT check_key, check_name, track FROM runs ORDER BY id")).all()
         assert [tuple(r) for r in rows] == [(check_key(SPEC), check_name(SPEC), "pr-9"),
                                             (check_key(SPEC), check_name(SPEC), "mcore-main")]
-    finally:
-        engine.dispose()
-        with psycopg.connect(_admin_conninfo(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from service.db import reset_engine
 from service.settings import get_settings
-from tests.dashboard.conftest import browser  # noqa: F401  (the same Chromium fixture)
+from tests.dashboard.conftest import app_in_thread, browser  # noqa: F401  (the same Chromium fixture)
 from tests.service.scheduler_harness import free_port
 
 
 @pytest.fixture
 def locked_server(committed_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The app in a uvicorn thread with PARITY_READS_REQUIRE_TOKEN=1; -> its base URL."""
-    import uvicorn
-
-    from service.app import create_app
-
     port = free_port()
     monkeypatch.setenv("PARITY_READS_REQUIRE_TOKEN", "1")
     monkeypatch.setenv("PARITY_SESSION_SECRET", "test-session-secret-0123456789")
@@ -28,17 +22,8 @@ def locked_server(committed_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterato
     monkeypatch.setenv("PARITY_PUBLIC_URL", f"http://127.0.0.1:{port}")
     get_settings.cache_clear()
     reset_engine()
-    srv = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not srv.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
+    with app_in_thread(port) as url:
+        yield url
 
 
 @pytest.fixture
