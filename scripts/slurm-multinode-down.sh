@@ -83,7 +83,7 @@ if [[ -d $DIR ]]; then
   done
   stop "${daemons[@]}" "slurmctld:slurmctld:$RUN/slurmctld.pid"
   # a munged this cluster started itself (none when the single-node cluster's was there first)
-  stop "munged:munged:$DIR/munge/munged.pid"
+  [[ -e $DIR/munge/munged.pid ]] && stop "munged:munged:$DIR/munge/munged.pid"
 else
   log "no state folder $DIR"
 fi

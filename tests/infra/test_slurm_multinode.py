@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,21 @@ def test_two_nodes_each_with_its_own_hostname_and_address(on_two_nodes: str) -> 
     # the shared single-node cluster is another cluster: this one has its own name
     conf = Path(on_two_nodes).read_text()
     assert "ClusterName=parity2" in conf
+
+
+def test_second_start_is_a_no_op(on_two_nodes: str, repo_root: Path) -> None:
+    run = Path(on_two_nodes).parent.parent / "run"
+    before = {p.name: p.read_text() for p in run.glob("*.pid")}
+    out = subprocess.run(
+        [str(repo_root / "scripts" / "slurm-multinode-up.sh"), "--nodes", "2"],
+        env={**os.environ, "PARITY_SLURM2_DIR": str(run.parent), "PARITY_SLURM_NO_APT": "1"},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for daemon in ("slurmctld", "slurmd pnode1", "slurmd pnode2"):
+        assert f"{daemon} already running" in out.stdout, out.stdout
+    assert "READY" in out.stdout
+    assert {p.name: p.read_text() for p in run.glob("*.pid")} == before, "a second start restarted a daemon"
 
 
 def test_gloo_rendezvous_spans_both_nodes(on_two_nodes: str, tmp_path: Path) -> None:
