@@ -103,3 +103,16 @@ def test_gloo_interface_is_the_one_routing_to_the_master() -> None:
     assert multinode.route_source("127.0.0.1") == "127.0.0.1"
     assert multinode.interface_of("127.0.0.1") == "lo"
     assert multinode.interface_of("192.0.2.123") is None  # TEST-NET-1: on no interface here
+
+
+def test_parity_submit_passes_nodes_only_when_given() -> None:
+    import argparse
+
+    from service.commands import submit
+
+    parser = argparse.ArgumentParser()
+    submit.register(parser.add_subparsers())
+    base = ["submit", "--config", "moe-fp32-router", "--dp", "2"]
+    assert "nodes" not in submit.build_body(parser.parse_args(base))["spec"]
+    spec = submit.build_body(parser.parse_args([*base, "--nodes", "2"]))["spec"]
+    assert spec["nodes"] == 2 and RunSpec.from_dict(spec).tasks_per_node == 1
