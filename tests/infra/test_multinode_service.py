@@ -63,8 +63,12 @@ def test_dp2_over_two_nodes_known_good_passes_known_bad_is_flagged(
         # both at once: each job takes one CPU on each node, so they run side by side
         good_id = _post(url, token, {**SPEC, "workarounds": GOOD})
         bad_id = _post(url, token, SPEC)
+        # and a job per phase: the resume rendezvous again in a new allocation over both nodes
+        per_job_id = _post(url, token, {**SPEC, "workarounds": GOOD, "isolation": "job"})
         good = wait_for(lambda: _finished(url, good_id), 1200, "the known-good run", poll=2, alive=[api, scheduler])
         bad = wait_for(lambda: _finished(url, bad_id), 1200, "the known-bad run", poll=2, alive=[api, scheduler])
+        per_job = wait_for(lambda: _finished(url, per_job_id), 1200, "the job-per-phase run", poll=2,
+                           alive=[api, scheduler])
 
         assert good["state"] == "passed", (good["state"], good["error_message"], good["signatures"])
         assert good["verdict"] == "pass" and "nodes=2" in good["check_name"]
@@ -75,6 +79,9 @@ def test_dp2_over_two_nodes_known_good_passes_known_bad_is_flagged(
         assert _rank_nodes(good) == {"train_and_save": ["pnode1", "pnode2"], "resume": ["pnode1", "pnode2"]}
         assert _rank_nodes(bad)["train_and_save"] == ["pnode1", "pnode2"]
         assert all(p["executor"] == "slurm" for p in good["phases"] + bad["phases"])
+        assert per_job["state"] == "passed", (per_job["state"], per_job["error_message"], per_job["signatures"])
+        assert _rank_nodes(per_job) == {"train_and_save": ["pnode1", "pnode2"], "resume": ["pnode1", "pnode2"]}
+        assert len({p["job_id"] for p in per_job["phases"]}) == 2
         summary = run_row(good_id).summary
         assert summary["phases"]["train_and_save"]["rank_nodes"] == ["pnode1", "pnode2"]
         assert summary["phases"]["resume"]["rank_nodes"] == ["pnode1", "pnode2"]
@@ -93,5 +100,5 @@ def test_dp2_over_two_nodes_known_good_passes_known_bad_is_flagged(
     finally:
         stop(scheduler)
         stop(api)
-    jobs_gone(good_id)
-    jobs_gone(bad_id)
+    for run_id in (good_id, bad_id, per_job_id):
+        jobs_gone(run_id)
