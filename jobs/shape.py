@@ -49,7 +49,7 @@ SHAPE_FIELDS: dict[str, ShapeField] = {
     f.name: f
     for f in (
         ShapeField("num_layers", "int", "transformer layers", 1, 4),
-        ShapeField("hidden_size", "int", "hidden size; divisible by num_attention_heads with an even head dim", 16, 256),
+        ShapeField("hidden_size", "int", "hidden size; divisible by num_attention_heads, even head dim", 16, 256),
         ShapeField("num_attention_heads", "int", "attention heads", 1, 8),
         ShapeField("num_experts", "int", "experts per MoE layer", 2, 16, moe_only=True),
         ShapeField("moe_router_topk", "int", "experts each token is routed to; <= num_experts", 1, 4, moe_only=True),
@@ -58,7 +58,7 @@ SHAPE_FIELDS: dict[str, ShapeField] = {
         ShapeField("vocab_size", "int", "vocabulary size", 64, 4096),
         ShapeField("fp32_router", "bool", "keep the MoE routers in FP32", moe_only=True),
         ShapeField("fp32_gates", "bool", "add a learnable FP32 scalar gate to every MLP output"),
-        ShapeField("fp32_output_head", "bool", "keep the output head (output_layer, untied from the embedding) in FP32"),
+        ShapeField("fp32_output_head", "bool", "keep the output head (output_layer, untied) in FP32"),
     )
 }
 

@@ -139,7 +139,7 @@ def describe(session: Session, row: Bisect, base: str) -> dict[str, Any]:
     names = list(row.environments)
     by_name = {e.name: e for e in session.scalars(select(Environment).where(Environment.name.in_(names)))}
     own = list(session.scalars(select(Run).where(Run.labels.contains({BISECT_LABEL: row.id})).order_by(Run.id)))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i, name in enumerate(names):
         env = by_name.get(name)
         mine = next((r for r in reversed(own) if env is not None and r.environment_id == env.id), None)
@@ -166,7 +166,8 @@ def describe(session: Session, row: Bisect, base: str) -> dict[str, Any]:
         "id": row.id, "state": row.state, "check_key": row.check_key, "check_name": row.check_name,
         "spec": dict(row.spec), "labels": dict(row.labels or {}), "first_bad": row.first_bad,
         "last_good": last_good["environment"] if last_good else None, "error_message": row.error_message,
-        "runs_created": len(own), "runs_reused": sum(1 for r in rows if r["tested"] and r["run"] and r["run"]["reused"]),
+        "runs_created": len(own),
+        "runs_reused": sum(1 for r in rows if r["tested"] and r["run"] is not None and r["run"]["reused"]),
         "environments": rows, "created_at": row.created_at.isoformat(),
         "finished_at": row.finished_at.isoformat() if row.finished_at else None,
         "links": {"self": f"{base}/api/v1/bisects/{row.id}", "dashboard": f"{base}/bisects/{row.id}",

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from jobs.configs import get_config
-from jobs.shape import apply_shape
 from jobs.contract import (
     BUCKETS,
     FINGERPRINTS,
@@ -39,6 +38,7 @@ from jobs.rank.context import RankContext
 from jobs.rank.probes import buckets, fingerprints, groups, index_map
 from jobs.rank.probes import state as state_probe
 from jobs.rank.workarounds import adam_steps, fp32_leaf_views, realign_param_index, restore_adam_step
+from jobs.shape import apply_shape
 from jobs.spec import RunSpec
 
 PROBE_TIMEOUT_S = 60.0

@@ -35,10 +35,15 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParityResult]
     return out
 
 
+def _probes(result: ParityResult) -> dict[str, Any]:
+    probes: dict[str, Any] = dict(result["probes"] or {})
+    return dict(probes["train_and_save"])
+
+
 def _params(result: ParityResult, dtype: str | None = None) -> set[str]:
     """Parameter names (without the wrapper prefix) the train_and_save index-map probe lists."""
     names = set()
-    for rank in result["probes"]["train_and_save"]["index_map"]["per_rank"]:
+    for rank in _probes(result)["index_map"]["per_rank"]:
         for opt in rank["optimizers"]:
             for entry in opt["misaligned"]:
                 if dtype is None or entry["dtype"] == dtype:
@@ -72,5 +77,5 @@ def test_known_good_passes_bit_exactly(results: dict[str, ParityResult]) -> None
 def test_a_shape_without_fp32_params_does_not_trigger_bug_a(results: dict[str, ParityResult]) -> None:
     r = results["no_fp32"]
     assert "optimizer-index-misalignment" not in r["signatures"]
-    assert r["probes"]["train_and_save"]["index_map"]["misaligned_total"] == 0
+    assert _probes(r)["index_map"]["misaligned_total"] == 0
     assert r["verdict"] == "pass", (r["signatures"], r["error"])

@@ -47,8 +47,9 @@ def test_bisect_walks_to_the_first_bad_build_reusing_a_stored_verdict(
     headers = make_token("submit")
     _register(db_session)
     # build-3 already has a verdict of this check (another track, another requester): it is reused
-    stored, _ = create_run(db_session, spec=validate_spec(SPEC), environment=get_environment(db_session, name="build-3"),
-                           labels={"branch": "release"}, requester="ci")
+    build3 = get_environment(db_session, name="build-3")
+    stored, _ = create_run(db_session, spec=validate_spec(SPEC), environment=build3, labels={"branch": "release"},
+                           requester="ci")
     _finish(db_session, stored, "pass")
     body = {"spec": SPEC, "good": "build-0", "bad": "build-5", "between": ENVS[1:5]}
     resp = client.post("/api/v1/bisects", json=body, headers=headers)
