@@ -1,7 +1,7 @@
 """`parity bisect` through the real service and scheduler on real Slurm, over real Megatron-Core builds.
 
 Six builds in order; build-4 introduces a resume bug into Megatron-Core (the DistributedOptimizer's
-load leaves every parameter's exp_avg_sq unrestored) and build-5 keeps it. Each build is an
+load resets every parameter's exp_avg_sq instead of restoring it) and build-5 keeps it. Each build is an
 environment whose Python puts its own overlay of the megatron package first on the path (builds
 0-3 have none: the installed release). The check already has a stored verdict on build-2, so the
 bisect reuses it and runs only build-3 (pass) and build-4 (fail).
@@ -99,7 +99,7 @@ def test_bisect_finds_the_build_that_introduced_a_resume_bug(committed_db: str, 
     assert (doc["runs_created"], doc["runs_reused"]) == (2, 1)
     good_run, bad_run = (run_row(r) for r in own)
     assert good_run.verdict == "pass", (good_run.signatures, good_run.error_message)
-    assert bad_run.verdict == "fail" and "optimizer-state-mismatch" in (bad_run.signatures or []), bad_run.signatures
+    assert bad_run.verdict == "fail" and "optimizer-moments-mismatch" in (bad_run.signatures or []), bad_run.signatures
     assert doc["environments"][2]["run"]["run_id"] == stored and doc["environments"][2]["run"]["reused"]
     assert f"first bad: build-4 {url}/runs/{bad_run.id}" in out.stdout
     assert f"last good: build-3 {url}/runs/{good_run.id}" in out.stdout
