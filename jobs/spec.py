@@ -31,6 +31,15 @@ REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
 # "job": each phase is its own job (resume in another allocation, possibly another node).
 ISOLATION_MODES = ("process", "job")
 DEFAULT_ISOLATION = "process"
+# --- multi-node (nodes) -------------------------------------------------------------------------
+# Ranks are spread evenly over `nodes` Slurm nodes (dp / nodes tasks per node).
+DEFAULT_NODES = 1
+
+
+def allowed_nodes(dp: int) -> list[int]:
+    """The node counts a run of dp ranks can be spread over evenly (the divisors of dp)."""
+    return [n for n in range(1, dp + 1) if dp % n == 0]
+# --- end multi-node -----------------------------------------------------------------------------
 
 
 class SpecError(ValueError):
@@ -69,6 +78,8 @@ class RunSpec:
     # Injected resume bugs (jobs/selftest/catalogue.py): only the detector's self-test sets them.
     mutants: tuple[str, ...] = ()
     isolation: str = DEFAULT_ISOLATION
+    # --- multi-node: Slurm nodes the ranks are spread over (omitted from to_dict() when 1) ---
+    nodes: int = DEFAULT_NODES
     # --- custom shape (jobs/shape.py) ---------------------------------------------------------
     # Overrides of the preset's model shape ({} = the preset); omitted from to_dict() when empty.
     shape: dict[str, Any] = field(default_factory=dict, hash=False)
@@ -90,6 +101,11 @@ class RunSpec:
                 list(range(1, max_dp + 1)),
             )
         _int("steps", self.steps, 2, MAX_STEPS)
+        # Megatron's LR scheduler asserts warmup < decay steps (decay runs over the whole run)
+        warmup = CONFIGS[self.config].lr_warmup_steps
+        if self.steps <= warmup:
+            raise SpecError("steps", f"{self.steps} must exceed config {self.config!r}'s {warmup} LR warmup steps; "
+                            f"allowed: {warmup + 1}..{MAX_STEPS}")
         _int("save_step", self.save_step, 1)
         if self.save_step >= self.steps:
             raise SpecError("save_step", f"must be < steps ({self.steps}), got {self.save_step}")
@@ -110,6 +126,7 @@ class RunSpec:
                 raise SpecError("mutants", f"unknown mutant {m!r}", mutant_names())
         if self.isolation not in ISOLATION_MODES:
             raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
+        self._check_nodes()
         # --- custom shape: validated against the preset, after the config is known ---
         try:
             object.__setattr__(self, "shape", validate_shape(CONFIGS[self.config], self.shape))
@@ -119,6 +136,22 @@ class RunSpec:
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
+
+    # --- multi-node -------------------------------------------------------------------------------
+    def _check_nodes(self) -> None:
+        allowed = allowed_nodes(self.dp)
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int):
+            raise SpecError("nodes", f"must be an integer, got {self.nodes!r}", allowed)
+        if self.nodes not in allowed:
+            raise SpecError(
+                "nodes", f"{self.nodes} does not divide dp ({self.dp}): ranks are spread evenly over nodes", allowed
+            )
+
+    @property
+    def tasks_per_node(self) -> int:
+        """Return the ranks each node runs: dp / nodes."""
+        return self.dp // self.nodes
+    # --- end multi-node ----------------------------------------------------------------------------
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSpec:
@@ -146,6 +179,8 @@ class RunSpec:
             out["mutants"] = list(self.mutants)
         else:  # absent unless set, so ordinary specs (and their stored forms) are unchanged
             del out["mutants"]
+        if self.nodes == DEFAULT_NODES:  # multi-node: absent at 1, so stored specs and check keys stay unchanged
+            del out["nodes"]
         if self.shape:  # custom shape: absent unless set, like mutants
             out["shape"] = dict(self.shape)
         else:
@@ -168,5 +203,6 @@ def allowed_values() -> dict[str, Any]:
         "workarounds": list(WORKAROUNDS),
         "isolation": list(ISOLATION_MODES),
         "steps": {"min": 2, "max": MAX_STEPS},
+        "nodes": {"min": 1, "rule": "divides dp"},  # multi-node
         "shape": shape_fields(),
     }

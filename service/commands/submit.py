@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workaround", action="append", default=[])
     add_shape_argument(p)
     p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
+    p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
     p.add_argument("--environment", default="default")
     p.add_argument("--requirement", "-r", action="append", default=[],
                    help="build (or reuse) an environment from these requirement lines and run on it (repeatable)")
@@ -51,6 +52,8 @@ def build_body(args: argparse.Namespace) -> dict[str, Any]:
             spec[key] = getattr(args, key)
     if args.workaround:
         spec["workarounds"] = args.workaround
+    if getattr(args, "nodes", None) is not None:  # multi-node
+        spec["nodes"] = args.nodes
     if getattr(args, "shape", None):
         spec["shape"] = parse_shape(args.shape)
     labels = {}
