@@ -6,12 +6,13 @@ inverse and rejects unknown keys, so a typo in CI is an error rather than a sile
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from jobs.configs import CONFIGS, config_names
 from jobs.contract import WORKAROUND_NAMES
 from jobs.selftest.catalogue import mutant_names
+from jobs.shape import ShapeError, shape_fields, validate_shape
 from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
 
 MAX_DP = 8
@@ -79,6 +80,10 @@ class RunSpec:
     isolation: str = DEFAULT_ISOLATION
     # --- multi-node: Slurm nodes the ranks are spread over (omitted from to_dict() when 1) ---
     nodes: int = DEFAULT_NODES
+    # --- custom shape (jobs/shape.py) ---------------------------------------------------------
+    # Overrides of the preset's model shape ({} = the preset); omitted from to_dict() when empty.
+    shape: dict[str, Any] = field(default_factory=dict, hash=False)
+    # --- end custom shape ---------------------------------------------------------------------
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
@@ -122,6 +127,12 @@ class RunSpec:
         if self.isolation not in ISOLATION_MODES:
             raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
         self._check_nodes()
+        # --- custom shape: validated against the preset, after the config is known ---
+        try:
+            object.__setattr__(self, "shape", validate_shape(CONFIGS[self.config], self.shape))
+        except ShapeError as exc:
+            raise SpecError(exc.field, exc.message, exc.allowed) from None
+        # --- end custom shape ---
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
@@ -170,6 +181,10 @@ class RunSpec:
             del out["mutants"]
         if self.nodes == DEFAULT_NODES:  # multi-node: absent at 1, so stored specs and check keys stay unchanged
             del out["nodes"]
+        if self.shape:  # custom shape: absent unless set, like mutants
+            out["shape"] = dict(self.shape)
+        else:
+            del out["shape"]
         return out
 
     @property
@@ -189,4 +204,5 @@ def allowed_values() -> dict[str, Any]:
         "isolation": list(ISOLATION_MODES),
         "steps": {"min": 2, "max": MAX_STEPS},
         "nodes": {"min": 1, "rule": "divides dp"},  # multi-node
+        "shape": shape_fields(),
     }

@@ -27,4 +27,7 @@ def handle(args: argparse.Namespace) -> int:
     for c in configs:
         print(f"{c['name']:<{width}}  {c['description']}")
         print(f"{'':<{width}}  why: {c['why']}")
+    from service.commands.shape_arg import shape_help
+
+    print(f"\n--shape (submit, run-local, bisect): {shape_help()}")
     return 0

@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=DEFAULT_ISOLATION,
         help=f"one of {', '.join(ISOLATION_MODES)}: fork a fresh child per phase in one job, or one job per phase",
     )
+    from service.commands.shape_arg import add_shape_argument
+
+    add_shape_argument(p)
     p.add_argument("--run-folder", type=Path, default=None,
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
@@ -54,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def handle(args: argparse.Namespace) -> int:
     """Validate the spec, run both phases, print the table or JSON; return 0/1/2."""
     from jobs.spec import RunSpec, SpecError
+    from service.commands.shape_arg import parse_shape
 
     try:
         spec = RunSpec(
@@ -66,6 +70,7 @@ def handle(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
             workarounds=tuple(args.workarounds),
             isolation=args.isolation,
+            shape=parse_shape(args.shape),
         )
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)
