@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Connection, Select, func, select
 from sqlalchemy.orm import Session
 
 from models import Run
@@ -47,7 +47,8 @@ _counts: dict[str, _Counts] = {}  # per database (tests switch databases within 
 
 def _database(session: Session) -> str:
     bind = session.get_bind()
-    return str(getattr(bind, "engine", bind).url)  # a Connection (tests) or an Engine
+    engine = bind.engine if isinstance(bind, Connection) else bind  # a Connection in tests
+    return str(engine.url)
 
 
 def _upto(query: Select[tuple[int]], cap: int) -> Any:
