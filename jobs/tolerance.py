@@ -50,6 +50,20 @@ TOLERANCE_PROFILES: dict[str, ToleranceProfile] = {
             0.0,
             0.01,
         ),
+        # Used automatically when the resume runs at another DP size (RunSpec.effective_tolerance).
+        # The grad norm is reduced in another order (1e-7 relative at the first resumed step, with
+        # clipping active); bf16 weights, Adam's small second moments and top-k routing amplify that
+        # to 3.5e-5 relative in loss three steps later (moe-fp32-router, DP 2 -> 1, measured). A
+        # wrong batch or a missing restore moves the loss by 1e-2 at once; a state the load did
+        # not restore exactly is caught by the exact restored-state comparison, not by this lane.
+        ToleranceProfile(
+            "reshard",
+            "resume at another DP size: loss and grad norm within 1e-3 relative (reduction order), lr exact to 1e-12",
+            1e-3,
+            0.0,
+            0.0,
+            1e-12,
+        ),
     )
 }
 DEFAULT_TOLERANCE = "exact"

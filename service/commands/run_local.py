@@ -43,6 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=DEFAULT_ISOLATION,
         help=f"one of {', '.join(ISOLATION_MODES)}: fork a fresh child per phase in one job, or one job per phase",
     )
+    p.add_argument("--resume-dp", type=int, default=None,
+                   help="resume at this DP size instead of --dp (same global batch; its own job)")
     p.add_argument("--run-folder", type=Path, default=None,
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
@@ -66,6 +68,7 @@ def handle(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
             workarounds=tuple(args.workarounds),
             isolation=args.isolation,
+            resume_dp=args.resume_dp,
         )
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)
