@@ -86,6 +86,7 @@ def step_rows(
     base = {r["step"]: r for r in (baseline["steps"] if baseline else [])}
     res = {r["step"]: r for r in (resumed["steps"] if resumed else [])}
     rows: list[StepRow] = []
+    metrics_rtol = profile.loss_rtol if profile.metrics_rtol is None else profile.metrics_rtol
     for step in range(1, spec.steps + 1):
         b, r = base.get(step), res.get(step)
         row: dict[str, Any] = {"step": step, "resumed_phase": step > spec.save_step}
@@ -102,7 +103,7 @@ def step_rows(
             row["lr_within_tolerance"] = _close(b["lr"], r["lr"], profile.lr_rtol, profile.lr_atol)
             # grad norm and num-zeros get the loss's tolerance (Megatron compares num-zeros like loss)
             row["metrics_within_tolerance"] = all(
-                _close(_value(b, k), _value(r, k), profile.loss_rtol, profile.loss_atol)
+                _close(_value(b, k), _value(r, k), metrics_rtol, profile.loss_atol)
                 for k in ("grad_norm", "num_zeros")
             )
             row["within_tolerance"] = (
