@@ -89,7 +89,8 @@ def assemble(per_rank: list[dict[str, Any]], rank0: dict[str, Any]) -> dict[str,
             steps[name] = values[0] if len(values) == 1 else "mixed(" + ", ".join(values) + ")"
     groups = {k: v for k, v in rank0["groups"].items() if not k.endswith(".local_params")}
     return {
-        "view": VIEW,
+        # not a compared section (state_diff.SECTIONS): says what the one entry is, and over how many ranks
+        "view": {"kind": VIEW, "ranks": str(len(per_rank))},
         "model": rank0["model"],
         "main": main,
         "moments": moments,
