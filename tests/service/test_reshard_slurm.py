@@ -19,7 +19,7 @@ def test_resume_dp_run_saves_at_dp_2_and_resumes_in_a_one_rank_job(
     spec = {"config": "moe-fp32-router", "dp": 2, "resume_dp": 1, "steps": 6, "save_step": 3, "workarounds": GOOD}
     run_id = queue(spec)  # isolation left at its default ("process"): a reshard still gets a job per phase
     # generous: on the shared single-node Slurm the jobs may wait behind other sessions' jobs
-    run = run_to_end(env, run_id, tmp_path / "scheduler.log", timeout=900)
+    run = run_to_end(env, run_id, tmp_path / "scheduler.log", timeout=1800)
     assert run.state == "passed", (run.state, run.error_message, run.signatures)
     assert run.spec["resume_dp"] == 1
     assert run.summary["isolation"] == "job"
