@@ -98,6 +98,15 @@ def test_every_catalogue_mutant_has_an_injection() -> None:
     assert set(REGISTRY) == set(MUTANTS)
 
 
+def test_steps_must_exceed_the_configs_lr_warmup() -> None:
+    # Megatron's scheduler asserts warmup < decay steps: a 3-step run of a 3-step-warmup config must
+    # be a 422 naming steps, not a crash inside the job
+    with pytest.raises(SpecError, match=r"steps: 3 must exceed .*3 LR warmup steps; allowed: 4\.\.") as exc:
+        RunSpec.from_dict({"config": "dense-bf16", "dp": 1, "steps": 3, "save_step": 2})
+    assert exc.value.field == "steps"
+    assert RunSpec.from_dict({"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 2}).steps == 4
+
+
 # --- resume under another DP layout (resume_dp) ---
 
 
