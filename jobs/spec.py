@@ -160,7 +160,6 @@ class RunSpec:
         """Return the steps the resume phase runs: N+1..M."""
         return list(range(self.save_step + 1, self.steps + 1))
 
-
     # --- resume under another DP layout (resume_dp) ---
 
     def _check_resume_dp(self, max_dp: int) -> None:
