@@ -280,9 +280,12 @@ def run_steps(
         _publish_build_probes(ctx)
     world = torch.distributed.get_world_size()
     # the same global batch at every DP size (1 microbatch per rank unless the run reshards)
-    micro, rest = divmod(spec.global_microbatches, world)
+    from megatron.core import parallel_state
+
+    dp_size = parallel_state.get_data_parallel_world_size()
+    micro, rest = divmod(spec.global_microbatches, dp_size)
     if rest or micro < 1:
-        raise RuntimeError(f"world size {world} does not divide the global batch of {spec.global_microbatches}")
+        raise RuntimeError(f"DP size {dp_size} does not divide the global batch of {spec.global_microbatches}")
     ctx.doc["info"]["microbatches_per_rank"] = micro
     t0 = time.perf_counter()
     for step in range(first, spec.steps + 1):
