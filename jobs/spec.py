@@ -37,6 +37,15 @@ DEFAULT_ISOLATION = "process"
 MAX_MICROBATCHES_PER_RANK = 4
 # The profile a resharded resume is judged by unless the spec names a non-exact one itself.
 RESHARD_TOLERANCE = "reshard"
+# --- multi-node (nodes) -------------------------------------------------------------------------
+# Ranks are spread evenly over `nodes` Slurm nodes (dp / nodes tasks per node).
+DEFAULT_NODES = 1
+
+
+def allowed_nodes(dp: int) -> list[int]:
+    """The node counts a run of dp ranks can be spread over evenly (the divisors of dp)."""
+    return [n for n in range(1, dp + 1) if dp % n == 0]
+# --- end multi-node -----------------------------------------------------------------------------
 
 
 class SpecError(ValueError):
@@ -78,6 +87,8 @@ class RunSpec:
     # --- resume under another DP layout: the resume phase runs with resume_dp ranks (None: dp) ---
     resume_dp: int | None = None
     # --- end resume_dp ---
+    # --- multi-node: Slurm nodes the ranks are spread over (omitted from to_dict() when 1) ---
+    nodes: int = DEFAULT_NODES
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
@@ -120,10 +131,27 @@ class RunSpec:
                 raise SpecError("mutants", f"unknown mutant {m!r}", mutant_names())
         if self.isolation not in ISOLATION_MODES:
             raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
-        self._check_resume_dp(max_dp)
+        self._check_nodes()
+        self._check_resume_dp(max_dp)  # after nodes: the resume's ranks are spread over the same nodes
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
+
+    # --- multi-node -------------------------------------------------------------------------------
+    def _check_nodes(self) -> None:
+        allowed = allowed_nodes(self.dp)
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int):
+            raise SpecError("nodes", f"must be an integer, got {self.nodes!r}", allowed)
+        if self.nodes not in allowed:
+            raise SpecError(
+                "nodes", f"{self.nodes} does not divide dp ({self.dp}): ranks are spread evenly over nodes", allowed
+            )
+
+    @property
+    def tasks_per_node(self) -> int:
+        """Return the ranks each node runs: dp / nodes."""
+        return self.dp // self.nodes
+    # --- end multi-node ----------------------------------------------------------------------------
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSpec:
@@ -153,6 +181,8 @@ class RunSpec:
             del out["mutants"]
         if self.resume_dp is None:  # likewise: check keys and golden documents stay as they were
             del out["resume_dp"]
+        if self.nodes == DEFAULT_NODES:  # multi-node: absent at 1, so stored specs and check keys stay unchanged
+            del out["nodes"]
         return out
 
     @property
@@ -174,6 +204,12 @@ class RunSpec:
             )
         if self.resume_dp == self.dp:  # one spelling per check: the same layout is "absent"
             raise SpecError("resume_dp", f"equals dp ({self.dp}); omit it to resume at the same DP size")
+        if self.resume_dp % self.nodes:
+            raise SpecError(
+                "resume_dp",
+                f"{self.resume_dp} is not divisible by nodes ({self.nodes}): the resume's ranks are spread evenly",
+                [k for k in range(1, max_dp + 1) if k % self.nodes == 0 and k != self.dp],
+            )
         per_rank = self.global_microbatches // min(self.dp, self.resume_dp)
         if per_rank > MAX_MICROBATCHES_PER_RANK:
             raise SpecError(
@@ -257,4 +293,5 @@ def allowed_values() -> dict[str, Any]:
         "isolation": list(ISOLATION_MODES),
         "resume_dp": {"min": 1, "max": MAX_DP, "default": "dp", "must_differ_from": "dp"},
         "steps": {"min": 2, "max": MAX_STEPS},
+        "nodes": {"min": 1, "rule": "divides dp"},  # multi-node
     }

@@ -57,6 +57,9 @@ class PhaseOut(BaseModel):
     duration_s: float | None
     save_s: float | None
     load_s: float | None
+    rank_nodes: list[str | None] = Field(
+        default_factory=list, description="The node (hostname) each rank ran on, indexed by rank; [] until known"
+    )
 
 
 class RunOut(BaseModel):

@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workaround", action="append", default=[])
     p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
     p.add_argument("--resume-dp", type=int, help="resume at this DP size instead of --dp (same global batch)")
+    p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
     p.add_argument("--environment", default="default")
     p.add_argument("--requirement", "-r", action="append", default=[],
                    help="build (or reuse) an environment from these requirement lines and run on it (repeatable)")
@@ -50,6 +51,8 @@ def build_body(args: argparse.Namespace) -> dict[str, Any]:
             spec[key] = getattr(args, key)
     if args.workaround:
         spec["workarounds"] = args.workaround
+    if getattr(args, "nodes", None) is not None:  # multi-node
+        spec["nodes"] = args.nodes
     labels = {}
     for item in args.label:
         key, sep, value = item.partition("=")

@@ -148,6 +148,7 @@ def test_resume_dp_uneven_sizes_share_the_lcm_batch() -> None:
         ({"config": "equal-shards-fp32-head", "resume_dp": 4}, "exceeds the maximum 2", 2),
         ({"dp": 7, "resume_dp": 8}, "8 per rank at DP 7), more than 4", None),
         ({"config": "dense-bf16-dropout", "resume_dp": 1}, "uses dropout", "dense-bf16"),
+        ({"dp": 4, "nodes": 2, "resume_dp": 1}, "not divisible by nodes (2)", 2),
     ],
 )
 def test_bad_resume_dp_is_refused_naming_the_field(change: dict, message: str, allowed_has: object) -> None:
