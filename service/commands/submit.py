@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workaround", action="append", default=[])
     add_shape_argument(p)
     p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
+    p.add_argument("--resume-dp", type=int, help="resume at this DP size instead of --dp (same global batch)")
     p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
     p.add_argument("--environment", default="default")
     p.add_argument("--requirement", "-r", action="append", default=[],
@@ -47,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def build_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST /runs body from command-line options."""
     spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
-    for key in ("sharding", "seed", "tolerance", "isolation"):
+    for key in ("sharding", "seed", "tolerance", "isolation", "resume_dp"):
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
     if args.workaround:
