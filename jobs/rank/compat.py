@@ -10,12 +10,14 @@ this build" with the reason, and the run goes on.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from jobs.configs import CONFIGS
 from jobs.spec import RunSpec
 
 T = TypeVar("T")
@@ -56,8 +58,24 @@ def sharding_types() -> tuple[str, ...]:
     return tuple(sorted(offered))
 
 
+# Optimizer kinds (jobs/configs.py) that need a module not every release ships.
+OPTIMIZER_MODULES = {"layerwise-adam": "megatron.core.optimizer.layer_wise_optimizer"}
+
+
+def check_optimizer(kind: str) -> None:
+    """Raise UnsupportedByBuild when this build lacks the module an optimizer kind is built from."""
+    module = OPTIMIZER_MODULES.get(kind)
+    if module is None:
+        return
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError:
+        raise UnsupportedByBuild(f"optimizer {kind!r}", f"it has no {module}") from None
+
+
 def check_spec(spec: RunSpec) -> None:
     """Raise UnsupportedByBuild for an option of spec this build does not have."""
+    check_optimizer(CONFIGS[spec.config].optimizer)
     offered = sharding_types()
     if spec.sharding not in offered:
         raise UnsupportedByBuild(
