@@ -2,7 +2,7 @@
 
 Two releases are installed once into a cached folder (`pip install --no-deps --target`, ~2 MB
 each; PARITY_RELEASE_CACHE, default /var/tmp/parity-releases) and put first on PYTHONPATH.
-The whole matrix is `scripts/release_table.py` (a command, not a test).
+The whole matrix is `scripts/release-table.sh` (through the service; a command, not a test).
 """
 
 from __future__ import annotations
