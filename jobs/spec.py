@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from jobs import parallel_layout
 from jobs.configs import CONFIGS, config_names
 from jobs.contract import WORKAROUND_NAMES
 from jobs.selftest.catalogue import mutant_names
@@ -68,6 +69,12 @@ class RunSpec:
     # Injected resume bugs (jobs/selftest/catalogue.py): only the detector's self-test sets them.
     mutants: tuple[str, ...] = ()
     isolation: str = DEFAULT_ISOLATION
+    # --- parallel layout (jobs/parallel_layout.py): tensor, pipeline and expert parallel sizes beside
+    # dp, which stays the data-parallel size; world size = dp * tp * pp. Omitted from to_dict() at 1.
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    # --- end parallel layout
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
@@ -105,6 +112,8 @@ class RunSpec:
                 raise SpecError("mutants", f"unknown mutant {m!r}", mutant_names())
         if self.isolation not in ISOLATION_MODES:
             raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
+        # parallel layout: Megatron-Core's constraints, before anything is launched
+        parallel_layout.validate(CONFIGS[self.config], self.dp, self.tp, self.pp, self.ep, SpecError)
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
@@ -135,7 +144,15 @@ class RunSpec:
             out["mutants"] = list(self.mutants)
         else:  # absent unless set, so ordinary specs (and their stored forms) are unchanged
             del out["mutants"]
+        for name in parallel_layout.LAYOUT_FIELDS:  # likewise: a default layout leaves stored specs as they were
+            if out[name] == 1:
+                del out[name]
         return out
+
+    @property
+    def world_size(self) -> int:
+        """Return the number of ranks (tasks) the run needs: dp * tp * pp."""
+        return self.dp * self.tp * self.pp
 
     @property
     def resumed_steps(self) -> list[int]:
@@ -153,4 +170,10 @@ def allowed_values() -> dict[str, Any]:
         "workarounds": list(WORKAROUNDS),
         "isolation": list(ISOLATION_MODES),
         "steps": {"min": 2, "max": MAX_STEPS},
+        **parallel_layout.allowed(CONFIGS),
     }
+
+
+def world_size_of(spec: dict[str, Any]) -> int:
+    """Return the number of ranks of a stored spec (dp * tp * pp; fields absent at their default 1)."""
+    return int(spec.get("dp", 1)) * int(spec.get("tp", 1)) * int(spec.get("pp", 1))

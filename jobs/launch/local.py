@@ -44,9 +44,9 @@ def _failed_doc(spec: RunSpec, phase: str, message: str, tb: str = "") -> PhaseD
 def _submit_and_wait(
     spec: RunSpec, folder: Path, executor: Any, timeout_s: float, function: Any, *args: Any
 ) -> tuple[Any, bool]:
-    """Submit function(*args) with tasks_per_node = dp and wait; (job, finished in time)."""
+    """Submit function(*args) with tasks_per_node = world size (dp * tp * pp) and wait; (job, finished in time)."""
     ex = executor(folder) if callable(executor) else executor or local_executor(folder)
-    ex.update_parameters(tasks_per_node=spec.dp, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
+    ex.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
     t0 = time.perf_counter()
     job = ex.submit(function, *args)
     # submitit's own wait() polls once a second; a tighter poll keeps launch overhead honest.
@@ -61,7 +61,7 @@ def _submit_and_wait(
 def launch_phase(
     spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
 ) -> PhaseDocument:
-    """Submit one phase with tasks_per_node = dp, wait for it, and return rank 0's document."""
+    """Submit one phase with tasks_per_node = world size (dp * tp * pp), wait for it, and return rank 0's document."""
     folder = RunLayout(run_folder).attempt(phase, 1).submitit
     t0 = time.perf_counter()
     job, in_time = _submit_and_wait(
@@ -72,7 +72,7 @@ def launch_phase(
     try:
         doc = merge_rank_documents(list(job.results()))
     except Exception as exc:  # noqa: BLE001 - a dead task: fall back to what the ranks wrote
-        doc = merge_rank_documents(read_rank_documents(run_folder, phase, spec.dp))
+        doc = merge_rank_documents(read_rank_documents(run_folder, phase, spec.world_size))
         if doc is None:
             doc = _failed_doc(spec, phase, f"{type(exc).__name__}: {exc}", str(exc))
     assert doc is not None
@@ -94,8 +94,8 @@ def attempt_documents(
         docs: list[PhaseDocument] = [
             r["phases"][phase] for r in task_results if isinstance(r, dict) and phase in r.get("phases", {})
         ]
-        if len(docs) < spec.dp:
-            docs = read_rank_documents(run_folder, phase, spec.dp)
+        if len(docs) < spec.world_size:
+            docs = read_rank_documents(run_folder, phase, spec.world_size)
         merged.append(merge_rank_documents(docs))
     baseline, resumed = merged
     if baseline is None:
@@ -115,7 +115,7 @@ def run_attempt_job(
     if not in_time:
         return _failed_doc(spec, "train_and_save", f"attempt timed out after {2 * timeout_s:.0f} s"), None
     results: list[Any] = []
-    for task in range(spec.dp):
+    for task in range(spec.world_size):
         try:
             results.append(job.task(task).result())
         except Exception:  # noqa: BLE001 - a dead task: its rank files speak for it

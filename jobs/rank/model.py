@@ -28,6 +28,17 @@ class Trainee:
     name_of: dict[Any, str]
     loss_fn: Callable[[int], torch.Tensor]
     iteration: int = 0  # the last completed step; saved, restored, and where a resume continues
+    # tp > 1: sequence-parallel and router grads also need Megatron's all-reduce over the TP group
+    finalize_grads: bool = False
+
+    def sync_grads(self) -> None:
+        """Reduce this step's grads: over DP (DDP), plus Megatron's model-parallel reductions if any."""
+        if self.finalize_grads:
+            from megatron.core.distributed import finalize_model_grads
+
+            finalize_model_grads([self.ddp])
+        else:
+            self.ddp.finish_grad_sync()
 
     @property
     def sub_optimizers(self) -> list[Any]:
@@ -46,7 +57,7 @@ def batch_seed(seed: int, step: int, rank: int) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def _transformer_config(cfg: ModelConfig) -> Any:
+def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> Any:
     from megatron.core.transformer import TransformerConfig
 
     moe: dict[str, Any] = {}
@@ -79,6 +90,10 @@ def _transformer_config(cfg: ModelConfig) -> Any:
         apply_rope_fusion=False,
         persist_layer_norm=False,
         bias_activation_fusion=False,
+        # parallel layout; MoE with TP > 1 requires sequence parallelism (MoELayer refuses otherwise)
+        tensor_model_parallel_size=tp,
+        expert_model_parallel_size=ep,
+        sequence_parallel=tp > 1,
         **moe,
     )
 
@@ -94,6 +109,9 @@ def _add_residual_gates(gpt: torch.nn.Module) -> None:
     for name, module in gpt.named_modules():
         if name.endswith(".mlp"):
             module.residual_gate = torch.nn.Parameter(torch.zeros(1))
+            # replicated over TP; under sequence parallelism each TP rank sees part of the sequence,
+            # so its grad is summed over the TP group like a layernorm's
+            module.residual_gate.sequence_parallel = True  # type: ignore[attr-defined]
             module.register_forward_hook(scale)
 
 
@@ -234,11 +252,15 @@ def _layerwise(opt: Any, ocfg: Any) -> Any:
     return LayerWiseDistributedOptimizer(subs, ocfg, pgs, init_state_fn_list=[adam_init_state] * len(subs))
 
 
-def build(cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None = None) -> Trainee:
+def build(
+    cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None = None, tp: int = 1, ep: int = 1
+) -> Trainee:
     """Build a freshly initialised, DDP-wrapped model with its optimizer and scheduler.
 
     `seed` keys the data; `init_seed` (default `seed`) seeds the weights and generators, so a
-    resume can start from a different initialisation and every missing restore shows.
+    resume can start from a different initialisation and every missing restore shows. `tp` / `ep`
+    must match the parallel state (jobs/rank/dist.py); a batch is keyed by the data-parallel rank, so
+    the TP ranks of one replica see the same tokens.
     """
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -247,7 +269,7 @@ def build(cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None =
 
     torch.manual_seed(seed if init_seed is None else init_seed)
     model_parallel_cuda_manual_seed(seed if init_seed is None else init_seed)
-    tcfg = _transformer_config(cfg)
+    tcfg = _transformer_config(cfg, tp, ep)
     net, forward = _build_gpt(cfg, tcfg) if cfg.kind == "gpt" else _build_linear_stack(cfg)
     model = Float16Module(tcfg, net)
     _keep_fp32(model, cfg)
@@ -265,4 +287,4 @@ def build(cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None =
         return forward(ddp, torch.Generator().manual_seed(batch_seed(seed, step, rank)))
 
     name_of = {p: n for n, p in ddp.named_parameters()}
-    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn)
+    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, finalize_grads=tp > 1)

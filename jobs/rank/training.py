@@ -63,7 +63,7 @@ def build(ctx: RankContext, spec: RunSpec, phase: str = "train_and_save") -> mod
     compat.check_spec(spec)  # an option this build lacks is unsupported-by-build, before anything runs
     ctx.doc["info"]["compat_shims"] = compat.install_shims()
     init_seed = resume_init_seed(spec.seed) if phase == "resume" else None
-    tr = model.build(get_config(spec.config), spec.seed, spec.steps, init_seed)
+    tr = model.build(get_config(spec.config), spec.seed, spec.steps, init_seed, tp=spec.tp, ep=spec.ep)
     # Local reports wait here until the first collective stage gathers them (_publish_build_probes).
     ctx.local_build_probes = {
         INDEX_MAP: compat.guarded(index_map.probe, optimizers=[], misaligned_total=0)(tr.optimizer, tr.name_of),
@@ -201,7 +201,7 @@ def _one_step(tr: model.Trainee, step: int, world: int) -> StepRecord:
     tr.optimizer.zero_grad()
     loss = tr.loss_fn(step)
     loss.backward()
-    tr.ddp.finish_grad_sync()
+    tr.sync_grads()
     ok, grad_norm, num_zeros = tr.optimizer.step()
     tr.scheduler.step(increment=1)
     tr.iteration = step

@@ -43,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=DEFAULT_ISOLATION,
         help=f"one of {', '.join(ISOLATION_MODES)}: fork a fresh child per phase in one job, or one job per phase",
     )
+    # parallel layout: tp/pp/ep beside dp (ranks = dp * tp * pp)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE configs; must divide dp)")
     p.add_argument("--run-folder", type=Path, default=None,
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
@@ -66,6 +70,9 @@ def handle(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
             workarounds=tuple(args.workarounds),
             isolation=args.isolation,
+            tp=args.tp,
+            pp=args.pp,
+            ep=args.ep,
         )
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)

@@ -22,6 +22,7 @@ from jobs.contract import PhaseName
 from jobs.layout import AttemptLayout, RunLayout
 from jobs.rank.attempt import run_attempt
 from jobs.rank.entry import run_rank_phase
+from jobs.spec import world_size_of
 from models import Environment, Phase, Run
 from models.base import utcnow
 from service.notifications.events import infra_error_streak
@@ -168,7 +169,7 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
     assert env is not None
     function, args = _payload(session, run, phase, run_layout(settings, run.id).root)
     return launcher.submit_phase(
-        executor=phase.executor, folder=folder, python=env.python, tasks=int(run.spec["dp"]),
+        executor=phase.executor, folder=folder, python=env.python, tasks=world_size_of(run.spec),
         settings=settings, name=job_name(settings, phase), function=function, args=args,
     )
 
@@ -182,7 +183,7 @@ def job_of(phase: Phase, run: Run) -> launcher.PhaseJob:
     """The launcher's handle of a submitted phase."""
     return launcher.PhaseJob(
         executor=phase.executor, folder=str(launcher_folder(phase)), job_id=phase.job_id or "",
-        tasks=int(run.spec["dp"]), started=phase.process_started_at,
+        tasks=world_size_of(run.spec), started=phase.process_started_at,
     )
 
 
