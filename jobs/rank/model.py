@@ -130,7 +130,12 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts or None)
+    if tcfg.sequence_parallel:  # TP > 1: norms that support sequence parallelism (jobs/rank/parallel_model.py)
+        from jobs.rank.parallel_model import gpt_block_spec
+
+        spec = gpt_block_spec(cfg.num_experts or None, cfg.num_layers)
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts or None)
     gpt = GPTModel(
         config=tcfg,
         transformer_layer_spec=spec,
