@@ -159,7 +159,9 @@ def config_names() -> list[str]:
 
 
 def list_configs() -> list[dict[str, Any]]:
-    """Return every config as plain data: name, description, why, parameters, expected."""
+    """Return every config as plain data: name, description, why, parameters, expected, layouts."""
+    from jobs.parallel_layout import config_layouts  # imports nothing back at module level
+
     return [
         {
             "name": c.name,
@@ -167,6 +169,7 @@ def list_configs() -> list[dict[str, Any]]:
             "why": c.why,
             "parameters": c.parameters,
             "expected": dict(c.expected),
+            "layouts": config_layouts(c),  # tp / pp / ep sizes this config can run with
         }
         for c in (CONFIGS[n] for n in config_names())
     ]

@@ -12,9 +12,10 @@ below is that rule, reported as a SpecError naming the field and the allowed val
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jobs.configs import ModelConfig
+if TYPE_CHECKING:  # jobs.configs lists each config's layouts through this module
+    from jobs.configs import ModelConfig
 
 LAYOUT_FIELDS = ("tp", "pp", "ep")
 # The harness's CPU recipe runs every rank on one host with gloo; 4 ranks is what it fits.
@@ -113,6 +114,15 @@ def validate(cfg: ModelConfig, dp: int, tp: Any, pp: Any, ep: Any, error: Any) -
             f"world size dp * tp * pp = {dp} * {tp} * {pp} = {world} exceeds {MAX_WORLD_SIZE}",
             [t for t in tp_choices(cfg) if dp * t * pp <= MAX_WORLD_SIZE] if tp > 1 else [1],
         )
+
+
+def config_layouts(cfg: ModelConfig) -> dict[str, list[int]]:
+    """The tp / pp / ep sizes one config can run with (pp: those the harness supports)."""
+    return {
+        "tp": tp_choices(cfg),
+        "pp": [p for p in pp_choices(cfg) if p in SUPPORTED_PP],
+        "ep": ep_choices(cfg),
+    }
 
 
 def allowed(configs: dict[str, ModelConfig]) -> dict[str, Any]:

@@ -23,7 +23,8 @@ class RunCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     spec: dict[str, Any] = Field(
-        description="Run spec: config, dp, steps, save_step, sharding, seed, tolerance, workarounds",
+        description="Run spec: config, dp, steps, save_step, sharding, seed, tolerance, workarounds; "
+        "parallel layout tp, pp, ep (default 1; see GET /api/v1/configs `layouts`)",
         examples=[{"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}],
     )
     # bounded like the column it lands in (environments.name is 200 characters)

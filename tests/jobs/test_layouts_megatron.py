@@ -7,11 +7,13 @@ workarounds. Runs are tiny (6 steps, save at 3) and use the default isolation ("
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobs.contract import ParityResult
+from jobs.documents import read_rank_documents
 from jobs.launch.local import run_parity
 from jobs.spec import RunSpec
 
@@ -40,12 +42,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParityResult]
 
 
 def _rank_docs(result: ParityResult, phase: str) -> list[dict[str, Any]]:
-    from pathlib import Path
-
-    from jobs.documents import read_rank_documents
-
+    """Every rank's own document of a phase (the result carries rank 0's)."""
     world = RunSpec.from_dict(result["spec"]).world_size
-    return list(read_rank_documents(Path(result["run_folder"]), phase, world))
+    return [dict(d) for d in read_rank_documents(Path(result["run_folder"]), phase, world)]
 
 
 @pytest.mark.parametrize("name", ["ep2_bad", "tp2_bad"])

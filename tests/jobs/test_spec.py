@@ -186,3 +186,10 @@ def test_allowed_values_list_the_layout() -> None:
     assert values["ep"]["per_config"]["moe-fp32-router"] == [1, 2, 4]
     assert values["ep"]["per_config"]["dense-bf16"] == [1]
     assert values["world_size"]["max"] == 4
+
+
+def test_configs_list_their_layouts() -> None:
+    layouts = {c["name"]: c["layouts"] for c in list_configs()}
+    assert layouts["moe-fp32-router"] == {"tp": [1, 2, 4], "pp": [1], "ep": [1, 2, 4]}
+    assert layouts["dense-bf16"] == {"tp": [1, 2, 4], "pp": [1], "ep": [1]}
+    assert layouts["layerwise-empty-rank"] == {"tp": [1], "pp": [1], "ep": [1]}
