@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/api_load.py [--runs 1000000] [--requests 3000] [--seconds 20]
                                              [--concurrency 4] [--workers 1] [--repeat 1]
+                                             [--client wrk|httpx] [--connections 16]
 
 Creates a throw-away database on PARITY_BENCH_SERVER_URL (default: the local Postgres), seeds it
 in SQL, starts `parity serve` against it, drives it with a bounded number of requests in bounded
@@ -11,6 +12,11 @@ The floor: a bare FastAPI app (one sync and one async endpoint returning a small
 database) served by the same uvicorn settings in the same run and driven by the same client.
 Each endpoint is also reported as a fraction of the floor's throughput, so a noisy shared
 machine shows up in the floor rather than as a regression of the service.
+The client: wrk (Debian's `wrk`, one thread, --connections keep-alive connections) where it is
+installed, else httpx threads in this process. With wrk each line also gives the CPU milliseconds the
+server's processes and the Postgres backends spent per request (read from /proc, so a busy machine
+inflates wall times but not these), and "cap" = cores x 1000 / (server + Postgres CPU ms): the
+throughput this machine could give if only the service and Postgres ran.
 Targets on a 2-core machine: POST /runs >= 500 req/s; GET /runs/{id} p99 <= 20 ms.
 """
 
@@ -31,6 +37,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import wrk_driver
 from sqlalchemy import make_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,8 +149,39 @@ def report(name: str, runs: list[dict[str, float]], floor: float | None) -> None
     p99 = statistics.median(r["p99_ms"] for r in runs)
     errors = sum(int(r["errors"]) for r in runs)
     share = f"  {rps / floor:5.2f} of floor" if floor else ""
-    print(f"{name:<24} {rps:8.1f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  errors {errors}{share}"
+    cpu = ""
+    if "server_cpu_ms" in runs[0]:
+        srv = statistics.median(r["server_cpu_ms"] for r in runs)
+        pg = statistics.median(r["postgres_cpu_ms"] for r in runs)
+        cap = (os.cpu_count() or 1) * 1000 / (srv + pg)
+        cpu = f"  cpu/req: server {srv:5.2f} ms + postgres {pg:5.2f} ms (cap {cap:6.0f} req/s)"
+    print(f"{name:<24} {rps:8.1f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  errors {errors}{share}{cpu}"
           f"   (runs: {', '.join(format(r['rps'], '.0f') for r in runs)} req/s)")
+
+
+def drive_with_wrk(args: argparse.Namespace, token: str, base: str, bare: str,
+                   servers: list[subprocess.Popen[bytes]]) -> int:
+    """The same four drives with wrk as the client, plus CPU per request on each side."""
+    import json
+
+    service_pid, bare_pid = servers[0].pid, servers[1].pid
+    scripts = {
+        "floor: bare sync GET": (f"{bare}/bare/sync", "", [bare_pid]),
+        "floor: bare async GET": (f"{bare}/bare/async", "", [bare_pid]),
+        "POST /api/v1/runs": (base, wrk_driver.POST_LUA % {"token": token, "spec": json.dumps(SPEC),
+                                                           "path": "/api/v1/runs"}, [service_pid]),
+        "GET /api/v1/runs/{id}": (base, wrk_driver.GET_LUA % {"path": "/api/v1/runs/", "n": args.runs},
+                                  [service_pid]),
+    }
+    figures: dict[str, list[dict[str, float]]] = {name: [] for name in scripts}
+    for _ in range(args.repeat):  # interleaved, so a busy minute on the shared machine hits all alike
+        for label, (url, script, pids) in scripts.items():
+            figures[label].append(wrk_driver.drive(url, script, seconds=args.seconds,
+                                                   connections=args.connections, server_pids=pids))
+    floor = statistics.median(r["rps"] for r in figures["floor: bare sync GET"])
+    for label, runs in figures.items():
+        report(label, runs, None if label.startswith("floor") else floor)
+    return 0
 
 
 def main() -> int:
@@ -154,6 +192,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=1, help="drives per endpoint (medians reported)")
+    ap.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_driver.available() else "httpx")
+    ap.add_argument("--connections", type=int, default=16, help="wrk's keep-alive connections")
     args = ap.parse_args()
 
     name = f"parity_bench_{uuid.uuid4().hex[:8]}"
@@ -190,8 +230,12 @@ def main() -> int:
             wait_up(f"{base}/api/v1/healthz")
             wait_up(f"{bare}/bare/sync")
             headers = {"Authorization": f"Bearer {token}"}
-            print(f"server: {args.workers} uvicorn worker(s); client: {args.concurrency} threads in this process; "
-                  f"bounded to {args.requests} requests / {args.seconds:.0f}s per drive; {args.repeat} drive(s) each")
+            if args.client == "wrk":
+                client = f"wrk, 1 thread, {args.connections} connections, {args.seconds:.0f}s per drive"
+            else:
+                client = f"{args.concurrency} httpx threads in this process, bounded to {args.requests} requests / " \
+                         f"{args.seconds:.0f}s per drive"
+            print(f"server: {args.workers} uvicorn worker(s); client: {client}; {args.repeat} drive(s) each")
 
             def post(client: httpx.Client) -> bool:
                 body = {"spec": SPEC, "labels": {"commit": uuid.uuid4().hex[:12], "branch": "bench"}}
@@ -207,6 +251,8 @@ def main() -> int:
                 return client.get(f"{bare}/bare/async").status_code == 200
 
             get(httpx.Client())  # warm-up
+            if args.client == "wrk":
+                return drive_with_wrk(args, token, base, bare, servers)
             calls = {"floor: bare sync GET": bare_sync, "floor: bare async GET": bare_async,
                      "POST /api/v1/runs": post, "GET /api/v1/runs/{id}": get}
             figures = {name: [] for name in calls}  # type: dict[str, list[dict[str, float]]]

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import select
@@ -29,6 +30,7 @@ DEFAULT_ENVIRONMENT = "default"
 # that needs quoting is refused outright so no script ever depends on getting that right.
 SAFE_PYTHON = re.compile(r"^/[A-Za-z0-9._+\-/]{1,999}$")
 INSPECT_TIMEOUT_S = 180
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 INSPECT = (
     "import json, torch, megatron.core; "
     "print(json.dumps({'torch': torch.__version__, 'megatron_core': megatron.core.__version__}))"
@@ -180,7 +182,11 @@ def use_environment(env: Environment) -> Environment:
     if env.state == "pruned":
         set_state(env, "pending")
         env.job_id = None
-    env.last_used_at = utcnow()
+    # At most once a minute: every POST rewriting the same environment row made concurrent POSTs
+    # queue on its row lock until each one committed (pruning counts in days, so a minute is exact enough).
+    now = utcnow()
+    if env.last_used_at is None or now - env.last_used_at > LAST_USED_RESOLUTION:
+        env.last_used_at = now
     return env
 
 

@@ -102,27 +102,29 @@ class Caps:
     retry_after_s: int = 30
 
 
-def _count_upto(session: Session, query: Select[tuple[int]], cap: int) -> int:
-    """How many rows query matches, counting no further than cap."""
-    return session.scalar(select(func.count()).select_from(query.limit(cap).subquery())) or 0
+def _upto(query: Select[tuple[int]], cap: int) -> Any:
+    """A scalar subquery: how many rows query matches, counting no further than cap."""
+    return select(func.count()).select_from(query.limit(cap).subquery()).scalar_subquery()
 
 
 def check_caps(session: Session, caps: Caps, requester: str | None) -> None:
     """429 (with Retry-After) when the service or this requester has too many runs waiting."""
     # The states listed (not "NOT IN terminal"), so Postgres reads ix_runs_state_created rather than
     # every row: with 1M finished runs stored, NOT IN cost a full scan per POST. Counting stops at the
-    # cap. A soft cap: two requests racing may both pass; the next one sees them.
+    # cap, and both counts travel in one statement (one round trip per POST, not two). A soft cap:
+    # two requests racing may both pass; the next one sees them.
     unfinished = Run.state.in_([s.value for s in RunState if s not in TERMINAL])
-    total = _count_upto(session, select(Run.id).where(unfinished), caps.max_in_flight)
+    queued_by_me = (Run.state == RunState.QUEUED.value) & (Run.requester == requester)
+    row = session.execute(select(
+        _upto(select(Run.id).where(unfinished), caps.max_in_flight),
+        _upto(select(Run.id).where(queued_by_me), caps.max_queued_per_requester),
+    )).one()
+    total, mine = int(row[0] or 0), int(row[1] or 0)
     if total >= caps.max_in_flight:
         raise TooManyRequests(
             f"runs: {total} runs are queued or in flight (PARITY_MAX_IN_FLIGHT={caps.max_in_flight}); "
             f"retry later", retry_after=caps.retry_after_s,
         )
-    mine = _count_upto(
-        session, select(Run.id).where(Run.state == RunState.QUEUED.value, Run.requester == requester),
-        caps.max_queued_per_requester,
-    )
     if mine >= caps.max_queued_per_requester:
         raise TooManyRequests(
             f"runs: {requester!r} already has {mine} queued runs "
