@@ -22,8 +22,8 @@ LAYOUT_FIELDS = ("tp", "pp", "ep")
 MAX_WORLD_SIZE = 4
 MAX_TP = MAX_WORLD_SIZE
 MAX_EP = MAX_WORLD_SIZE
-# Pipeline stages need the pipelined forward_backward_func with gloo send/recv: not wired yet.
-SUPPORTED_PP = (1,)
+# Pipeline stages run Megatron's 1F1B schedule over gloo send/recv (jobs/rank/pipeline.py).
+SUPPORTED_PP = (1, 2)
 MAX_PP = MAX_WORLD_SIZE
 
 

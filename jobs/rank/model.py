@@ -30,6 +30,16 @@ class Trainee:
     iteration: int = 0  # the last completed step; saved, restored, and where a resume continues
     # tp > 1: sequence-parallel and router grads also need Megatron's all-reduce over the TP group
     finalize_grads: bool = False
+    # pp > 1: the pipelined schedule runs forward + backward (jobs/rank/pipeline.py)
+    pipelined: Callable[[int], tuple[torch.Tensor, float]] | None = None
+
+    def forward_backward(self, step: int) -> tuple[torch.Tensor, float]:
+        """Run one step's forward and backward; -> (loss, 1.0), or (0, 0.0) on a stage without the loss."""
+        if self.pipelined is not None:
+            return self.pipelined(step)
+        loss = self.loss_fn(step)
+        loss.backward()
+        return loss, 1.0
 
     def sync_grads(self) -> None:
         """Reduce this step's grads: over DP (DDP), plus Megatron's model-parallel reductions if any."""
@@ -57,12 +67,14 @@ def batch_seed(seed: int, step: int, rank: int) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> Any:
+def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1) -> Any:
     from megatron.core.transformer import TransformerConfig
 
     moe: dict[str, Any] = {}
+    if pp > 1:  # activations between stages travel as bf16 (Megatron needs the dtype up front)
+        moe.update(pipeline_model_parallel_size=pp, pipeline_dtype=torch.bfloat16)
     if cfg.num_experts:
-        moe = dict(
+        moe.update(
             num_moe_experts=cfg.num_experts,
             moe_router_topk=cfg.moe_router_topk,
             moe_ffn_hidden_size=cfg.hidden_size * 2,
@@ -127,13 +139,14 @@ def _keep_fp32(model: torch.nn.Module, cfg: ModelConfig) -> None:
 
 
 def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     if tcfg.sequence_parallel:  # TP > 1: norms that support sequence parallelism (jobs/rank/parallel_model.py)
         from jobs.rank.parallel_model import gpt_block_spec
 
-        spec = gpt_block_spec(cfg.num_experts or None, cfg.num_layers)
+        spec = gpt_block_spec(cfg.num_experts or None, cfg.num_layers // tcfg.pipeline_model_parallel_size)
     else:
         spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts or None)
     gpt = GPTModel(
@@ -142,14 +155,20 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
         vocab_size=cfg.vocab_size,
         max_sequence_length=cfg.seq_length,
         position_embedding_type="rope",
+        # each pipeline stage builds only its part; untied output weights need no embedding group
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=tcfg.pipeline_model_parallel_size == 1,
     )
     if cfg.fp32_residual_gates:
         _add_residual_gates(gpt)
 
     def forward(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
+        """Per-token losses (last pipeline stage) or hidden states (an earlier one) for one batch."""
         tok = torch.randint(0, cfg.vocab_size, (cfg.micro_batch_size, cfg.seq_length + 1), generator=gen)
         pos = torch.arange(cfg.seq_length).unsqueeze(0).expand(cfg.micro_batch_size, -1)
-        return model(tok[:, :-1], pos, None, labels=tok[:, 1:]).float().mean()
+        out: torch.Tensor = model(tok[:, :-1], pos, None, labels=tok[:, 1:])
+        return out
 
     return gpt, forward
 
@@ -201,7 +220,7 @@ def _build_linear_stack(cfg: ModelConfig) -> tuple[torch.nn.Module, Callable[...
     def forward(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
         x = torch.randn(cfg.micro_batch_size, cfg.hidden_size, generator=gen)
         target = torch.sin(x.sum(dim=1, keepdim=True) + torch.arange(out_width))
-        return (model(x).float() - target).pow(2).mean()
+        return (model(x).float() - target).pow(2)
 
     return net, forward
 
@@ -258,7 +277,8 @@ def _layerwise(opt: Any, ocfg: Any) -> Any:
 
 
 def build(
-    cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None = None, tp: int = 1, ep: int = 1
+    cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None = None, tp: int = 1, ep: int = 1,
+    pp: int = 1,
 ) -> Trainee:
     """Build a freshly initialised, DDP-wrapped model with its optimizer and scheduler.
 
@@ -274,7 +294,7 @@ def build(
 
     torch.manual_seed(seed if init_seed is None else init_seed)
     model_parallel_cuda_manual_seed(seed if init_seed is None else init_seed)
-    tcfg = _transformer_config(cfg, tp, ep)
+    tcfg = _transformer_config(cfg, tp, ep, pp)
     net, forward = _build_gpt(cfg, tcfg) if cfg.kind == "gpt" else _build_linear_stack(cfg)
     model = Float16Module(tcfg, net)
     _keep_fp32(model, cfg)
@@ -288,8 +308,16 @@ def build(
     opt, sched = _build_optimizer(cfg, ddp, total_steps)
     rank = parallel_state.get_data_parallel_rank()
 
-    def loss_fn(step: int) -> torch.Tensor:
-        return forward(ddp, torch.Generator().manual_seed(batch_seed(seed, step, rank)))
+    def gen_for(step: int) -> torch.Generator:
+        return torch.Generator().manual_seed(batch_seed(seed, step, rank))
 
+    def loss_fn(step: int) -> torch.Tensor:
+        return forward(ddp, gen_for(step)).float().mean()
+
+    pipelined = None
+    if pp > 1:
+        from jobs.rank.pipeline import forward_backward
+
+        pipelined = forward_backward(ddp, cfg, forward, gen_for)
     name_of = {p: n for n, p in ddp.named_parameters()}
-    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, finalize_grads=tp > 1)
+    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, finalize_grads=tp * pp > 1, pipelined=pipelined)

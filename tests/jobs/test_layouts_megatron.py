@@ -1,4 +1,4 @@
-"""Parallel layouts end to end: real Megatron-Core on CPU (gloo) at EP 2 and TP 2.
+"""Parallel layouts end to end: real Megatron-Core on CPU (gloo) at EP 2, TP 2 and PP 2.
 
 Each layout must flag the known-bad runs with the same signatures as plain DP (Bug A on
 moe-fp32-router; Adam's step not restored on dense-bf16) and pass bit-exactly with the
@@ -28,8 +28,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "tp2_good": {**MOE, "dp": 1, "tp": 2, "workarounds": FIX},
     "tp2_dense_bad": {"config": "dense-bf16", "dp": 1, "tp": 2},
     "tp2_dense_good": {"config": "dense-bf16", "dp": 1, "tp": 2, "workarounds": ("restore-adam-step",)},
+    "pp2_bad": {**MOE, "dp": 1, "pp": 2},
+    "pp2_good": {**MOE, "dp": 1, "pp": 2, "workarounds": FIX},
+    "pp2_dense_bad": {"config": "dense-bf16", "dp": 1, "pp": 2},
 }
-LAYOUT = {"ep2": {"dp": 2, "tp": 1, "pp": 1, "ep": 2, "expert_dp": 1}, "tp2": {"dp": 1, "tp": 2, "pp": 1, "ep": 1}}
+LAYOUT = {
+    "ep2": {"dp": 2, "tp": 1, "pp": 1, "ep": 2, "expert_dp": 1},
+    "tp2": {"dp": 1, "tp": 2, "pp": 1, "ep": 1},
+    "pp2": {"dp": 1, "tp": 1, "pp": 2, "ep": 1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +54,7 @@ def _rank_docs(result: ParityResult, phase: str) -> list[dict[str, Any]]:
     return [dict(d) for d in read_rank_documents(Path(result["run_folder"]), phase, world)]
 
 
-@pytest.mark.parametrize("name", ["ep2_bad", "tp2_bad"])
+@pytest.mark.parametrize("name", ["ep2_bad", "tp2_bad", "pp2_bad"])
 def test_bug_a_is_flagged_in_each_layout(results: dict, name: str) -> None:
     r = results[name]
     assert r["verdict"] == "fail"
@@ -58,7 +65,7 @@ def test_bug_a_is_flagged_in_each_layout(results: dict, name: str) -> None:
     assert r["phases"]["resume"] is None
 
 
-@pytest.mark.parametrize("name", ["ep2_good", "tp2_good", "tp2_dense_good"])
+@pytest.mark.parametrize("name", ["ep2_good", "tp2_good", "tp2_dense_good", "pp2_good"])
 def test_workarounds_pass_bit_exactly_in_each_layout(results: dict, name: str) -> None:
     r = results[name]
     assert r["verdict"] == "pass", (r["signatures"], r["errors"])
@@ -68,8 +75,9 @@ def test_workarounds_pass_bit_exactly_in_each_layout(results: dict, name: str) -
     assert r["first_divergent_step"] is None
 
 
-def test_adam_step_not_restored_is_flagged_at_tp2(results: dict) -> None:
-    r = results["tp2_dense_bad"]
+@pytest.mark.parametrize("name", ["tp2_dense_bad", "pp2_dense_bad"])
+def test_adam_step_not_restored_is_flagged_in_each_layout(results: dict, name: str) -> None:
+    r = results[name]
     assert r["verdict"] == "fail"
     assert r["signatures"] == ["adam-step-not-restored"]  # the same signature as at DP only
     ev = r["evidence"]["adam-step-not-restored"]
@@ -80,7 +88,7 @@ def test_adam_step_not_restored_is_flagged_at_tp2(results: dict) -> None:
 
 
 def test_every_rank_of_the_layout_ran_and_reports_it(results: dict) -> None:
-    for name in ("ep2_good", "tp2_good"):
+    for name in ("ep2_good", "tp2_good", "pp2_good"):
         want = LAYOUT[name[:3]]
         for phase in ("train_and_save", "resume"):
             docs = _rank_docs(results[name], phase)
@@ -90,6 +98,13 @@ def test_every_rank_of_the_layout_ran_and_reports_it(results: dict) -> None:
                 assert {k: d["info"]["layout"][k] for k in want} == want
     tp_ranks = [d["info"]["layout"]["tp_rank"] for d in _rank_docs(results["tp2_good"], "resume")]
     assert tp_ranks == [0, 1]
+    stages = _rank_docs(results["pp2_good"], "resume")
+    assert [d["info"]["layout"]["pp_rank"] for d in stages] == [0, 1]
+    # each stage holds its own part of the model; both record the last stage's loss
+    first, last = (set(d["probes"]["state_after_load_raw"][d["rank"]]["model"]) for d in stages)
+    assert any("embedding" in n for n in first) and not any("output_layer" in n for n in first)
+    assert any("output_layer" in n for n in last) and not any("embedding" in n for n in last)
+    assert [s["loss"] for s in stages[0]["steps"]] == [s["loss"] for s in stages[1]["steps"]]
 
 
 def test_ep2_probes_cover_the_expert_optimizer(results: dict) -> None:

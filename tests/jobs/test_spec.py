@@ -118,6 +118,10 @@ DENSE = {"config": "dense-bf16", "steps": 6, "save_step": 3}
         ({**DENSE, "dp": 2, "tp": 2}, 4),
         ({**DENSE, "dp": 8}, 8),  # dp alone keeps its own limit
         ({**MOE, "dp": 2, "tp": 1, "pp": 1, "ep": 1}, 2),
+        ({**MOE, "dp": 1, "pp": 2}, 2),
+        ({**MOE, "dp": 2, "pp": 2}, 4),
+        ({**MOE, "dp": 2, "pp": 2, "ep": 2}, 4),
+        ({**DENSE, "dp": 1, "tp": 2, "pp": 2}, 4),
     ],
 )
 def test_layouts_megatron_accepts(fields: dict, world: int) -> None:
@@ -139,7 +143,9 @@ def test_layouts_megatron_accepts(fields: dict, world: int) -> None:
         ({"config": "equal-shards-fp32-head", "dp": 1, "steps": 6, "save_step": 3, "tp": 2}, "tp", [1],
          "has no tensor-parallel layers"),
         ({**MOE, "dp": 1, "pp": 3}, "pp", [1, 2], "does not divide num_layers 2"),
-        ({**MOE, "dp": 1, "pp": 2}, "pp", [1], "not yet supported"),
+        ({**MOE, "dp": 1, "pp": 4}, "pp", [1, 2], "does not divide num_layers 2"),
+        ({**MOE, "dp": 4, "pp": 2}, "pp", [1], "world size dp * tp * pp = 4 * 1 * 2 = 8 exceeds 4"),
+        ({**MOE, "dp": 2, "tp": 2, "pp": 2}, "tp", [1], "= 8 exceeds 4"),
         ({**MOE, "dp": 1, "pp": 0}, "pp", [1, 2, 3, 4], "out of range"),
         ({"config": "layerwise-empty-rank", "dp": 1, "steps": 6, "save_step": 3, "pp": 2}, "pp", [1],
          "has no pipeline stages"),
@@ -182,7 +188,7 @@ def test_allowed_values_list_the_layout() -> None:
     assert values["tp"]["min"] == 1 and values["tp"]["max"] == 4
     assert values["tp"]["per_config"]["moe-fp32-router"] == [1, 2, 4]
     assert values["tp"]["per_config"]["equal-shards-fp32-head"] == [1]
-    assert values["pp"]["supported"] == [1]
+    assert values["pp"]["supported"] == [1, 2]
     assert values["ep"]["per_config"]["moe-fp32-router"] == [1, 2, 4]
     assert values["ep"]["per_config"]["dense-bf16"] == [1]
     assert values["world_size"]["max"] == 4
@@ -190,6 +196,6 @@ def test_allowed_values_list_the_layout() -> None:
 
 def test_configs_list_their_layouts() -> None:
     layouts = {c["name"]: c["layouts"] for c in list_configs()}
-    assert layouts["moe-fp32-router"] == {"tp": [1, 2, 4], "pp": [1], "ep": [1, 2, 4]}
-    assert layouts["dense-bf16"] == {"tp": [1, 2, 4], "pp": [1], "ep": [1]}
+    assert layouts["moe-fp32-router"] == {"tp": [1, 2, 4], "pp": [1, 2], "ep": [1, 2, 4]}
+    assert layouts["dense-bf16"] == {"tp": [1, 2, 4], "pp": [1, 2], "ep": [1]}
     assert layouts["layerwise-empty-rank"] == {"tp": [1], "pp": [1], "ep": [1]}
