@@ -92,6 +92,11 @@ class RunSpec:
                 list(range(1, max_dp + 1)),
             )
         _int("steps", self.steps, 2, MAX_STEPS)
+        # Megatron's LR scheduler asserts warmup < decay steps (decay runs over the whole run)
+        warmup = CONFIGS[self.config].lr_warmup_steps
+        if self.steps <= warmup:
+            raise SpecError("steps", f"{self.steps} must exceed config {self.config!r}'s {warmup} LR warmup steps; "
+                            f"allowed: {warmup + 1}..{MAX_STEPS}")
         _int("save_step", self.save_step, 1)
         if self.save_step >= self.steps:
             raise SpecError("save_step", f"must be < steps ({self.steps}), got {self.save_step}")

@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(default=500, ge=1)
     max_queued_per_requester: int = Field(default=100, ge=1)
 
+    # local executor only: phase jobs running at once (Slurm queues by CPUs itself; local jobs would
+    # all start together, and a sweep of 60 runs on a laptop then starves every one into its timeout)
+    local_max_running: int = Field(default_factory=lambda: max(1, (os.cpu_count() or 2) // 2), ge=1)
+
     @field_validator("slurm_extra_args")
     @classmethod
     def _check_extra_args(cls, value: str) -> str:

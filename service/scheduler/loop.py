@@ -31,7 +31,7 @@ from service.evaluation import evaluate_pending
 from service.notifications.deliver import deliver_step
 from service.scheduler.guard import describe, is_outage, per_row
 from service.scheduler.reconciler import reconcile, watched_files
-from service.scheduler.submitter import claim_queued, launch, next_pending
+from service.scheduler.submitter import claim_queued, launch, local_slots, next_pending
 from service.scheduler.wakeup import Wakeup
 from service.selftest import enqueue_due
 from service.settings import Settings
@@ -75,7 +75,11 @@ def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[s
         builds.prune_builds(session, keep_days=settings.env_keep_days)
     with session_scope() as session:
         done["claimed"] = claim_queued(session, settings=settings, executor=executor)
-    for _ in range(max_launches):
+    slots = max_launches
+    if executor == "local":  # Slurm queues by CPUs itself
+        with session_scope() as session:
+            slots = min(slots, local_slots(session, settings))
+    for _ in range(slots):
         # one transaction per launch: the pending row stays committed until the submission is recorded
         with session_scope() as session:
             phase = next_pending(session)

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from jobs.contract import PhaseName
@@ -26,7 +26,7 @@ from jobs.spec import world_size_of
 from models import Environment, Phase, Run
 from models.base import utcnow
 from service.notifications.events import infra_error_streak
-from service.phase_state import PhaseState, move_phase, record_new_phase
+from service.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
 from service.scheduler import launcher, slurm_jobs
 from service.settings import Settings
 from service.state import RunState, transition
@@ -101,6 +101,13 @@ def claim_queued(session: Session, *, settings: Settings, executor: str, limit: 
         new_phase(session, run=run, name=PHASES[0], attempt=1, settings=settings, executor=executor)
         transition(session, run, RunState.TRAIN_SUBMITTED, "claimed by scheduler")
     return len(runs)
+
+
+def local_slots(session: Session, settings: Settings) -> int:
+    """How many more local phase jobs may start now (PARITY_LOCAL_MAX_RUNNING minus those running)."""
+    running = session.scalar(select(func.count()).select_from(Phase).where(
+        Phase.executor == "local", Phase.state.in_([s.value for s in PHASE_ACTIVE]))) or 0
+    return max(0, settings.local_max_running - running)
 
 
 def next_pending(session: Session) -> Phase | None:

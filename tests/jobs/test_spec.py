@@ -199,3 +199,12 @@ def test_configs_list_their_layouts() -> None:
     assert layouts["moe-fp32-router"] == {"tp": [1, 2, 4], "pp": [1, 2], "ep": [1, 2, 4]}
     assert layouts["dense-bf16"] == {"tp": [1, 2, 4], "pp": [1, 2], "ep": [1]}
     assert layouts["layerwise-empty-rank"] == {"tp": [1], "pp": [1], "ep": [1]}
+
+
+def test_steps_must_exceed_the_configs_lr_warmup() -> None:
+    # Megatron's scheduler asserts warmup < decay steps: a 3-step run of a 3-step-warmup config must
+    # be a 422 naming steps, not a crash inside the job
+    with pytest.raises(SpecError, match=r"steps: 3 must exceed .*3 LR warmup steps; allowed: 4\.\.") as exc:
+        RunSpec.from_dict({"config": "dense-bf16", "dp": 1, "steps": 3, "save_step": 2})
+    assert exc.value.field == "steps"
+    assert RunSpec.from_dict({"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 2}).steps == 4

@@ -60,7 +60,7 @@ def test_the_scheduler_decides_once_and_never_falls_back_to_local(
     # Slurm goes away after start-up: `auto` must not turn into training on the service host
     monkeypatch.setenv("PATH", "/nonexistent")
     slurm_module._CACHE.clear()
-    run_id = queue({"config": "dense-bf16", "dp": 1, "steps": 2, "save_step": 1})
+    run_id = queue({"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 1})
     tick(settings, executor=executor)
     rows = phases(run_id)
     assert [(p.executor, p.state, p.job_id) for p in rows] == [("slurm", "infra_failed", None)]

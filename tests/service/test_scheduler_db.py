@@ -22,7 +22,7 @@ from service.runs import create_run
 from service.scheduler import launcher
 from service.scheduler.launcher import JobStatus, PhaseJob
 from service.scheduler.reconciler import reconcile
-from service.scheduler.submitter import claim_queued, launch, next_pending
+from service.scheduler.submitter import claim_queued, launch, local_slots, next_pending
 from service.settings import Settings, get_settings
 from tests.golden import documents, expected
 
@@ -223,3 +223,29 @@ def test_a_refused_submission_is_an_infra_failure_with_a_retry(db_session: Sessi
     first, retry = _phases(db_session, run)
     assert first.state == "infra_failed" and "invalid partition" in (first.exit_reason or "")
     assert (retry.state, retry.attempt) == ("pending", 2) and run.state == "train_submitted"
+
+
+def test_local_executor_starts_no_more_phase_jobs_than_its_slots(
+    db_session: Session, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a sweep queues many runs at once: on the local executor they must take turns, not all start together
+    fake = _fake(monkeypatch, dict(documents("good")))
+    limited = settings.model_copy(update={"local_max_running": 1})
+    first = _queued(db_session, "good", isolation="job")
+    _queued_again(db_session, first)
+    claim_queued(db_session, settings=limited, executor="local")
+    assert local_slots(db_session, limited) == 1
+    assert _launch_one(db_session, limited)
+    assert len(fake.submitted) == 1 and local_slots(db_session, limited) == 0
+    # the first job ends (its resume phase is pending, not running): its slot frees for the second run
+    reconcile(db_session, settings=limited, executor="local")
+    assert local_slots(db_session, limited) == 1
+    assert local_slots(db_session, settings.model_copy(update={"local_max_running": 3})) == 3
+
+
+def _queued_again(session: Session, run: Run) -> Run:
+    env = session.get(Environment, run.environment_id)
+    assert env is not None
+    again, _ = create_run(session, spec=RunSpec.from_dict(run.spec), environment=env, labels={"n": "2"},
+                          requester="test")
+    return again
