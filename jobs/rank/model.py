@@ -283,9 +283,9 @@ def build(
     """Build a freshly initialised, DDP-wrapped model with its optimizer and scheduler.
 
     `seed` keys the data; `init_seed` (default `seed`) seeds the weights and generators, so a
-    resume can start from a different initialisation and every missing restore shows. `tp` / `ep`
-    must match the parallel state (jobs/rank/dist.py); a batch is keyed by the data-parallel rank, so
-    the TP ranks of one replica see the same tokens.
+    resume can start from a different initialisation and every missing restore shows. `tp` / `ep` /
+    `pp` must match the parallel state (jobs/rank/dist.py); a batch is keyed by the data-parallel
+    rank, so the TP ranks and pipeline stages of one replica see the same tokens.
     """
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
