@@ -106,6 +106,15 @@ def validate(cfg: ModelConfig, dp: int, tp: Any, pp: Any, ep: Any, error: Any) -
             f"must divide dp ({dp}): the expert data-parallel group has dp * tp / (ep * etp) ranks, etp = tp",
             [e for e in ep_choices(cfg) if dp % e == 0],
         )
+    combined = [name for name, size in (("tp", tp), ("pp", pp), ("ep", ep)) if size > 1]
+    if len(combined) > 1:
+        # each of tp, pp and ep is verified on CPU on its own (tests/jobs/test_layouts_megatron.py);
+        # a combination is refused rather than run unproven
+        raise error(
+            combined[-1],
+            f"combining {' and '.join(combined)} > 1 is not yet supported; set at most one of tp, pp, ep above 1",
+            [1],
+        )
     world = dp * tp * pp
     if tp * pp > 1 and world > MAX_WORLD_SIZE:
         # dp alone keeps its own limit (MAX_DP); model-parallel layouts run on one CPU host here.
@@ -136,5 +145,6 @@ def allowed(configs: dict[str, ModelConfig]) -> dict[str, Any]:
             "per_config": {n: ep_choices(c) for n, c in configs.items()},
             "rule": "ep must divide num_experts and dp (expert data-parallel size dp / ep); MoE configs only",
         },
+        "combinations": "at most one of tp, pp, ep above 1",
         "world_size": {"max": MAX_WORLD_SIZE, "rule": "dp * tp * pp when tp or pp > 1"},
     }

@@ -113,15 +113,12 @@ DENSE = {"config": "dense-bf16", "steps": 6, "save_step": 3}
         ({**MOE, "dp": 4, "ep": 2}, 4),
         ({**MOE, "dp": 1, "tp": 2}, 2),
         ({**MOE, "dp": 2, "tp": 2}, 4),
-        ({**MOE, "dp": 2, "tp": 2, "ep": 2}, 4),
         ({**MOE, "dp": 1, "tp": 4}, 4),
         ({**DENSE, "dp": 2, "tp": 2}, 4),
         ({**DENSE, "dp": 8}, 8),  # dp alone keeps its own limit
         ({**MOE, "dp": 2, "tp": 1, "pp": 1, "ep": 1}, 2),
         ({**MOE, "dp": 1, "pp": 2}, 2),
         ({**MOE, "dp": 2, "pp": 2}, 4),
-        ({**MOE, "dp": 2, "pp": 2, "ep": 2}, 4),
-        ({**DENSE, "dp": 1, "tp": 2, "pp": 2}, 4),
     ],
 )
 def test_layouts_megatron_accepts(fields: dict, world: int) -> None:
@@ -145,7 +142,10 @@ def test_layouts_megatron_accepts(fields: dict, world: int) -> None:
         ({**MOE, "dp": 1, "pp": 3}, "pp", [1, 2], "does not divide num_layers 2"),
         ({**MOE, "dp": 1, "pp": 4}, "pp", [1, 2], "does not divide num_layers 2"),
         ({**MOE, "dp": 4, "pp": 2}, "pp", [1], "world size dp * tp * pp = 4 * 1 * 2 = 8 exceeds 4"),
-        ({**MOE, "dp": 2, "tp": 2, "pp": 2}, "tp", [1], "= 8 exceeds 4"),
+        ({**MOE, "dp": 2, "tp": 2, "pp": 2}, "pp", [1], "combining tp and pp > 1 is not yet supported"),
+        ({**MOE, "dp": 2, "tp": 2, "ep": 2}, "ep", [1], "combining tp and ep > 1 is not yet supported"),
+        ({**MOE, "dp": 2, "pp": 2, "ep": 2}, "ep", [1], "combining pp and ep > 1"),
+        ({**DENSE, "dp": 1, "tp": 2, "pp": 2}, "pp", [1], "set at most one of tp, pp, ep above 1"),
         ({**MOE, "dp": 1, "pp": 0}, "pp", [1, 2, 3, 4], "out of range"),
         ({"config": "layerwise-empty-rank", "dp": 1, "steps": 6, "save_step": 3, "pp": 2}, "pp", [1],
          "has no pipeline stages"),
@@ -171,8 +171,8 @@ def test_default_layout_is_omitted_so_stored_specs_are_unchanged() -> None:
     data = spec.to_dict()
     assert not {"tp", "pp", "ep"} & set(data)
     assert RunSpec.from_dict({**MOE, "dp": 2, "tp": 1, "pp": 1, "ep": 1}).to_dict() == data
-    layered = RunSpec.from_dict({**MOE, "dp": 2, "tp": 2, "ep": 2}).to_dict()
-    assert (layered["tp"], layered["ep"]) == (2, 2) and "pp" not in layered
+    layered = RunSpec.from_dict({**MOE, "dp": 2, "ep": 2}).to_dict()
+    assert layered["ep"] == 2 and "tp" not in layered and "pp" not in layered
 
 
 def test_world_size_of_stored_specs() -> None:
