@@ -194,11 +194,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="drives per endpoint (medians reported)")
     ap.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_driver.available() else "httpx")
     ap.add_argument("--connections", type=int, default=16, help="wrk's keep-alive connections")
+    ap.add_argument("--database", help="reuse this seeded database and keep it (seeding 1M runs takes minutes; "
+                                       "a before/after pair should read the same data)")
     args = ap.parse_args()
 
-    name = f"parity_bench_{uuid.uuid4().hex[:8]}"
+    name = args.database or f"parity_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(SERVER, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
     url = make_url(SERVER).set(database=name, drivername="postgresql+psycopg").render_as_string(False)
     plain = make_url(url).set(drivername="postgresql").render_as_string(False)
     servers: list[subprocess.Popen[bytes]] = []
@@ -209,9 +213,12 @@ def main() -> int:
         upgrade(url)
         t0 = time.perf_counter()
         with psycopg.connect(plain, autocommit=True) as conn:
-            for statement in filter(str.strip, SEED_SQL.split(";")):
-                conn.execute(statement, {"n": args.runs, "python": sys.executable})
-        print(f"seeded {args.runs} runs in {time.perf_counter() - t0:.1f}s")
+            if not exists:
+                for statement in filter(str.strip, SEED_SQL.split(";")):
+                    conn.execute(statement, {"n": args.runs, "python": sys.executable})
+            stored = conn.execute("SELECT count(*) FROM runs").fetchone()[0]  # type: ignore[index]
+        print(f"{'reused' if exists else 'seeded'} database {name}: {stored} runs "
+              f"({time.perf_counter() - t0:.1f}s)")
         # no scheduler drains the queue here: lift the admission caps, or POSTs would measure 429s
         env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": "local",
                "PARITY_MAX_IN_FLIGHT": "1000000", "PARITY_MAX_QUEUED_PER_REQUESTER": "1000000"}
@@ -267,8 +274,9 @@ def main() -> int:
             server.terminate()
         for server in servers:
             server.wait(timeout=30)
-        with psycopg.connect(SERVER, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if not args.database:
+            with psycopg.connect(SERVER, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return 0
 
 

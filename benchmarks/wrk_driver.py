@@ -67,8 +67,10 @@ def _postgres_pids() -> list[int]:
 
 
 def _ms(text: str) -> float:
-    number, unit = re.match(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
-    return float(number) * UNITS[unit]
+    found = re.match(r"([\d.]+)(us|ms|s|m)$", text)
+    if found is None:  # wrk prints e.g. "-nanus" when no request completed
+        return float("nan")
+    return float(found.group(1)) * UNITS[found.group(2)]
 
 
 def drive(url: str, script: str, *, seconds: float, connections: int, server_pids: list[int]) -> dict[str, float]:
@@ -89,8 +91,8 @@ def drive(url: str, script: str, *, seconds: float, connections: int, server_pid
     socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     if socket_errors:
         errors += sum(int(g) for g in socket_errors.groups())
-    p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     n = max(1, requests)
     return {"requests": requests, "wall_s": wall, "rps": requests / wall, "errors": errors, "p50_ms": p50,
             "p99_ms": p99, "server_cpu_ms": srv_cpu * 1000 / n, "postgres_cpu_ms": pg_cpu * 1000 / n}

@@ -27,6 +27,7 @@ class ModelConfig:
     num_attention_heads: int = 4
     num_experts: int = 0  # 0: dense MLP
     moe_router_topk: int = 2
+    ffn_hidden_size: int = 0  # 0: 2 x hidden_size (MLP and experts)
     dropout: float = 0.0  # hidden and attention dropout (> 0 makes the RNG restore matter)
     vocab_size: int = 1024
     seq_length: int = 32
@@ -159,8 +160,9 @@ def config_names() -> list[str]:
 
 
 def list_configs() -> list[dict[str, Any]]:
-    """Return every config as plain data: name, description, why, parameters, expected, layouts."""
+    """Return every config as plain data: name, description, why, parameters, expected, shape fields, layouts."""
     from jobs.parallel_layout import config_layouts  # imports nothing back at module level
+    from jobs.shape import shape_fields  # jobs.shape imports this module
 
     return [
         {
@@ -169,6 +171,8 @@ def list_configs() -> list[dict[str, Any]]:
             "why": c.why,
             "parameters": c.parameters,
             "expected": dict(c.expected),
+            # what a spec's `shape` may override on this preset: range, description, preset value
+            "shape_fields": shape_fields(c),
             "layouts": config_layouts(c),  # tp / pp / ep sizes this config can run with
         }
         for c in (CONFIGS[n] for n in config_names())

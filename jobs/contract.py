@@ -205,6 +205,10 @@ class PhaseDocument(TypedDict):
     info: dict[str, Any]
     error: ErrorRecord | None
     stage_seconds: NotRequired[dict[str, float]]
+    # multi-node: the hostname of the node this rank ran on (each rank's own document), and on the
+    # merged phase document every rank's node, indexed by rank (None: that rank wrote no document)
+    node: NotRequired[str]
+    rank_nodes: NotRequired[list[str | None]]
 
 
 def phase_document(
@@ -294,6 +298,7 @@ class PhaseSummary(TypedDict):
     info: dict[str, Any]
     stage_seconds: dict[str, float]
     workarounds: dict[str, Any]
+    rank_nodes: NotRequired[list[str | None]]  # multi-node: each rank's node, indexed by rank
 
 
 class ParityResult(TypedDict):

@@ -29,14 +29,15 @@ MAX_PP = MAX_WORLD_SIZE
 
 def _tp_dims(cfg: ModelConfig) -> dict[str, int]:
     """The sizes tensor parallelism splits (names as the config / TransformerConfig call them)."""
+    ffn = getattr(cfg, "ffn_hidden_size", None) or cfg.hidden_size * 2  # as jobs/rank/model.py builds it
     dims = {
         "hidden_size": cfg.hidden_size,
         "num_attention_heads": cfg.num_attention_heads,
-        "ffn_hidden_size": cfg.hidden_size * 2,  # jobs/rank/model.py builds ffn = 2 * hidden
+        "ffn_hidden_size": ffn,
         "vocab_size": cfg.vocab_size,
     }
     if cfg.num_experts:
-        dims["moe_ffn_hidden_size"] = cfg.hidden_size * 2
+        dims["moe_ffn_hidden_size"] = ffn
     return dims
 
 

@@ -6,13 +6,14 @@ inverse and rejects unknown keys, so a typo in CI is an error rather than a sile
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from jobs import parallel_layout
 from jobs.configs import CONFIGS, config_names
 from jobs.contract import WORKAROUND_NAMES
 from jobs.selftest.catalogue import mutant_names
+from jobs.shape import ShapeError, apply_shape, shape_fields, validate_shape
 from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
 
 MAX_DP = 8
@@ -31,6 +32,15 @@ REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
 # "job": each phase is its own job (resume in another allocation, possibly another node).
 ISOLATION_MODES = ("process", "job")
 DEFAULT_ISOLATION = "process"
+# --- multi-node (nodes) -------------------------------------------------------------------------
+# Ranks are spread evenly over `nodes` Slurm nodes (dp / nodes tasks per node).
+DEFAULT_NODES = 1
+
+
+def allowed_nodes(dp: int) -> list[int]:
+    """The node counts a run of dp ranks can be spread over evenly (the divisors of dp)."""
+    return [n for n in range(1, dp + 1) if dp % n == 0]
+# --- end multi-node -----------------------------------------------------------------------------
 
 
 class SpecError(ValueError):
@@ -69,6 +79,12 @@ class RunSpec:
     # Injected resume bugs (jobs/selftest/catalogue.py): only the detector's self-test sets them.
     mutants: tuple[str, ...] = ()
     isolation: str = DEFAULT_ISOLATION
+    # --- multi-node: Slurm nodes the ranks are spread over (omitted from to_dict() when 1) ---
+    nodes: int = DEFAULT_NODES
+    # --- custom shape (jobs/shape.py) ---------------------------------------------------------
+    # Overrides of the preset's model shape ({} = the preset); omitted from to_dict() when empty.
+    shape: dict[str, Any] = field(default_factory=dict, hash=False)
+    # --- end custom shape ---------------------------------------------------------------------
     # --- parallel layout (jobs/parallel_layout.py): tensor, pipeline and expert parallel sizes beside
     # dp, which stays the data-parallel size; world size = dp * tp * pp. Omitted from to_dict() at 1.
     tp: int = 1
@@ -117,11 +133,36 @@ class RunSpec:
                 raise SpecError("mutants", f"unknown mutant {m!r}", mutant_names())
         if self.isolation not in ISOLATION_MODES:
             raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
-        # parallel layout: Megatron-Core's constraints, before anything is launched
-        parallel_layout.validate(CONFIGS[self.config], self.dp, self.tp, self.pp, self.ep, SpecError)
+        self._check_nodes()
+        # --- custom shape: validated against the preset, after the config is known ---
+        try:
+            object.__setattr__(self, "shape", validate_shape(CONFIGS[self.config], self.shape))
+        except ShapeError as exc:
+            raise SpecError(exc.field, exc.message, exc.allowed) from None
+        # --- end custom shape ---
+        # parallel layout: Megatron-Core's constraints on the model as shaped, before anything is launched
+        parallel_layout.validate(
+            apply_shape(CONFIGS[self.config], self.shape), self.dp, self.tp, self.pp, self.ep, SpecError
+        )
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
+
+    # --- multi-node -------------------------------------------------------------------------------
+    def _check_nodes(self) -> None:
+        allowed = allowed_nodes(self.dp)
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int):
+            raise SpecError("nodes", f"must be an integer, got {self.nodes!r}", allowed)
+        if self.nodes not in allowed:
+            raise SpecError(
+                "nodes", f"{self.nodes} does not divide dp ({self.dp}): ranks are spread evenly over nodes", allowed
+            )
+
+    @property
+    def tasks_per_node(self) -> int:
+        """Return the ranks each node runs: world size (dp * tp * pp) / nodes."""
+        return self.world_size // self.nodes
+    # --- end multi-node ----------------------------------------------------------------------------
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSpec:
@@ -149,6 +190,12 @@ class RunSpec:
             out["mutants"] = list(self.mutants)
         else:  # absent unless set, so ordinary specs (and their stored forms) are unchanged
             del out["mutants"]
+        if self.nodes == DEFAULT_NODES:  # multi-node: absent at 1, so stored specs and check keys stay unchanged
+            del out["nodes"]
+        if self.shape:  # custom shape: absent unless set, like mutants
+            out["shape"] = dict(self.shape)
+        else:
+            del out["shape"]
         for name in parallel_layout.LAYOUT_FIELDS:  # likewise: a default layout leaves stored specs as they were
             if out[name] == 1:
                 del out[name]
@@ -175,6 +222,8 @@ def allowed_values() -> dict[str, Any]:
         "workarounds": list(WORKAROUNDS),
         "isolation": list(ISOLATION_MODES),
         "steps": {"min": 2, "max": MAX_STEPS},
+        "nodes": {"min": 1, "rule": "divides dp"},  # multi-node
+        "shape": shape_fields(),
         **parallel_layout.allowed(CONFIGS),
     }
 

@@ -1,6 +1,7 @@
 """The ORM: one module per table; importing this package registers every table on Base.metadata."""
 
 from models.base import Base
+from models.bisect import Bisect
 from models.environment import Environment
 from models.event import PhaseEvent, RunEvent, SchedulerHeartbeat
 from models.known_failure import KnownFailure
@@ -15,6 +16,7 @@ from models.token import ApiToken
 __all__ = [
     "ApiToken",
     "Base",
+    "Bisect",
     "Environment",
     "KnownFailure",
     "NotificationChannel",

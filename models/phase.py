@@ -49,3 +49,9 @@ class Phase(CreatedAt, Base):
     log_paths: Mapped[list[str]] = mapped_column(JSONB, default=list)
 
     run: Mapped[Run] = relationship(back_populates="phases", lazy="raise")
+
+    @property
+    def rank_nodes(self) -> list[str | None]:
+        """Multi-node: the node (hostname) each rank ran on, from the phase's document; [] before it has one."""
+        nodes = (self.info or {}).get("rank_nodes")
+        return list(nodes) if isinstance(nodes, list) else []

@@ -21,6 +21,12 @@ scripts/slurm-up.sh
 # shellcheck disable=SC1091 # written by slurm-up.sh; exports SLURM_CONF for sbatch, sacct and submitit
 source "${PARITY_SLURM_DIR:-/var/tmp/parity-slurm}/env.sh"
 sinfo
+# the two-node Slurm of tests/infra (scripts/slurm-multinode-up.sh, started by its fixture) puts each
+# node in network + UTS namespaces: ip (iproute2), nsenter and unshare (util-linux)
+if ! command -v ip >/dev/null || ! command -v nsenter >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends iproute2 util-linux >/dev/null
+fi
 say "pytest"
 # Here nothing may be skipped for want of infrastructure: missing Slurm or Chromium is a failure.
 export PARITY_REQUIRE_SLURM=1 PARITY_REQUIRE_BROWSER=1

@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.api import environments, meta, oncall, runs, sweeps
+from service.api import bisects, environments, meta, oncall, runs, sweeps
 from service.api.limits import BodyLimit
 from service.dashboard import routes as dashboard
 from service.errors import DomainError
@@ -72,6 +72,7 @@ def create_app() -> FastAPI:
     app.include_router(runs.router)
     app.include_router(environments.router)
     app.include_router(sweeps.router)
+    app.include_router(bisects.router)
     app.include_router(oncall.router)
     app.include_router(meta.router)
     app.include_router(meta.metrics_router)

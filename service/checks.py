@@ -38,6 +38,8 @@ def check_key(spec: dict[str, Any]) -> str:
 
 
 def _value(value: Any) -> str:
+    if isinstance(value, dict):  # a custom shape: key:value pairs, sorted
+        return ",".join(f"{k}:{_value(v)}" for k, v in sorted(value.items())) or "-"
     if isinstance(value, (list, tuple)):
         return "+".join(str(v) for v in value) or "-"
     return str(value)

@@ -9,7 +9,8 @@ from service.errors import ConfigError
 
 # each module in service/commands registers one subcommand (imported lazily: torch is slow to import)
 COMMANDS = (
-    "serve", "scheduler", "db", "token", "submit", "env", "sweep", "demo", "run_local", "configs", "notify", "selftest",
+    "serve", "scheduler", "db", "token", "submit", "env", "sweep", "bisect", "demo", "run_local", "configs", "notify",
+    "selftest",
 )
 
 

@@ -143,7 +143,10 @@ def session_scope() -> Iterator[Session]:
 
 
 def reset_engine() -> None:
-    """Forget the cached engine (tests and settings changes)."""
+    """Forget the cached engine (tests and settings changes), and the admission counts read through it."""
+    from service.admission import forget_counts
+
+    forget_counts()
     if get_engine.cache_info().currsize:
         get_engine().dispose()
     get_engine.cache_clear()

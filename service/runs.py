@@ -6,14 +6,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from jobs.spec import RunSpec, SpecError
 from models import Environment, Run, RunEvent
+from service.admission import Caps, admitted, check_caps  # noqa: F401  (Caps: re-exported for the API and sweeps)
 from service.checks import identify
-from service.errors import Conflict, Forbidden, InvalidSpec, NotFound, TooManyRequests
+from service.errors import Conflict, Forbidden, InvalidSpec, NotFound
 from service.state import TERMINAL, RunState, transition
 
 
@@ -64,6 +65,8 @@ def create_run(
         session.add(run)
         session.flush()
         session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))
+        if caps is not None:
+            admitted(session, requester)
         return run, True
     try:
         # a concurrent request with the same key loses the unique race here, not with a 500
@@ -76,6 +79,8 @@ def create_run(
             raise
         return _same_request(existing, spec_dict, environment, labels), False
     session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))
+    if caps is not None:
+        admitted(session, requester)
     return run, True
 
 
@@ -91,46 +96,6 @@ def _same_request(existing: Run, spec: dict[str, Any], environment: Environment,
             field="Idempotency-Key",
         )
     return existing
-
-
-@dataclass(frozen=True)
-class Caps:
-    """Admission limits: unfinished runs in the whole service, and queued runs per requester."""
-
-    max_in_flight: int
-    max_queued_per_requester: int
-    retry_after_s: int = 30
-
-
-def _upto(query: Select[tuple[int]], cap: int) -> Any:
-    """A scalar subquery: how many rows query matches, counting no further than cap."""
-    return select(func.count()).select_from(query.limit(cap).subquery()).scalar_subquery()
-
-
-def check_caps(session: Session, caps: Caps, requester: str | None) -> None:
-    """429 (with Retry-After) when the service or this requester has too many runs waiting."""
-    # The states listed (not "NOT IN terminal"), so Postgres reads ix_runs_state_created rather than
-    # every row: with 1M finished runs stored, NOT IN cost a full scan per POST. Counting stops at the
-    # cap, and both counts travel in one statement (one round trip per POST, not two). A soft cap:
-    # two requests racing may both pass; the next one sees them.
-    unfinished = Run.state.in_([s.value for s in RunState if s not in TERMINAL])
-    queued_by_me = (Run.state == RunState.QUEUED.value) & (Run.requester == requester)
-    row = session.execute(select(
-        _upto(select(Run.id).where(unfinished), caps.max_in_flight),
-        _upto(select(Run.id).where(queued_by_me), caps.max_queued_per_requester),
-    )).one()
-    total, mine = int(row[0] or 0), int(row[1] or 0)
-    if total >= caps.max_in_flight:
-        raise TooManyRequests(
-            f"runs: {total} runs are queued or in flight (PARITY_MAX_IN_FLIGHT={caps.max_in_flight}); "
-            f"retry later", retry_after=caps.retry_after_s,
-        )
-    if mine >= caps.max_queued_per_requester:
-        raise TooManyRequests(
-            f"runs: {requester!r} already has {mine} queued runs "
-            f"(PARITY_MAX_QUEUED_PER_REQUESTER={caps.max_queued_per_requester}); retry later",
-            retry_after=caps.retry_after_s,
-        )
 
 
 def get_run(session: Session, *, run_id: int, with_phases: bool = False) -> Run:

@@ -59,6 +59,10 @@ def under_submitit() -> bool:
     return any(k in os.environ for k in ("SUBMITIT_LOCAL_JOB_ID", "SUBMITIT_EXECUTOR", "SLURM_JOB_ID"))
 
 
+# What export_env set up for a job spanning nodes (master node and address, gloo interface).
+MULTINODE: dict[str, str] = {}
+
+
 def export_env(master_port: int | None) -> None:
     """Set MASTER_ADDR/PORT, RANK, WORLD_SIZE for env:// init from submitit (or a 1-rank default)."""
     if master_port is not None:
@@ -74,6 +78,12 @@ def export_env(master_port: int | None) -> None:
         if "SUBMITIT_LOCAL_JOB_ID" in os.environ:
             # Local tasks share this host; loopback avoids hostname resolution surprises.
             os.environ["MASTER_ADDR"] = "127.0.0.1"
+        else:
+            # multi-node: the first node's address, never loopback, and an interface peers can reach
+            from jobs.rank.multinode import export_multinode_env
+
+            MULTINODE.clear()
+            MULTINODE.update(export_multinode_env())
         del env
     elif "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")

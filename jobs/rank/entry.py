@@ -49,7 +49,7 @@ def _environment(info: Any) -> dict[str, Any]:
     import megatron.core
     import torch
 
-    from jobs.rank import cpu_shim
+    from jobs.rank import cpu_shim, dist
 
     return {
         "torch": torch.__version__,
@@ -62,6 +62,7 @@ def _environment(info: Any) -> dict[str, Any]:
         "world_size": info.world_size,
         "cpu_shims": cpu_shim.installed(),
         "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+        "multinode": dict(dist.MULTINODE),  # empty on a one-node job
     }
 
 
@@ -86,6 +87,7 @@ def run_rank_phase(
     t_start = time.time()
     rank = _env_rank()
     doc = phase_document(spec, cast(PhaseName, phase), rank)
+    doc["node"] = socket.gethostname()  # which node this rank ran on (merged into the phase's rank_nodes)
     layout = RunLayout(Path(run_folder))
     folder = layout.attempt(phase, attempt).folder
     folder.mkdir(parents=True, exist_ok=True)

@@ -71,13 +71,16 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
     from megatron.core.transformer import TransformerConfig
 
     moe: dict[str, Any] = {}
+    ffn = cfg.ffn_hidden_size or cfg.hidden_size * 2
     if pp > 1:  # activations between stages travel as bf16 (Megatron needs the dtype up front)
         moe.update(pipeline_model_parallel_size=pp, pipeline_dtype=torch.bfloat16)
     if cfg.num_experts:
         moe.update(
             num_moe_experts=cfg.num_experts,
             moe_router_topk=cfg.moe_router_topk,
-            moe_ffn_hidden_size=cfg.hidden_size * 2,
+            # Megatron refuses top-1 routing with the softmax after top-k (a custom shape may ask for it)
+            moe_router_pre_softmax=cfg.moe_router_topk == 1,
+            moe_ffn_hidden_size=ffn,
             moe_token_dispatcher_type="allgather",
             moe_grouped_gemm=False,
             moe_router_load_balancing_type="aux_loss",
@@ -87,7 +90,7 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
-        ffn_hidden_size=cfg.hidden_size * 2,
+        ffn_hidden_size=ffn,
         num_attention_heads=cfg.num_attention_heads,
         # add_bias_linear=True breaks MoE at TP=1 (in-place op on a view in mlp.py).
         add_bias_linear=False,
@@ -127,12 +130,19 @@ def _add_residual_gates(gpt: torch.nn.Module) -> None:
             module.register_forward_hook(scale)
 
 
+def _input_to_fp32(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return (args[0].float(), *args[1:]), kwargs
+
+
 def _keep_fp32(model: torch.nn.Module, cfg: ModelConfig) -> None:
     # Bridge-style "keep in FP32": Float16Module cast everything to bf16; promote chosen modules
     # back. A bf16 grad buffer (embedding first) then precedes the FP32 one in DDP.
     for name, module in model.named_modules():
         if any(name.endswith(s) for s in cfg.fp32_modules):
             module.float()
+            if name.endswith("output_layer"):
+                # the FP32 head gets the bf16 decoder output: cast it, as the FP32 router does its input
+                module.register_forward_pre_hook(_input_to_fp32, with_kwargs=True)
     for name, param in model.named_parameters():
         if name.endswith("residual_gate"):
             param.data = param.data.float()

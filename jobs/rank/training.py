@@ -38,6 +38,7 @@ from jobs.rank.context import RankContext
 from jobs.rank.probes import buckets, fingerprints, groups, index_map
 from jobs.rank.probes import state as state_probe
 from jobs.rank.workarounds import adam_steps, fp32_leaf_views, realign_param_index, restore_adam_step
+from jobs.shape import apply_shape
 from jobs.spec import RunSpec
 
 PROBE_TIMEOUT_S = 60.0
@@ -63,7 +64,10 @@ def build(ctx: RankContext, spec: RunSpec, phase: str = "train_and_save") -> mod
     compat.check_spec(spec)  # an option this build lacks is unsupported-by-build, before anything runs
     ctx.doc["info"]["compat_shims"] = compat.install_shims()
     init_seed = resume_init_seed(spec.seed) if phase == "resume" else None
-    tr = model.build(get_config(spec.config), spec.seed, spec.steps, init_seed, tp=spec.tp, ep=spec.ep, pp=spec.pp)
+    tr = model.build(
+        apply_shape(get_config(spec.config), spec.shape), spec.seed, spec.steps, init_seed,
+        tp=spec.tp, ep=spec.ep, pp=spec.pp,
+    )
     # Local reports wait here until the first collective stage gathers them (_publish_build_probes).
     ctx.local_build_probes = {
         INDEX_MAP: compat.guarded(index_map.probe, optimizers=[], misaligned_total=0)(tr.optimizer, tr.name_of),

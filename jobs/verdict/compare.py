@@ -142,13 +142,16 @@ def lanes(spec: RunSpec, rows: list[StepRow], profile: ToleranceProfile) -> dict
 def _phase_summary(doc: PhaseDocument | None) -> PhaseSummary | None:
     if doc is None:
         return None
-    return {
+    summary: PhaseSummary = {
         "status": doc["status"],
         "error": doc.get("error"),
         "info": doc.get("info", {}),
         "stage_seconds": doc.get("stage_seconds", {}),
         "workarounds": doc.get("workarounds", {}),
     }
+    if "rank_nodes" in doc:  # multi-node: which node each rank ran on
+        summary["rank_nodes"] = doc["rank_nodes"]
+    return summary
 
 
 def missing_probes(spec: RunSpec, doc: PhaseDocument | None) -> list[ErrorRecord]:

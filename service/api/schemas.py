@@ -23,8 +23,9 @@ class RunCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     spec: dict[str, Any] = Field(
-        description="Run spec: config, dp, steps, save_step, sharding, seed, tolerance, workarounds; "
-        "parallel layout tp, pp, ep (default 1; see GET /api/v1/configs `layouts`)",
+        description="Run spec: config, dp, steps, save_step, sharding, seed, tolerance, workarounds, shape "
+        "(overrides of the preset shape; fields and ranges: GET /api/v1/configs); parallel layout tp, pp, ep "
+        "(default 1; each config's `layouts` in GET /api/v1/configs)",
         examples=[{"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}],
     )
     # bounded like the column it lands in (environments.name is 200 characters)
@@ -58,6 +59,9 @@ class PhaseOut(BaseModel):
     duration_s: float | None
     save_s: float | None
     load_s: float | None
+    rank_nodes: list[str | None] = Field(
+        default_factory=list, description="The node (hostname) each rank ran on, indexed by rank; [] until known"
+    )
 
 
 class RunOut(BaseModel):

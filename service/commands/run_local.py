@@ -47,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE configs; must divide dp)")
+    from service.commands.shape_arg import add_shape_argument
+
+    add_shape_argument(p)
     p.add_argument("--run-folder", type=Path, default=None,
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
@@ -58,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def handle(args: argparse.Namespace) -> int:
     """Validate the spec, run both phases, print the table or JSON; return 0/1/2."""
     from jobs.spec import RunSpec, SpecError
+    from service.commands.shape_arg import parse_shape
 
     try:
         spec = RunSpec(
@@ -73,6 +77,7 @@ def handle(args: argparse.Namespace) -> int:
             tp=args.tp,
             pp=args.pp,
             ep=args.ep,
+            shape=parse_shape(args.shape),
         )
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ import httpx
 
 from service.commands.common import load_settings
 from service.commands.junit import junit_xml
+from service.commands.shape_arg import add_shape_argument, parse_shape
 
 TERMINAL = {"passed", "failed", "error", "cancelled"}
 
@@ -26,10 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--tolerance")
     p.add_argument("--workaround", action="append", default=[])
+    add_shape_argument(p)
     p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
     p.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
     p.add_argument("--pp", type=int, help="pipeline-parallel size (default 1)")
     p.add_argument("--ep", type=int, help="expert-parallel size (default 1; MoE configs, must divide dp)")
+    p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
     p.add_argument("--environment", default="default")
     p.add_argument("--requirement", "-r", action="append", default=[],
                    help="build (or reuse) an environment from these requirement lines and run on it (repeatable)")
@@ -52,6 +55,10 @@ def build_body(args: argparse.Namespace) -> dict[str, Any]:
             spec[key] = getattr(args, key)
     if args.workaround:
         spec["workarounds"] = args.workaround
+    if getattr(args, "nodes", None) is not None:  # multi-node
+        spec["nodes"] = args.nodes
+    if getattr(args, "shape", None):
+        spec["shape"] = parse_shape(args.shape)
     labels = {}
     for item in args.label:
         key, sep, value = item.partition("=")

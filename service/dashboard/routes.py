@@ -59,6 +59,18 @@ def sweep(request: Request, sweep_id: str, session: SessionDep, _: DashboardRead
     return render(request, "sweep.html", {"g": sweep_grid(session, sweep_id=sweep_id)})
 
 
+@router.get("/bisects/{bisect_id}")
+def bisect(request: Request, bisect_id: str, session: SessionDep, base: BaseUrl, _: DashboardRead) -> Response:
+    """A bisect: each environment in order with the run that decided it, and the first bad one."""
+    from models import Bisect
+    from service.bisects import describe
+
+    row = session.get(Bisect, bisect_id)
+    if row is None:
+        raise PageError(404, f"bisect {bisect_id} not found")
+    return render(request, "bisect.html", {"b": describe(session, row, base)})
+
+
 @router.get("/runs/{run_id}")
 def run(request: Request, run_id: RunId, session: SessionDep, settings: SettingsDep, _: DashboardRead) -> Response:
     """One run: charts, per-step table, probe findings, phases, events."""

@@ -120,12 +120,16 @@ class _SlurmExecutor(submitit.SlurmExecutor):
 
 def submit_phase(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
-    function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(),
+    function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(), nodes: int = 1,
 ) -> PhaseJob:
     """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
 
     env_names: variables this job may inherit beyond the allow-list (a build needs pip's).
+    nodes: Slurm nodes the ranks are spread over, tasks / nodes per node (the local executor runs
+    every rank on this host whatever it says).
     """
+    if nodes < 1 or tasks % nodes:
+        raise ValueError(f"nodes: {nodes} does not divide tasks ({tasks})")
     private_dirs(settings.resolved_run_folder, folder)
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")
@@ -139,7 +143,7 @@ def submit_phase(
         slurm = _SlurmExecutor(folder=folder, python=quoted, max_num_timeout=0)
         slurm.exit_after_sbatch = os.environ.get(FAULT_AFTER_SBATCH) == "1"
         params: dict[str, Any] = dict(
-            ntasks_per_node=tasks, nodes=1, cpus_per_task=settings.slurm_cpus_per_task,
+            ntasks_per_node=tasks // nodes, nodes=nodes, cpus_per_task=settings.slurm_cpus_per_task,
             time=settings.slurm_time_limit_min, job_name=name,
             setup=[f"export PYTHONPATH={shlex.quote(pythonpath)}"],
             additional_parameters={**settings.sbatch_extra(), "no-requeue": True},

@@ -24,7 +24,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from models import Run, SchedulerHeartbeat
 from models.base import utcnow
-from service import retention
+from service import bisects, retention
 from service.builds import steps as builds
 from service.db import get_engine, session_scope
 from service.evaluation import evaluate_pending
@@ -64,7 +64,7 @@ def heartbeat(name: str, executor: str = "") -> None:
 def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
     done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "notified": 0, "pruned": 0,
-            "selftest_queued": 0, "builds": 0}
+            "selftest_queued": 0, "builds": 0, "bisects": 0}
     with session_scope() as session:
         done["selftest_queued"] = enqueue_due(session, settings=settings)
     with session_scope() as session:
@@ -94,6 +94,8 @@ def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[s
         done["reconciled"] = reconcile(session, settings=settings, executor=executor)
     with session_scope() as session:
         done["evaluated"] = evaluate_pending(session, settings=settings)
+    with session_scope() as session:  # a verdict just stored may decide a bisect's step (or queue its next run)
+        done["bisects"] = bisects.advance_open(session, settings=settings)
     done["notified"] = deliver_step()
     with session_scope() as session:
         done["pruned"] = sum(retention.apply(session, settings).values())

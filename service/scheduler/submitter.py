@@ -178,6 +178,7 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
     return launcher.submit_phase(
         executor=phase.executor, folder=folder, python=env.python, tasks=world_size_of(run.spec),
         settings=settings, name=job_name(settings, phase), function=function, args=args,
+        nodes=int(run.spec.get("nodes", 1)),  # multi-node: absent from specs at its default, 1
     )
 
 

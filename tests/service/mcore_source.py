@@ -43,3 +43,16 @@ def make_source(dest: Path, *, local_version: str, change: tuple[str, str, str] 
         assert text.count(old) == 1, f"the change no longer applies to {rel}"
         path.write_text(text.replace(old, new))
     return dest
+
+
+# Resume bug in the DistributedOptimizer: loading a checkpoint restores each parameter's master
+# weight and first moment but resets its second moment (exp_avg_sq) to zero instead of the saved one.
+EXP_AVG_SQ_NOT_RESTORED = (
+    "megatron/core/optimizer/distrib_optimizer.py",
+    "            for key in dst_tensors:\n                dst_tensors[key].copy_(tensors[key])\n",
+    "            for key in dst_tensors:\n"
+    "                if key == 'exp_avg_sq':  # parity test: deliberate resume bug\n"
+    "                    dst_tensors[key].zero_()\n"
+    "                else:\n"
+    "                    dst_tensors[key].copy_(tensors[key])\n",
+)

@@ -115,3 +115,26 @@ def test_per_requester_queue_cap(client: TestClient, make_token, monkeypatch: py
     assert "'greedy' already has 2 queued runs" in resp.json()["detail"]
     # another requester is not held back by greedy's queue
     assert client.post("/api/v1/runs", json={"spec": SPEC}, headers=other).status_code == 202
+
+
+def test_caps_see_runs_queued_elsewhere_after_the_count_refresh(
+    client: TestClient, make_token, db_session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # counts are reused for COUNT_TTL_S (a soft cap); runs another process queues count from the next refresh
+    import time
+
+    from jobs.spec import RunSpec
+    from service.admission import COUNT_TTL_S
+    from service.environments import ensure_default_environment
+    from service.runs import create_run
+
+    monkeypatch.setenv("PARITY_MAX_IN_FLIGHT", "3")
+    get_settings.cache_clear()
+    token = make_token("submit", name="ci")
+    assert client.post("/api/v1/runs", json={"spec": SPEC}, headers=token).status_code == 202
+    env = ensure_default_environment(db_session, settings=get_settings())
+    for _ in range(2):  # queued by "another API process": no caps, no local admission count
+        create_run(db_session, spec=RunSpec.from_dict(SPEC), environment=env, labels={}, requester="other")
+    time.sleep(COUNT_TTL_S + 0.1)
+    resp = client.post("/api/v1/runs", json={"spec": SPEC}, headers=token)
+    assert resp.status_code == 429 and "3 runs are queued or in flight" in resp.json()["detail"], resp.text
