@@ -208,3 +208,20 @@ def test_steps_must_exceed_the_configs_lr_warmup() -> None:
         RunSpec.from_dict({"config": "dense-bf16", "dp": 1, "steps": 3, "save_step": 2})
     assert exc.value.field == "steps"
     assert RunSpec.from_dict({"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 2}).steps == 4
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "text"),
+    [
+        ({**MOE, "dp": 1, "tp": 4, "shape": {"num_attention_heads": 2}}, "tp", "num_attention_heads 2"),
+        ({**MOE, "dp": 1, "pp": 2, "shape": {"num_layers": 3}}, "pp", "does not divide num_layers 3"),
+        ({**MOE, "dp": 4, "ep": 4, "shape": {"num_experts": 6}}, "ep", "does not divide num_experts 6"),
+        ({**MOE, "dp": 1, "tp": 4, "shape": {"ffn_hidden_size": 90}}, "tp", "ffn_hidden_size 90"),
+    ],
+)
+def test_layout_rules_apply_to_the_shaped_model(fields: dict, field: str, text: str) -> None:
+    with pytest.raises(SpecError) as info:
+        RunSpec.from_dict(fields)
+    assert info.value.field == field and text in str(info.value)
+    unshaped = {k: v for k, v in fields.items() if k != "shape"}
+    assert RunSpec.from_dict(unshaped).world_size >= 1  # the preset itself allows the layout
