@@ -328,6 +328,8 @@ class ParityResult(TypedDict):
     timing: NotRequired[dict[str, float | None]]
     # "process" (a forked child per phase in one job) or "job" (a job per phase); absent before it existed
     isolation: NotRequired[str]
+    # a resume at another DP size (spec.resume_dp): the layouts, batches, tolerance and isolation it ran with
+    reshard: NotRequired[dict[str, Any]]
 
 
 def parity_result(

@@ -6,6 +6,7 @@ inverse and rejects unknown keys, so a typo in CI is an error rather than a sile
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -32,6 +33,12 @@ REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
 # "job": each phase is its own job (resume in another allocation, possibly another node).
 ISOLATION_MODES = ("process", "job")
 DEFAULT_ISOLATION = "process"
+# --- resume under another DP layout (resume_dp) ---
+# The global batch is lcm(dp, resume_dp) microbatches, each phase's ranks accumulating their share;
+# more than this many microbatches per rank is a spec that costs far more than the check it buys.
+MAX_MICROBATCHES_PER_RANK = 4
+# The profile a resharded resume is judged by unless the spec names a non-exact one itself.
+RESHARD_TOLERANCE = "reshard"
 # --- multi-node (nodes) -------------------------------------------------------------------------
 # Ranks are spread evenly over `nodes` Slurm nodes (dp / nodes tasks per node).
 DEFAULT_NODES = 1
@@ -79,6 +86,9 @@ class RunSpec:
     # Injected resume bugs (jobs/selftest/catalogue.py): only the detector's self-test sets them.
     mutants: tuple[str, ...] = ()
     isolation: str = DEFAULT_ISOLATION
+    # --- resume under another DP layout: the resume phase runs with resume_dp ranks (None: dp) ---
+    resume_dp: int | None = None
+    # --- end resume_dp ---
     # --- multi-node: Slurm nodes the ranks are spread over (omitted from to_dict() when 1) ---
     nodes: int = DEFAULT_NODES
     # --- custom shape (jobs/shape.py) ---------------------------------------------------------
@@ -134,6 +144,7 @@ class RunSpec:
         if self.isolation not in ISOLATION_MODES:
             raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
         self._check_nodes()
+        self._check_resume_dp(max_dp)  # after nodes: the resume's ranks are spread over the same nodes
         # --- custom shape: validated against the preset, after the config is known ---
         try:
             object.__setattr__(self, "shape", validate_shape(CONFIGS[self.config], self.shape))
@@ -144,6 +155,10 @@ class RunSpec:
         parallel_layout.validate(
             apply_shape(CONFIGS[self.config], self.shape), self.dp, self.tp, self.pp, self.ep, SpecError
         )
+        if self.resume_dp is not None and (self.tp, self.pp, self.ep) != (1, 1, 1):
+            # a resharded resume is verified only for pure data parallelism
+            raise SpecError("resume_dp", "resharding a tp/pp/ep layout is not supported; "
+                            "allowed with tp = pp = ep = 1")
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
@@ -190,6 +205,8 @@ class RunSpec:
             out["mutants"] = list(self.mutants)
         else:  # absent unless set, so ordinary specs (and their stored forms) are unchanged
             del out["mutants"]
+        if self.resume_dp is None:  # likewise: check keys and golden documents stay as they were
+            del out["resume_dp"]
         if self.nodes == DEFAULT_NODES:  # multi-node: absent at 1, so stored specs and check keys stay unchanged
             del out["nodes"]
         if self.shape:  # custom shape: absent unless set, like mutants
@@ -211,6 +228,97 @@ class RunSpec:
         """Return the steps the resume phase runs: N+1..M."""
         return list(range(self.save_step + 1, self.steps + 1))
 
+    # --- resume under another DP layout (resume_dp) ---
+
+    def _check_resume_dp(self, max_dp: int) -> None:
+        if self.resume_dp is None:
+            return
+        _int("resume_dp", self.resume_dp, 1)
+        if self.resume_dp > max_dp:
+            raise SpecError(
+                "resume_dp",
+                f"{self.resume_dp} exceeds the maximum {max_dp} for config {self.config!r}",
+                list(range(1, max_dp + 1)),
+            )
+        if self.resume_dp == self.dp:  # one spelling per check: the same layout is "absent"
+            raise SpecError("resume_dp", f"equals dp ({self.dp}); omit it to resume at the same DP size")
+        if self.resume_dp % self.nodes:
+            raise SpecError(
+                "resume_dp",
+                f"{self.resume_dp} is not divisible by nodes ({self.nodes}): the resume's ranks are spread evenly",
+                [k for k in range(1, max_dp + 1) if k % self.nodes == 0 and k != self.dp],
+            )
+        per_rank = self.global_microbatches // min(self.dp, self.resume_dp)
+        if per_rank > MAX_MICROBATCHES_PER_RANK:
+            raise SpecError(
+                "resume_dp",
+                f"dp {self.dp} -> {self.resume_dp} needs a global batch of {self.global_microbatches} microbatches "
+                f"({per_rank} per rank at DP {min(self.dp, self.resume_dp)}), more than {MAX_MICROBATCHES_PER_RANK}",
+            )
+        if CONFIGS[self.config].dropout > 0:
+            # Dropout draws from per-rank generators; another layout has other ranks, so no resume
+            # could reproduce the masks and every resharded step would differ by construction.
+            raise SpecError(
+                "resume_dp",
+                f"config {self.config!r} uses dropout, whose random streams are per rank and cannot be resharded",
+                [n for n, c in CONFIGS.items() if c.dropout == 0],
+            )
+
+    @property
+    def reshards(self) -> bool:
+        """Whether the resume runs at another DP size than the save."""
+        return self.resume_dp is not None
+
+    def phase_dp(self, phase: str) -> int:
+        """The number of ranks (tasks) a phase runs with."""
+        return self.resume_dp if phase == "resume" and self.resume_dp is not None else self.dp
+
+    @property
+    def global_microbatches(self) -> int:
+        """Microbatches per step over all ranks: the same global batch at both DP sizes."""
+        return math.lcm(self.dp, self.resume_dp or self.dp)
+
+    def microbatches(self, phase: str) -> int:
+        """Microbatches each rank accumulates per step in a phase (1 unless the run reshards)."""
+        return self.global_microbatches // self.phase_dp(phase)
+
+    @property
+    def effective_isolation(self) -> str:
+        """How the phases are launched: a resharded resume always gets its own job.
+
+        Under "process" one job forks both phases in each of its tasks, so both would run with
+        the same number of ranks. Sizing that job to max(dp, resume_dp) and idling the extra
+        ranks would need per-phase worlds, rank filtering and peer waits in every task; a job
+        per phase gives each phase exactly its ranks, and the resume a fresh allocation as a
+        real reshard has. The result records the isolation that ran.
+        """
+        return "job" if self.reshards else self.isolation
+
+    @property
+    def effective_tolerance(self) -> str:
+        """The tolerance profile the run is judged by: `reshard` for a resharded resume left at `exact`.
+
+        Another DP size reduces gradients (and the grad norm) in another order, so an exact
+        comparison would fail every resharded run.
+        """
+        return RESHARD_TOLERANCE if self.reshards and self.tolerance == "exact" else self.tolerance
+
+    # --- end resume_dp ---
+
+
+def phase_tasks(spec: dict[str, Any], phase: str) -> int:
+    """The number of ranks a phase of a stored spec runs with: its DP size (resume_dp for a resharded
+    resume) times the model-parallel sizes."""
+    dp = spec["resume_dp"] if phase == "resume" and spec.get("resume_dp") is not None else spec["dp"]
+    return int(dp) * int(spec.get("tp", 1)) * int(spec.get("pp", 1))
+
+
+def spec_isolation(spec: dict[str, Any]) -> str:
+    """The isolation a stored spec runs under (see RunSpec.effective_isolation); "job" if it predates the field."""
+    if spec.get("resume_dp") is not None:
+        return "job"
+    return str(spec.get("isolation", "job"))
+
 
 def allowed_values() -> dict[str, Any]:
     """Return the allowed values of every enumerated field, for forms and help text."""
@@ -221,6 +329,7 @@ def allowed_values() -> dict[str, Any]:
         "tolerance": list(TOLERANCES),
         "workarounds": list(WORKAROUNDS),
         "isolation": list(ISOLATION_MODES),
+        "resume_dp": {"min": 1, "max": MAX_DP, "default": "dp", "must_differ_from": "dp"},
         "steps": {"min": 2, "max": MAX_STEPS},
         "nodes": {"min": 1, "rule": "divides dp"},  # multi-node
         "shape": shape_fields(),

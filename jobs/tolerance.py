@@ -22,6 +22,8 @@ class ToleranceProfile:
     lr_rtol: float
     lr_atol: float
     allow_failing_fraction: float = 0.0  # of resumed steps; at least 1 step when > 0
+    # relative tolerance of grad norm and num-zeros; None: the loss's (every profile but reshard)
+    metrics_rtol: float | None = None
 
     def max_failing_steps(self, n_steps: int) -> int:
         """Return how many resumed steps may fall outside tolerance."""
@@ -30,8 +32,11 @@ class ToleranceProfile:
         return max(1, int(n_steps * self.allow_failing_fraction))
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the profile as plain data."""
-        return asdict(self)
+        """Return the profile as plain data (metrics_rtol only when set, so older results read alike)."""
+        out = asdict(self)
+        if self.metrics_rtol is None:
+            del out["metrics_rtol"]
+        return out
 
 
 TOLERANCE_PROFILES: dict[str, ToleranceProfile] = {
@@ -49,6 +54,23 @@ TOLERANCE_PROFILES: dict[str, ToleranceProfile] = {
             1e-9,
             0.0,
             0.01,
+        ),
+        # Used automatically when the resume runs at another DP size (RunSpec.effective_tolerance).
+        # The grad norm is reduced in another order (8e-8 relative at the first resumed step, with
+        # clipping active); bf16 weights, Adam's small second moments and top-k routing amplify that.
+        # Measured, moe-fp32-router DP 2 -> 1, save at 3 of 14: loss within 1.4e-4 relative on every
+        # step (it levels off), grad norm up to 2.6e-3 and growing. The first resumed step's loss
+        # is bit-identical (restored state, same samples). A state the load did not restore
+        # exactly is caught by the exact restored-state comparison, not by this lane.
+        ToleranceProfile(
+            "reshard",
+            "resume at another DP size: loss within 1e-3 relative, grad norm within 2e-2 (reduction order); "
+            "lr exact to 1e-12",
+            1e-3,
+            0.0,
+            0.0,
+            1e-12,
+            metrics_rtol=2e-2,
         ),
     )
 }

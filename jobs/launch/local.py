@@ -42,11 +42,11 @@ def _failed_doc(spec: RunSpec, phase: str, message: str, tb: str = "") -> PhaseD
 
 
 def _submit_and_wait(
-    spec: RunSpec, folder: Path, executor: Any, timeout_s: float, function: Any, *args: Any
+    spec: RunSpec, folder: Path, executor: Any, timeout_s: float, function: Any, *args: Any, tasks: int | None = None
 ) -> tuple[Any, bool]:
-    """Submit function(*args) with tasks_per_node = world size (dp * tp * pp) and wait; (job, finished in time)."""
+    """Submit function(*args) with tasks_per_node = tasks (default the world size) and wait; (job, finished in time)."""
     ex = executor(folder) if callable(executor) else executor or local_executor(folder)
-    ex.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
+    ex.update_parameters(tasks_per_node=tasks or spec.world_size, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
     t0 = time.perf_counter()
     job = ex.submit(function, *args)
     # submitit's own wait() polls once a second; a tighter poll keeps launch overhead honest.
@@ -61,18 +61,20 @@ def _submit_and_wait(
 def launch_phase(
     spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
 ) -> PhaseDocument:
-    """Submit one phase with tasks_per_node = world size (dp * tp * pp), wait for it, and return rank 0's document."""
+    """Submit one phase, one task per rank (dp * tp * pp; resume_dp for a reshard); wait; rank 0's document."""
     folder = RunLayout(run_folder).attempt(phase, 1).submitit
     t0 = time.perf_counter()
+    tasks = spec.phase_dp(phase) * spec.tp * spec.pp
     job, in_time = _submit_and_wait(
-        spec, folder, executor, timeout_s, run_rank_phase, spec.to_dict(), str(run_folder), phase, free_port()
+        spec, folder, executor, timeout_s, run_rank_phase, spec.to_dict(), str(run_folder), phase, free_port(),
+        tasks=tasks,
     )
     if not in_time:
         return _failed_doc(spec, phase, f"phase {phase} timed out after {timeout_s:.0f} s")
     try:
         doc = merge_rank_documents(list(job.results()))
     except Exception as exc:  # noqa: BLE001 - a dead task: fall back to what the ranks wrote
-        doc = merge_rank_documents(read_rank_documents(run_folder, phase, spec.world_size))
+        doc = merge_rank_documents(read_rank_documents(run_folder, phase, tasks))
         if doc is None:
             doc = _failed_doc(spec, phase, f"{type(exc).__name__}: {exc}", str(exc))
     assert doc is not None
@@ -137,7 +139,7 @@ def run_parity(
     run_folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     resumed: PhaseDocument | None = None
-    if spec.isolation == "process":
+    if spec.effective_isolation == "process":  # a resharded resume always runs as its own job
         baseline, resumed = run_attempt_job(spec, run_folder, executor, timeout_s)
     else:
         baseline = launch_phase(spec, run_folder, "train_and_save", executor, timeout_s)

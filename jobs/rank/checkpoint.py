@@ -67,19 +67,25 @@ def write(state: dict[str, Any], folder: Path) -> None:
     torch.distributed.barrier()
 
 
-def build_load_state(tr: Trainee, sharding: str) -> dict[str, Any]:
-    """Prime optimizer state and build the sharded state dict that load fills in."""
+def build_load_state(tr: Trainee, sharding: str, with_rng: bool = True) -> dict[str, Any]:
+    """Prime optimizer state and build the sharded state dict that load fills in.
+
+    `with_rng=False` leaves the per-rank RNG states out: saved by another number of ranks (a
+    resharded resume) they have no counterpart here, as Megatron-LM's `--no-load-rng` does.
+    """
     for opt in distributed_optimizers(tr.optimizer):
         # torch Adam has no state before its first step; DistributedOptimizer.state_dict()
         # asserts a single `step`, so Megatron-LM primes it with dummy values the same way.
         if len(opt.optimizer.state) == 0:
             opt._init_optimizer_states_with_dummy_values()
     msd = tr.sharded_model_state()
-    return {
+    state = {
         "model": msd,
         "optimizer": tr.optimizer.sharded_state_dict(msd, is_loading=True, **compat.sharding_kwargs(sharding)),
-        rng.KEY: rng.sharded(),
     }
+    if with_rng:
+        state[rng.KEY] = rng.sharded()
+    return state
 
 
 def read(state: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -110,7 +116,8 @@ def apply(
     tr.scheduler.load_state_dict(loaded["scheduler"])
     tr.iteration = int(loaded["iteration"])
     # Last, so nothing the load did can consume random numbers after the restore.
-    rng.restore(loaded[rng.KEY])
+    if rng.KEY in loaded:
+        rng.restore(loaded[rng.KEY])
 
 
 def checkpoint_step(loaded: dict[str, Any]) -> float | None:

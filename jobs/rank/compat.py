@@ -10,12 +10,14 @@ this build" with the reason, and the run goes on.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from jobs.configs import CONFIGS
 from jobs.spec import RunSpec
 
 T = TypeVar("T")
@@ -56,13 +58,73 @@ def sharding_types() -> tuple[str, ...]:
     return tuple(sorted(offered))
 
 
+# Optimizer kinds (jobs/configs.py) that need a module not every release ships.
+OPTIMIZER_MODULES = {"layerwise-adam": "megatron.core.optimizer.layer_wise_optimizer"}
+
+
+def check_optimizer(kind: str) -> None:
+    """Raise UnsupportedByBuild when this build lacks the module an optimizer kind is built from."""
+    module = OPTIMIZER_MODULES.get(kind)
+    if module is None:
+        return
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError:
+        raise UnsupportedByBuild(f"optimizer {kind!r}", f"it has no {module}") from None
+
+
 def check_spec(spec: RunSpec) -> None:
     """Raise UnsupportedByBuild for an option of spec this build does not have."""
+    check_optimizer(CONFIGS[spec.config].optimizer)
     offered = sharding_types()
     if spec.sharding not in offered:
         raise UnsupportedByBuild(
             f"sharding {spec.sharding!r}",
             f"its DistributedOptimizer offers only {', '.join(offered) or 'no sharding types'}",
+        )
+    if spec.reshards:
+        check_reshard(spec)
+
+
+# --- resume under another DP layout (resume_dp) ---
+
+
+@functools.cache
+def dp_reshardable_types() -> tuple[str, ...]:
+    """The sharding types whose checkpoints this build says load at another DP size.
+
+    0.16.1 names its fully reshardable formats (`checkpoint_fully_reshardable_formats`) and
+    documents dp_reshardable as "resharding only in DP dimension"; dp_zero_gather_scatter
+    gathers the whole state on DP rank 0 and scatters it again at load, so no DP size is in it.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    fully = set(getattr(DistributedOptimizer, "checkpoint_fully_reshardable_formats", ()))
+    doc = " ".join((DistributedOptimizer.sharded_state_dict.__doc__ or "").split())
+    dp_only = {"dp_reshardable"} if "resharding only in DP dimension" in doc else set()
+    return tuple(sorted((fully | dp_only | {"dp_zero_gather_scatter"}) & set(sharding_types())))
+
+
+def check_reshard(spec: RunSpec) -> None:
+    """Raise UnsupportedByBuild when this build cannot load the spec's checkpoint at resume_dp ranks."""
+    from jobs.configs import get_config
+
+    option = f"resume_dp {spec.resume_dp} (saved at dp {spec.dp})"
+    if get_config(spec.config).optimizer == "layerwise-adam":
+        from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
+
+        doc = " ".join((LayerWiseDistributedOptimizer.sharded_state_dict.__doc__ or "").split())
+        if "fixed DP usage only" in doc:  # it zeroes every replica_id: the checkpoint has one DP layout
+            raise UnsupportedByBuild(
+                option, f"config {spec.config!r}: LayerWiseDistributedOptimizer checkpoints are for fixed DP usage only"
+            )
+        return
+    reshardable = dp_reshardable_types()
+    if spec.sharding not in reshardable:
+        raise UnsupportedByBuild(
+            option,
+            f"sharding {spec.sharding!r} does not reshard across DP on this build; "
+            f"these do: {', '.join(reshardable) or 'none'}",
         )
 
 

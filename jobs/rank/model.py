@@ -1,8 +1,9 @@
 """Build the model, DDP wrapper, optimizer and LR scheduler for a named config.
 
 Import only inside a rank process after torch.distributed and Megatron's parallel state are up
-(see jobs/rank/dist.py). Data is synthetic and keyed by (seed, step, rank), so a resumed run sees the
-same batches as the uninterrupted one without any data-loader state.
+(see jobs/rank/dist.py). Data is synthetic and keyed by (seed, step, global microbatch index), so a resumed run sees the
+same batches as the uninterrupted one without any data-loader state, at any DP size: with one
+microbatch per rank the index is the rank.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class Trainee:
     scheduler: Any  # OptimizerParamScheduler
     name_of: dict[Any, str]
     loss_fn: Callable[[int], torch.Tensor]
+    # loss of (step, global microbatch index): what a rank accumulating several microbatches runs
+    micro_loss_fn: Callable[[int, int], torch.Tensor] | None = None
     iteration: int = 0  # the last completed step; saved, restored, and where a resume continues
     # tp > 1: sequence-parallel and router grads also need Megatron's all-reduce over the TP group
     finalize_grads: bool = False
@@ -61,9 +64,9 @@ class Trainee:
         return self.ddp.module.sharded_state_dict()
 
 
-def batch_seed(seed: int, step: int, rank: int) -> int:
-    """Derive a stable 63-bit generator seed from (seed, step, rank)."""
-    digest = hashlib.sha256(f"{seed}:{step}:{rank}".encode()).digest()
+def batch_seed(seed: int, step: int, index: int) -> int:
+    """Derive a stable 63-bit generator seed from (seed, step, global microbatch index)."""
+    digest = hashlib.sha256(f"{seed}:{step}:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
@@ -318,8 +321,12 @@ def build(
     opt, sched = _build_optimizer(cfg, ddp, total_steps)
     rank = parallel_state.get_data_parallel_rank()
 
-    def gen_for(step: int) -> torch.Generator:
-        return torch.Generator().manual_seed(batch_seed(seed, step, rank))
+    def gen_for(step: int, index: int | None = None) -> torch.Generator:
+        # a batch is keyed by global microbatch index: this DP rank's own unless a reshard accumulates
+        return torch.Generator().manual_seed(batch_seed(seed, step, rank if index is None else index))
+
+    def micro_loss_fn(step: int, index: int) -> torch.Tensor:
+        return forward(ddp, gen_for(step, index)).float().mean()
 
     def loss_fn(step: int) -> torch.Tensor:
         return forward(ddp, gen_for(step)).float().mean()
@@ -330,4 +337,5 @@ def build(
 
         pipelined = forward_backward(ddp, cfg, forward, gen_for)
     name_of = {p: n for n, p in ddp.named_parameters()}
-    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, finalize_grads=tp * pp > 1, pipelined=pipelined)
+    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, micro_loss_fn, finalize_grads=tp * pp > 1,
+                   pipelined=pipelined)

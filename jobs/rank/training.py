@@ -35,7 +35,7 @@ from jobs.contract import (
 )
 from jobs.rank import checkpoint, compat, dist, model
 from jobs.rank.context import RankContext
-from jobs.rank.probes import buckets, fingerprints, groups, index_map
+from jobs.rank.probes import buckets, fingerprints, global_state, groups, index_map
 from jobs.rank.probes import state as state_probe
 from jobs.rank.workarounds import adam_steps, fp32_leaf_views, realign_param_index, restore_adam_step
 from jobs.shape import apply_shape
@@ -47,6 +47,16 @@ STEP_TIMEOUT_S = 120.0
 
 def _gather(ctx: RankContext, value: Any) -> list[Any]:
     return ctx.run("probe", lambda: dist.gather(value), PROBE_TIMEOUT_S)
+
+
+def _snapshots(ctx: RankContext, tr: model.Trainee, spec: RunSpec) -> list[dict[str, Any]]:
+    """Every rank's state snapshot; when the run reshards, one view of the whole DP group instead.
+
+    Saved and restored state then compare item by item although other ranks hold other shards.
+    """
+    if spec.reshards:
+        return [global_state.global_snapshot(tr, functools.partial(_gather, ctx))]
+    return _gather(ctx, state_probe.snapshot(tr))
 
 
 def resume_init_seed(seed: int) -> int:
@@ -140,7 +150,11 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     if no_grad:  # before the load: the trial must see the shards as the build left them
         local["fp32_view"] = fp32_leaf_views(tr.optimizer, tr.name_of)
     t0 = time.perf_counter()
-    state = ctx.run("load", lambda: checkpoint.build_load_state(tr, spec.sharding), timeout_s, agree=True)
+    # Per-rank RNG state cannot be resharded (the spec refuses configs that draw random numbers).
+    with_rng = not spec.reshards
+    state = ctx.run(
+        "load", lambda: checkpoint.build_load_state(tr, spec.sharding, with_rng), timeout_s, agree=True
+    )
     loaded = ctx.run("load", lambda: checkpoint.read(state, ckpt), timeout_s, agree=True)
 
     def groups_now() -> None:  # Bug C: before the scheduler rewrites lr / weight decay
@@ -162,18 +176,22 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     info["checkpoint_adam_step"] = ck_step
     info["adam_steps_after_load"] = adam_steps(tr.optimizer)
     info["scheduler_num_steps_after_load"] = int(tr.scheduler.num_steps)
-    local["raw"] = state_probe.snapshot(tr)
+    raw = None if spec.reshards else state_probe.snapshot(tr)
+    raw_view = _snapshots(ctx, tr, spec) if spec.reshards else None
+    after_view: list[dict[str, Any]] | None = None
     if RESTORE_STEP in spec.workarounds:
         if ck_step is None:
             ctx.doc["workarounds"][RESTORE_STEP] = {"name": RESTORE_STEP, "skipped": "no step in checkpoint"}
         else:
             ctx.doc["workarounds"][RESTORE_STEP] = restore_adam_step(tr.optimizer, ck_step)
-        local["after"] = state_probe.snapshot(tr)
+        local["after"] = None if spec.reshards else state_probe.snapshot(tr)
+        after_view = _snapshots(ctx, tr, spec) if spec.reshards else None
+    local["raw"] = raw
     per_rank = _gather(ctx, local)
     probes = ctx.doc["probes"]
-    probes[STATE_AFTER_LOAD_RAW] = [r["raw"] for r in per_rank]
+    probes[STATE_AFTER_LOAD_RAW] = raw_view or [r["raw"] for r in per_rank]
     if "after" in local:
-        probes[STATE_AFTER_LOAD] = [r["after"] for r in per_rank]
+        probes[STATE_AFTER_LOAD] = after_view or [r["after"] for r in per_rank]
     probes[GROUPS_AFTER_OPTIMIZER_LOAD] = [r["groups"] for r in per_rank]
     if no_grad:
         probes[FP32_VIEW_INPLACE] = [r["fp32_view"] for r in per_rank]
@@ -183,7 +201,7 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
 def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: Path, timeout_s: float) -> None:
     # Evidence first: if the save crashes, the fingerprints still show what it would have written.
     _state_probe(ctx, tr, "at_save", with_slots=True)
-    ctx.doc["probes"][STATE_AT_SAVE] = _gather(ctx, state_probe.snapshot(tr))
+    ctx.doc["probes"][STATE_AT_SAVE] = _snapshots(ctx, tr, spec)
     t0 = time.perf_counter()
     state = ctx.run("save", lambda: checkpoint.build_save_state(tr, spec.sharding, step), timeout_s, agree=True)
     t1 = time.perf_counter()
@@ -195,16 +213,45 @@ def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: P
     info["save_seconds"] = round(time.perf_counter() - t0, 4)
     info["checkpoint"] = checkpoint.describe(ckpt)
     # Saving must not change the live run: the same snapshot again, right after the write.
-    ctx.doc["probes"][STATE_AFTER_SAVE] = _gather(ctx, state_probe.snapshot(tr))
+    ctx.doc["probes"][STATE_AFTER_SAVE] = _snapshots(ctx, tr, spec)
 
 
-def _one_step(tr: model.Trainee, step: int, holders: int) -> StepRecord:
+def _accumulate(tr: model.Trainee, step: int, micro: int) -> torch.Tensor:
+    """Forward/backward this rank's `micro` microbatches of the global batch; return their mean loss.
+
+    Rank r holds global microbatches r*micro .. r*micro+micro-1, so every DP size with the same
+    global batch trains on the same samples. Each loss is scaled by 1/micro (as Megatron's
+    schedules do), the MoE aux loss too, so the gradient is the mean over the rank's microbatches.
+    """
+    from megatron.core import parallel_state
+
+    assert tr.micro_loss_fn is not None
+    rank = parallel_state.get_data_parallel_rank()
+    _set_aux_loss_scale(1.0 / micro)
+    total = torch.zeros((), dtype=torch.float32)
+    for j in range(micro):
+        loss = tr.micro_loss_fn(step, rank * micro + j) / micro
+        loss.backward()
+        total += loss.detach().float()
+    return total
+
+
+def _set_aux_loss_scale(scale: float) -> None:
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale))
+
+
+def _one_step(tr: model.Trainee, step: int, holders: int, micro: int = 1) -> StepRecord:
     """One training step; the recorded loss is the mean over the `holders` ranks that compute it."""
     t0 = time.perf_counter()
     lr = float(tr.optimizer.param_groups[0]["lr"])  # the lr this step applies
     tr.ddp.zero_grad_buffer()
     tr.optimizer.zero_grad()
-    loss, _ = tr.forward_backward(step)  # a pipeline stage before the last contributes 0
+    if micro == 1:  # every run at one DP size
+        loss, _ = tr.forward_backward(step)  # a pipeline stage before the last contributes 0
+    else:  # a resharded run (tp = pp = 1): this rank's share of the global batch
+        loss = _accumulate(tr, step, micro)
     tr.sync_grads()
     ok, grad_norm, num_zeros = tr.optimizer.step()
     tr.scheduler.step(increment=1)
@@ -239,13 +286,19 @@ def run_steps(
 
     # every rank but the earlier pipeline stages computes the loss: world / pp of them
     holders = torch.distributed.get_world_size() // parallel_state.get_pipeline_model_parallel_world_size()
+    # the same global batch at every DP size (1 microbatch per rank unless the run reshards)
+    dp_size = parallel_state.get_data_parallel_world_size()
+    micro, rest = divmod(spec.global_microbatches, dp_size)
+    if rest or micro < 1:
+        raise RuntimeError(f"DP size {dp_size} does not divide the global batch of {spec.global_microbatches}")
+    ctx.doc["info"]["microbatches_per_rank"] = micro
     t0 = time.perf_counter()
     for step in range(first, spec.steps + 1):
-        record = ctx.run("step", functools.partial(_one_step, tr, step, holders), STEP_TIMEOUT_S)
+        record = ctx.run("step", functools.partial(_one_step, tr, step, holders, micro), STEP_TIMEOUT_S)
         ctx.doc["steps"].append(record)
         if step == save_at:
             ctx.doc["info"]["train_seconds_before_save"] = round(time.perf_counter() - t0, 4)
             _save(ctx, tr, spec, step, ckpt, save_timeout_s)
     ctx.doc["info"]["train_seconds"] = round(time.perf_counter() - t0, 4)
     # After step M in both runs: what the update of the last step left behind.
-    ctx.doc["probes"][STATE_FINAL] = _gather(ctx, state_probe.snapshot(tr))
+    ctx.doc["probes"][STATE_FINAL] = _snapshots(ctx, tr, spec)

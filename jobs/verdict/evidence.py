@@ -285,7 +285,8 @@ def probe_findings(baseline: PhaseDocument | None, resumed: PhaseDocument | None
         rows.append(_finding("train_and_save", "checkpoint_slot_fingerprints", not diffs, differing=len(diffs)))
         rows += [_finding("train_and_save", "checkpoint_slot_fingerprints", False, d["param"], **d) for d in diffs]
     after: dict[str, Any] = dict(_probes(resumed).get(FINGERPRINTS["after_load"]) or {})
-    if at_save.get("owned") and after.get("owned"):
+    # per-rank shards line up only when both phases ran with the same number of ranks (no reshard)
+    if at_save.get("owned") and after.get("owned") and len(at_save["owned"]) == len(after["owned"]):
         diffs = _per_rank_diffs(at_save.get("owned"), after.get("owned"))
         rows.append(_finding("resume", "restored_state_fingerprints", not diffs, differing=len(diffs)))
         rows += [_finding("resume", "restored_state_fingerprints", False, d["param"], **d) for d in diffs]

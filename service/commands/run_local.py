@@ -50,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     from service.commands.shape_arg import add_shape_argument
 
     add_shape_argument(p)
+    p.add_argument("--resume-dp", type=int, default=None,
+                   help="resume at this DP size instead of --dp (same global batch; its own job)")
     p.add_argument("--run-folder", type=Path, default=None,
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
@@ -78,6 +80,7 @@ def handle(args: argparse.Namespace) -> int:
             pp=args.pp,
             ep=args.ep,
             shape=parse_shape(args.shape),
+            resume_dp=args.resume_dp,
         )
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)

@@ -53,8 +53,10 @@ def release_cell(cell: dict[str, Any] | None) -> str:
         return "—"
     signatures = list(cell["signatures"] or [])
     if "unsupported-by-build" in signatures:
-        message = str(cell.get("error_message") or "")
-        return "unsupported: " + message.split("): ", 1)[0].replace(" is not supported by this build (", ", ")
+        # "UnsupportedByBuild: <option> is not supported by this build (megatron-core X): <what it lacks>"
+        message = str(cell.get("error_message") or "").removeprefix("UnsupportedByBuild: ")
+        option, _, missing = message.partition(" is not supported by this build")
+        return f"unsupported: {option}" + (f" ({missing.partition('): ')[2]})" if "): " in missing else "")
     verdict = cell["verdict"] or cell["state"]
     return f"**{verdict}**" + (f": {', '.join(signatures)}" if signatures else "")
 

@@ -18,6 +18,8 @@ def _spec_args(spec: dict[str, Any]) -> list[str]:
             args += [f"--{key}", str(spec[key])]
     for name in spec.get("workarounds") or []:
         args += ["--workaround", str(name)]
+    if spec.get("resume_dp") is not None:
+        args += ["--resume-dp", str(spec["resume_dp"])]
     return args
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
+from jobs.spec import RESHARD_TOLERANCE
 from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from models import ProbeFinding, Run, RunEvent, StepMetric
 from service.dashboard.logs import link_path, listed_logs
@@ -31,8 +32,11 @@ def load_run(session: Session, run_id: int, *, with_phases: bool = False) -> Run
 
 
 def tolerance_of(run: Run) -> ToleranceProfile | None:
-    """The tolerance profile the run was judged with."""
-    return TOLERANCE_PROFILES.get(str(run.spec.get("tolerance", "")))
+    """The tolerance profile the run was judged with (`reshard` for a resharded resume left at exact)."""
+    name = str(run.spec.get("tolerance", ""))
+    if run.spec.get("resume_dp") is not None and name in ("exact", ""):
+        name = RESHARD_TOLERANCE
+    return TOLERANCE_PROFILES.get(name)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from jobs.contract import ErrorRecord, PhaseDocument, PhaseName, error_record, phase_document
 from jobs.layout import AttemptLayout
-from jobs.spec import world_size_of
+from jobs.spec import phase_tasks
 from models import Phase, Run
 from models.base import utcnow
 from service.documents import InvalidDocument, rejected_document, validate_phase_document
@@ -61,11 +61,13 @@ def reconcile(session: Session, *, settings: Settings, executor: str) -> int:
 def watched_files(session: Session, *, settings: Settings) -> list[Path]:
     """The rank documents whose appearance means an in-flight phase has finished (what the loop stats)."""
     rows = session.execute(
-        select(Phase.folder, Run.spec).join(Run, Run.id == Phase.run_id)
+        select(Phase.folder, Phase.name, Run.spec).join(Run, Run.id == Phase.run_id)
         .where(Phase.state.in_((PhaseState.SUBMITTED.value, PhaseState.RUNNING.value)))
     ).tuples().all()
     return [
-        AttemptLayout(Path(folder or ".")).result(rank) for folder, spec in rows for rank in range(world_size_of(spec))
+        AttemptLayout(Path(folder or ".")).result(rank)
+        for folder, name, spec in rows
+        for rank in range(phase_tasks(spec, name))
     ]
 
 
@@ -74,7 +76,7 @@ def _reconcile_one(
 ) -> None:
     layout = AttemptLayout(Path(phase.folder or "."))
     cancelling = run.cancel_requested or phase.state == PhaseState.CANCELLING
-    doc = None if cancelling else launcher.results_on_disk(layout.folder, world_size_of(run.spec))
+    doc = None if cancelling else launcher.results_on_disk(layout.folder, phase_tasks(run.spec, phase.name))
     if cancelling:
         _cancel(session, phase, run, status)
     elif doc is not None or status.kind in ("done", "failed"):

@@ -22,7 +22,7 @@ from jobs.contract import PhaseName
 from jobs.layout import AttemptLayout, RunLayout
 from jobs.rank.attempt import run_attempt
 from jobs.rank.entry import run_rank_phase
-from jobs.spec import world_size_of
+from jobs.spec import phase_tasks, spec_isolation
 from models import Environment, Phase, Run
 from models.base import utcnow
 from service.notifications.events import infra_error_streak
@@ -156,8 +156,8 @@ def launch(session: Session, phase: Phase, *, settings: Settings, executor: str)
 
 
 def isolation(run: Run) -> str:
-    """The run's isolation mode; runs stored before the field existed ran a job per phase."""
-    return str(run.spec.get("isolation", "job"))
+    """The run's isolation mode as it runs: "job" before the field existed, and for a resharded resume."""
+    return spec_isolation(run.spec)
 
 
 def _payload(session: Session, run: Run, phase: Phase, root: Path) -> tuple[Any, tuple[Any, ...]]:
@@ -176,7 +176,7 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
     assert env is not None
     function, args = _payload(session, run, phase, run_layout(settings, run.id).root)
     return launcher.submit_phase(
-        executor=phase.executor, folder=folder, python=env.python, tasks=world_size_of(run.spec),
+        executor=phase.executor, folder=folder, python=env.python, tasks=phase_tasks(run.spec, phase.name),
         settings=settings, name=job_name(settings, phase), function=function, args=args,
         nodes=int(run.spec.get("nodes", 1)),  # multi-node: absent from specs at its default, 1
     )
@@ -191,7 +191,7 @@ def job_of(phase: Phase, run: Run) -> launcher.PhaseJob:
     """The launcher's handle of a submitted phase."""
     return launcher.PhaseJob(
         executor=phase.executor, folder=str(launcher_folder(phase)), job_id=phase.job_id or "",
-        tasks=world_size_of(run.spec), started=phase.process_started_at,
+        tasks=phase_tasks(run.spec, phase.name), started=phase.process_started_at,
     )
 
 

@@ -2,7 +2,7 @@
 
 Two releases are installed once into a cached folder (`pip install --no-deps --target`, ~2 MB
 each; PARITY_RELEASE_CACHE, default /var/tmp/parity-releases) and put first on PYTHONPATH.
-The whole matrix is `scripts/release_table.py` (a command, not a test).
+The whole matrix is `scripts/release-table.sh` (through the service; a command, not a test).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ def _release(version: str) -> Path:
     return target
 
 
-def _run_local(version: str, tmp_path: Path, *args: str) -> dict[str, Any]:
+def _run_local(version: str, tmp_path: Path, *args: str, config: str = "moe-fp32-router") -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_release(version)), str(REPO)]))
     proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "run-local", "--config", "moe-fp32-router", "--dp", "2", "--steps", "4",
+        [sys.executable, "-m", "service.cli", "run-local", "--config", config, "--dp", "2", "--steps", "4",
          "--save-step", "2", "--run-folder", str(tmp_path / "run"), "--json", *args],
         env=env, capture_output=True, text=True, timeout=900,
     )
@@ -48,6 +48,14 @@ def test_a_sharding_type_the_release_lacks_is_unsupported_by_build(tmp_path: Pat
     message = result["error"]["message"]
     assert "sharding 'dp_reshardable' is not supported by this build (megatron-core 0.14.0)" in message
     assert "fully_sharded_model_space" in message  # what it does offer
+
+
+def test_an_optimizer_the_release_lacks_is_unsupported_by_build(tmp_path: Path) -> None:
+    # the layer-wise optimizer arrived in 0.16: older builds must say so, not crash with ModuleNotFoundError
+    result = _run_local("0.14.0", tmp_path, "--sharding", "fully_sharded_model_space", config="layerwise-empty-rank")
+    assert (result["verdict"], result["signatures"]) == ("error", ["unsupported-by-build"]), result.get("error")
+    message = result["error"]["message"]
+    assert "optimizer 'layerwise-adam' is not supported by this build (megatron-core 0.14.0)" in message
 
 
 def test_a_release_with_another_bucket_layout_still_gets_a_verdict(tmp_path: Path) -> None:

@@ -225,3 +225,78 @@ def test_layout_rules_apply_to_the_shaped_model(fields: dict, field: str, text: 
     assert info.value.field == field and text in str(info.value)
     unshaped = {k: v for k, v in fields.items() if k != "shape"}
     assert RunSpec.from_dict(unshaped).world_size >= 1  # the preset itself allows the layout
+
+
+# --- resume under another DP layout (resume_dp) ---
+
+
+def test_resume_dp_is_absent_unless_set_and_keeps_the_check_identity() -> None:
+    plain = RunSpec.from_dict(GOOD)
+    assert "resume_dp" not in plain.to_dict() and not plain.reshards
+    assert plain.phase_dp("resume") == 2 and plain.microbatches("resume") == 1
+    assert (plain.effective_isolation, plain.effective_tolerance) == ("process", "exact")
+    spec = RunSpec.from_dict({**GOOD, "resume_dp": 1})
+    data = json.loads(json.dumps(spec.to_dict()))
+    assert data["resume_dp"] == 1 and RunSpec.from_dict(data) == spec and spec != plain
+    assert (spec.phase_dp("train_and_save"), spec.phase_dp("resume")) == (2, 1)
+    # the global batch stays 2 microbatches: rank 0 of the resume accumulates both
+    assert spec.global_microbatches == 2
+    assert (spec.microbatches("train_and_save"), spec.microbatches("resume")) == (1, 2)
+
+
+def test_resume_dp_switches_isolation_and_tolerance_unless_chosen() -> None:
+    spec = RunSpec.from_dict({**GOOD, "resume_dp": 1})
+    assert (spec.effective_isolation, spec.effective_tolerance) == ("job", "reshard")
+    loose = RunSpec.from_dict({**GOOD, "resume_dp": 1, "tolerance": "loose", "isolation": "job"})
+    assert (loose.effective_isolation, loose.effective_tolerance) == ("job", "loose")
+
+
+def test_resume_dp_uneven_sizes_share_the_lcm_batch() -> None:
+    spec = RunSpec.from_dict({**GOOD, "dp": 2, "resume_dp": 3})
+    assert spec.global_microbatches == 6
+    assert (spec.microbatches("train_and_save"), spec.microbatches("resume")) == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("change", "message", "allowed_has"),
+    [
+        ({"resume_dp": 0}, "out of range", None),
+        ({"resume_dp": MAX_DP + 1}, "exceeds the maximum", MAX_DP),
+        ({"resume_dp": "1"}, "must be an integer", None),
+        ({"resume_dp": True}, "must be an integer", None),
+        ({"resume_dp": 2}, "equals dp (2); omit it", None),
+        ({"config": "equal-shards-fp32-head", "resume_dp": 4}, "exceeds the maximum 2", 2),
+        ({"dp": 7, "resume_dp": 8}, "8 per rank at DP 7), more than 4", None),
+        ({"config": "dense-bf16-dropout", "resume_dp": 1}, "uses dropout", "dense-bf16"),
+        ({"dp": 4, "nodes": 2, "resume_dp": 1}, "not divisible by nodes (2)", 2),
+    ],
+)
+def test_bad_resume_dp_is_refused_naming_the_field(change: dict, message: str, allowed_has: object) -> None:
+    with pytest.raises(SpecError) as info:
+        RunSpec.from_dict({**GOOD, **change})
+    assert info.value.field == "resume_dp" and message in str(info.value), str(info.value)
+    if allowed_has is not None:
+        assert info.value.allowed is not None and allowed_has in info.value.allowed
+
+
+def test_stored_spec_helpers_read_resume_dp() -> None:
+    from jobs.spec import phase_tasks, spec_isolation
+
+    stored = RunSpec.from_dict({**GOOD, "resume_dp": 1}).to_dict()
+    assert (phase_tasks(stored, "train_and_save"), phase_tasks(stored, "resume")) == (2, 1)
+    assert spec_isolation(stored) == "job"
+    plain = RunSpec.from_dict(GOOD).to_dict()
+    assert phase_tasks(plain, "resume") == 2 and spec_isolation(plain) == "process"
+    assert spec_isolation({"config": "dense-bf16", "dp": 1}) == "job"  # stored before isolation existed
+    assert allowed_values()["resume_dp"]["max"] == MAX_DP
+
+
+def test_resume_dp_with_a_model_parallel_layout_is_refused() -> None:
+    with pytest.raises(SpecError, match="resume_dp: .*tp = pp = ep = 1") as info:
+        RunSpec.from_dict({**MOE, "dp": 2, "ep": 2, "resume_dp": 1})
+    assert info.value.field == "resume_dp"
+    # the task count of each phase is its DP size times the model-parallel sizes
+    from jobs.spec import phase_tasks
+
+    stored = RunSpec.from_dict({**MOE, "dp": 1, "tp": 2}).to_dict()
+    assert (phase_tasks(stored, "train_and_save"), phase_tasks(stored, "resume")) == (2, 2)

@@ -60,3 +60,25 @@ def test_a_bad_cell_queues_nothing(client: TestClient, make_token, db_session: S
     assert unknown.status_code == 404 and unknown.json()["field"] == "environment"
     assert len(db_session.scalars(select(Run)).all()) == before
     assert client.get("/api/v1/sweeps/0123456789ab").status_code == 404
+
+
+def test_release_table_orders_versions_and_names_what_a_build_lacks() -> None:
+    from service.commands.sweep import release_table
+
+    def cell(verdict: str, signatures: list[str], message: str | None = None) -> dict:
+        return {"run_id": 1, "state": "failed", "verdict": verdict, "signatures": signatures, "error_message": message}
+
+    grid = {"configs": ["moe-fp32-router"], "rows": [
+        {"environment": "b", "megatron_core": "0.16.1", "variation": "base",
+         "cells": {"moe-fp32-router": cell("fail", ["checkpoint-save-crash", "optimizer-index-misalignment"])}},
+        {"environment": "a", "megatron_core": "0.9.0", "variation": "base",
+         "cells": {"moe-fp32-router": cell("error", ["unsupported-by-build"],
+                                           "UnsupportedByBuild: sharding 'dp_reshardable' is not supported by this "
+                                           "build (megatron-core 0.9.0): it offers only fully_sharded_model_space")}},
+    ]}
+    lines = release_table(grid).splitlines()
+    assert lines[0] == "| megatron-core | moe-fp32-router |"
+    # 0.9.0 before 0.16.1: versions compare as numbers, not strings
+    assert lines[2] == ("| 0.9.0 | unsupported: sharding 'dp_reshardable' "
+                        "(it offers only fully_sharded_model_space) |")
+    assert lines[3] == "| 0.16.1 | **fail**: checkpoint-save-crash, optimizer-index-misalignment |"
