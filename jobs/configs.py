@@ -160,7 +160,8 @@ def config_names() -> list[str]:
 
 
 def list_configs() -> list[dict[str, Any]]:
-    """Return every config as plain data: name, description, why, parameters, expected, shape fields."""
+    """Return every config as plain data: name, description, why, parameters, expected, shape fields, layouts."""
+    from jobs.parallel_layout import config_layouts  # imports nothing back at module level
     from jobs.shape import shape_fields  # jobs.shape imports this module
 
     return [
@@ -172,6 +173,7 @@ def list_configs() -> list[dict[str, Any]]:
             "expected": dict(c.expected),
             # what a spec's `shape` may override on this preset: range, description, preset value
             "shape_fields": shape_fields(c),
+            "layouts": config_layouts(c),  # tp / pp / ep sizes this config can run with
         }
         for c in (CONFIGS[n] for n in config_names())
     ]

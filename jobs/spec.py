@@ -10,10 +10,11 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from jobs import parallel_layout
 from jobs.configs import CONFIGS, config_names
 from jobs.contract import WORKAROUND_NAMES
 from jobs.selftest.catalogue import mutant_names
-from jobs.shape import ShapeError, shape_fields, validate_shape
+from jobs.shape import ShapeError, apply_shape, shape_fields, validate_shape
 from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
 
 MAX_DP = 8
@@ -94,6 +95,12 @@ class RunSpec:
     # Overrides of the preset's model shape ({} = the preset); omitted from to_dict() when empty.
     shape: dict[str, Any] = field(default_factory=dict, hash=False)
     # --- end custom shape ---------------------------------------------------------------------
+    # --- parallel layout (jobs/parallel_layout.py): tensor, pipeline and expert parallel sizes beside
+    # dp, which stays the data-parallel size; world size = dp * tp * pp. Omitted from to_dict() at 1.
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    # --- end parallel layout
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
@@ -144,6 +151,14 @@ class RunSpec:
         except ShapeError as exc:
             raise SpecError(exc.field, exc.message, exc.allowed) from None
         # --- end custom shape ---
+        # parallel layout: Megatron-Core's constraints on the model as shaped, before anything is launched
+        parallel_layout.validate(
+            apply_shape(CONFIGS[self.config], self.shape), self.dp, self.tp, self.pp, self.ep, SpecError
+        )
+        if self.resume_dp is not None and (self.tp, self.pp, self.ep) != (1, 1, 1):
+            # a resharded resume is verified only for pure data parallelism
+            raise SpecError("resume_dp", "resharding a tp/pp/ep layout is not supported; "
+                            "allowed with tp = pp = ep = 1")
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
@@ -160,8 +175,8 @@ class RunSpec:
 
     @property
     def tasks_per_node(self) -> int:
-        """Return the ranks each node runs: dp / nodes."""
-        return self.dp // self.nodes
+        """Return the ranks each node runs: world size (dp * tp * pp) / nodes."""
+        return self.world_size // self.nodes
     # --- end multi-node ----------------------------------------------------------------------------
 
     @classmethod
@@ -198,7 +213,15 @@ class RunSpec:
             out["shape"] = dict(self.shape)
         else:
             del out["shape"]
+        for name in parallel_layout.LAYOUT_FIELDS:  # likewise: a default layout leaves stored specs as they were
+            if out[name] == 1:
+                del out[name]
         return out
+
+    @property
+    def world_size(self) -> int:
+        """Return the number of ranks (tasks) the run needs: dp * tp * pp."""
+        return self.dp * self.tp * self.pp
 
     @property
     def resumed_steps(self) -> list[int]:
@@ -284,10 +307,10 @@ class RunSpec:
 
 
 def phase_tasks(spec: dict[str, Any], phase: str) -> int:
-    """The number of ranks a phase of a stored spec runs with (resume_dp for a resharded resume)."""
-    if phase == "resume" and spec.get("resume_dp") is not None:
-        return int(spec["resume_dp"])
-    return int(spec["dp"])
+    """The number of ranks a phase of a stored spec runs with: its DP size (resume_dp for a resharded
+    resume) times the model-parallel sizes."""
+    dp = spec["resume_dp"] if phase == "resume" and spec.get("resume_dp") is not None else spec["dp"]
+    return int(dp) * int(spec.get("tp", 1)) * int(spec.get("pp", 1))
 
 
 def spec_isolation(spec: dict[str, Any]) -> str:
@@ -310,4 +333,10 @@ def allowed_values() -> dict[str, Any]:
         "steps": {"min": 2, "max": MAX_STEPS},
         "nodes": {"min": 1, "rule": "divides dp"},  # multi-node
         "shape": shape_fields(),
+        **parallel_layout.allowed(CONFIGS),
     }
+
+
+def world_size_of(spec: dict[str, Any]) -> int:
+    """Return the number of ranks of a stored spec (dp * tp * pp; fields absent at their default 1)."""
+    return int(spec.get("dp", 1)) * int(spec.get("tp", 1)) * int(spec.get("pp", 1))

@@ -44,9 +44,9 @@ def _failed_doc(spec: RunSpec, phase: str, message: str, tb: str = "") -> PhaseD
 def _submit_and_wait(
     spec: RunSpec, folder: Path, executor: Any, timeout_s: float, function: Any, *args: Any, tasks: int | None = None
 ) -> tuple[Any, bool]:
-    """Submit function(*args) with tasks_per_node = tasks (default dp) and wait; (job, finished in time)."""
+    """Submit function(*args) with tasks_per_node = tasks (default the world size) and wait; (job, finished in time)."""
     ex = executor(folder) if callable(executor) else executor or local_executor(folder)
-    ex.update_parameters(tasks_per_node=tasks or spec.dp, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
+    ex.update_parameters(tasks_per_node=tasks or spec.world_size, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
     t0 = time.perf_counter()
     job = ex.submit(function, *args)
     # submitit's own wait() polls once a second; a tighter poll keeps launch overhead honest.
@@ -61,10 +61,10 @@ def _submit_and_wait(
 def launch_phase(
     spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
 ) -> PhaseDocument:
-    """Submit one phase with one task per rank (resume_dp for a resharded resume), wait, return rank 0's document."""
+    """Submit one phase, one task per rank (dp * tp * pp; resume_dp for a reshard); wait; rank 0's document."""
     folder = RunLayout(run_folder).attempt(phase, 1).submitit
     t0 = time.perf_counter()
-    tasks = spec.phase_dp(phase)
+    tasks = spec.phase_dp(phase) * spec.tp * spec.pp
     job, in_time = _submit_and_wait(
         spec, folder, executor, timeout_s, run_rank_phase, spec.to_dict(), str(run_folder), phase, free_port(),
         tasks=tasks,
@@ -96,8 +96,8 @@ def attempt_documents(
         docs: list[PhaseDocument] = [
             r["phases"][phase] for r in task_results if isinstance(r, dict) and phase in r.get("phases", {})
         ]
-        if len(docs) < spec.dp:
-            docs = read_rank_documents(run_folder, phase, spec.dp)
+        if len(docs) < spec.world_size:
+            docs = read_rank_documents(run_folder, phase, spec.world_size)
         merged.append(merge_rank_documents(docs))
     baseline, resumed = merged
     if baseline is None:
@@ -117,7 +117,7 @@ def run_attempt_job(
     if not in_time:
         return _failed_doc(spec, "train_and_save", f"attempt timed out after {2 * timeout_s:.0f} s"), None
     results: list[Any] = []
-    for task in range(spec.dp):
+    for task in range(spec.world_size):
         try:
             results.append(job.task(task).result())
         except Exception:  # noqa: BLE001 - a dead task: its rank files speak for it

@@ -120,8 +120,8 @@ def start_rendezvous(master_port: int | None, timeout_s: float) -> None:
         _store = _tcp_store(is_master=True, timeout_s=timeout_s)
 
 
-def init(master_port: int | None, timeout_s: float) -> DistInfo:
-    """Initialise torch.distributed and Megatron's parallel state (TP=PP=EP=1)."""
+def init(master_port: int | None, timeout_s: float, tp: int = 1, pp: int = 1, ep: int = 1) -> DistInfo:
+    """Initialise torch.distributed and Megatron's parallel state for the layout (dp = world / (tp * pp))."""
     global _store
     import torch
     from megatron.core import parallel_state
@@ -151,13 +151,32 @@ def init(master_port: int | None, timeout_s: float) -> DistInfo:
         else:
             torch.distributed.init_process_group(backend=backend, timeout=timeout)
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, expert_model_parallel_size=1)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
+    )
     return DistInfo(
         rank=torch.distributed.get_rank(),
         world_size=torch.distributed.get_world_size(),
         backend=backend,
         device="cuda" if backend == "nccl" else "cpu",
     )
+
+
+def layout() -> dict[str, int]:
+    """The layout Megatron's parallel state actually built on this rank (sizes and this rank's ranks)."""
+    from megatron.core import parallel_state as ps
+
+    return {
+        "dp": ps.get_data_parallel_world_size(),
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "ep": ps.get_expert_model_parallel_world_size(),
+        "expert_dp": ps.get_expert_data_parallel_world_size(),
+        "dp_rank": ps.get_data_parallel_rank(),
+        "tp_rank": ps.get_tensor_model_parallel_rank(),
+        "pp_rank": ps.get_pipeline_model_parallel_rank(),
+        "ep_rank": ps.get_expert_model_parallel_rank(),
+    }
 
 
 def gather(value: Any) -> list[Any]:

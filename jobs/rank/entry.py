@@ -178,9 +178,14 @@ def _body(
     from jobs.rank import dist
 
     doc = ctx.doc
-    info = ctx.run("init", lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S), STAGE_TIMEOUT_S["init"])
+    info = ctx.run(
+        "init",
+        lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S, tp=spec.tp, pp=spec.pp, ep=spec.ep),
+        STAGE_TIMEOUT_S["init"],
+    )
     ctx.distributed = True
     doc["info"].update(_environment(info))
+    doc["info"]["layout"] = dist.layout()  # as Megatron built it (the spec omits sizes of 1)
     trainee = ctx.run("build", lambda: training.build(ctx, spec, phase), STAGE_TIMEOUT_S["build"], agree=True)
     first = 1
     if phase == "resume":

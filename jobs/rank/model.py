@@ -31,6 +31,27 @@ class Trainee:
     # loss of (step, global microbatch index): what a rank accumulating several microbatches runs
     micro_loss_fn: Callable[[int, int], torch.Tensor] | None = None
     iteration: int = 0  # the last completed step; saved, restored, and where a resume continues
+    # tp > 1: sequence-parallel and router grads also need Megatron's all-reduce over the TP group
+    finalize_grads: bool = False
+    # pp > 1: the pipelined schedule runs forward + backward (jobs/rank/pipeline.py)
+    pipelined: Callable[[int], tuple[torch.Tensor, float]] | None = None
+
+    def forward_backward(self, step: int) -> tuple[torch.Tensor, float]:
+        """Run one step's forward and backward; -> (loss, 1.0), or (0, 0.0) on a stage without the loss."""
+        if self.pipelined is not None:
+            return self.pipelined(step)
+        loss = self.loss_fn(step)
+        loss.backward()
+        return loss, 1.0
+
+    def sync_grads(self) -> None:
+        """Reduce this step's grads: over DP (DDP), plus Megatron's model-parallel reductions if any."""
+        if self.finalize_grads:
+            from megatron.core.distributed import finalize_model_grads
+
+            finalize_model_grads([self.ddp])
+        else:
+            self.ddp.finish_grad_sync()
 
     @property
     def sub_optimizers(self) -> list[Any]:
@@ -49,13 +70,15 @@ def batch_seed(seed: int, step: int, index: int) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def _transformer_config(cfg: ModelConfig) -> Any:
+def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1) -> Any:
     from megatron.core.transformer import TransformerConfig
 
     moe: dict[str, Any] = {}
     ffn = cfg.ffn_hidden_size or cfg.hidden_size * 2
+    if pp > 1:  # activations between stages travel as bf16 (Megatron needs the dtype up front)
+        moe.update(pipeline_model_parallel_size=pp, pipeline_dtype=torch.bfloat16)
     if cfg.num_experts:
-        moe = dict(
+        moe.update(
             num_moe_experts=cfg.num_experts,
             moe_router_topk=cfg.moe_router_topk,
             # Megatron refuses top-1 routing with the softmax after top-k (a custom shape may ask for it)
@@ -85,6 +108,10 @@ def _transformer_config(cfg: ModelConfig) -> Any:
         apply_rope_fusion=False,
         persist_layer_norm=False,
         bias_activation_fusion=False,
+        # parallel layout; MoE with TP > 1 requires sequence parallelism (MoELayer refuses otherwise)
+        tensor_model_parallel_size=tp,
+        expert_model_parallel_size=ep,
+        sequence_parallel=tp > 1,
         **moe,
     )
 
@@ -100,6 +127,9 @@ def _add_residual_gates(gpt: torch.nn.Module) -> None:
     for name, module in gpt.named_modules():
         if name.endswith(".mlp"):
             module.residual_gate = torch.nn.Parameter(torch.zeros(1))
+            # replicated over TP; under sequence parallelism each TP rank sees part of the sequence,
+            # so its grad is summed over the TP group like a layernorm's
+            module.residual_gate.sequence_parallel = True  # type: ignore[attr-defined]
             module.register_forward_hook(scale)
 
 
@@ -122,24 +152,36 @@ def _keep_fp32(model: torch.nn.Module, cfg: ModelConfig) -> None:
 
 
 def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts or None)
+    if tcfg.sequence_parallel:  # TP > 1: norms that support sequence parallelism (jobs/rank/parallel_model.py)
+        from jobs.rank.parallel_model import gpt_block_spec
+
+        spec = gpt_block_spec(cfg.num_experts or None, cfg.num_layers // tcfg.pipeline_model_parallel_size)
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts or None)
     gpt = GPTModel(
         config=tcfg,
         transformer_layer_spec=spec,
         vocab_size=cfg.vocab_size,
         max_sequence_length=cfg.seq_length,
         position_embedding_type="rope",
+        # each pipeline stage builds only its part; untied output weights need no embedding group
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=tcfg.pipeline_model_parallel_size == 1,
     )
     if cfg.fp32_residual_gates:
         _add_residual_gates(gpt)
 
     def forward(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
+        """Per-token losses (last pipeline stage) or hidden states (an earlier one) for one batch."""
         tok = torch.randint(0, cfg.vocab_size, (cfg.micro_batch_size, cfg.seq_length + 1), generator=gen)
         pos = torch.arange(cfg.seq_length).unsqueeze(0).expand(cfg.micro_batch_size, -1)
-        return model(tok[:, :-1], pos, None, labels=tok[:, 1:]).float().mean()
+        out: torch.Tensor = model(tok[:, :-1], pos, None, labels=tok[:, 1:])
+        return out
 
     return gpt, forward
 
@@ -191,7 +233,7 @@ def _build_linear_stack(cfg: ModelConfig) -> tuple[torch.nn.Module, Callable[...
     def forward(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
         x = torch.randn(cfg.micro_batch_size, cfg.hidden_size, generator=gen)
         target = torch.sin(x.sum(dim=1, keepdim=True) + torch.arange(out_width))
-        return (model(x).float() - target).pow(2).mean()
+        return (model(x).float() - target).pow(2)
 
     return net, forward
 
@@ -247,11 +289,16 @@ def _layerwise(opt: Any, ocfg: Any) -> Any:
     return LayerWiseDistributedOptimizer(subs, ocfg, pgs, init_state_fn_list=[adam_init_state] * len(subs))
 
 
-def build(cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None = None) -> Trainee:
+def build(
+    cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None = None, tp: int = 1, ep: int = 1,
+    pp: int = 1,
+) -> Trainee:
     """Build a freshly initialised, DDP-wrapped model with its optimizer and scheduler.
 
     `seed` keys the data; `init_seed` (default `seed`) seeds the weights and generators, so a
-    resume can start from a different initialisation and every missing restore shows.
+    resume can start from a different initialisation and every missing restore shows. `tp` / `ep` /
+    `pp` must match the parallel state (jobs/rank/dist.py); a batch is keyed by the data-parallel
+    rank, so the TP ranks and pipeline stages of one replica see the same tokens.
     """
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -260,7 +307,7 @@ def build(cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None =
 
     torch.manual_seed(seed if init_seed is None else init_seed)
     model_parallel_cuda_manual_seed(seed if init_seed is None else init_seed)
-    tcfg = _transformer_config(cfg)
+    tcfg = _transformer_config(cfg, tp, ep, pp)
     net, forward = _build_gpt(cfg, tcfg) if cfg.kind == "gpt" else _build_linear_stack(cfg)
     model = Float16Module(tcfg, net)
     _keep_fp32(model, cfg)
@@ -274,11 +321,21 @@ def build(cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None =
     opt, sched = _build_optimizer(cfg, ddp, total_steps)
     rank = parallel_state.get_data_parallel_rank()
 
+    def gen_for(step: int, index: int | None = None) -> torch.Generator:
+        # a batch is keyed by global microbatch index: this DP rank's own unless a reshard accumulates
+        return torch.Generator().manual_seed(batch_seed(seed, step, rank if index is None else index))
+
     def micro_loss_fn(step: int, index: int) -> torch.Tensor:
-        return forward(ddp, torch.Generator().manual_seed(batch_seed(seed, step, index)))
+        return forward(ddp, gen_for(step, index)).float().mean()
 
     def loss_fn(step: int) -> torch.Tensor:
-        return micro_loss_fn(step, rank)
+        return forward(ddp, gen_for(step)).float().mean()
 
+    pipelined = None
+    if pp > 1:
+        from jobs.rank.pipeline import forward_backward
+
+        pipelined = forward_backward(ddp, cfg, forward, gen_for)
     name_of = {p: n for n, p in ddp.named_parameters()}
-    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, micro_loss_fn)
+    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, micro_loss_fn, finalize_grads=tp * pp > 1,
+                   pipelined=pipelined)

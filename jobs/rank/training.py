@@ -74,7 +74,10 @@ def build(ctx: RankContext, spec: RunSpec, phase: str = "train_and_save") -> mod
     compat.check_spec(spec)  # an option this build lacks is unsupported-by-build, before anything runs
     ctx.doc["info"]["compat_shims"] = compat.install_shims()
     init_seed = resume_init_seed(spec.seed) if phase == "resume" else None
-    tr = model.build(apply_shape(get_config(spec.config), spec.shape), spec.seed, spec.steps, init_seed)
+    tr = model.build(
+        apply_shape(get_config(spec.config), spec.shape), spec.seed, spec.steps, init_seed,
+        tp=spec.tp, ep=spec.ep, pp=spec.pp,
+    )
     # Local reports wait here until the first collective stage gathers them (_publish_build_probes).
     ctx.local_build_probes = {
         INDEX_MAP: compat.guarded(index_map.probe, optimizers=[], misaligned_total=0)(tr.optimizer, tr.name_of),
@@ -239,23 +242,23 @@ def _set_aux_loss_scale(scale: float) -> None:
     MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale))
 
 
-def _one_step(tr: model.Trainee, step: int, world: int, micro: int = 1) -> StepRecord:
+def _one_step(tr: model.Trainee, step: int, holders: int, micro: int = 1) -> StepRecord:
+    """One training step; the recorded loss is the mean over the `holders` ranks that compute it."""
     t0 = time.perf_counter()
     lr = float(tr.optimizer.param_groups[0]["lr"])  # the lr this step applies
     tr.ddp.zero_grad_buffer()
     tr.optimizer.zero_grad()
-    if micro == 1:  # the path every run at one DP size takes, unchanged
-        loss = tr.loss_fn(step)
-        loss.backward()
-    else:
+    if micro == 1:  # every run at one DP size
+        loss, _ = tr.forward_backward(step)  # a pipeline stage before the last contributes 0
+    else:  # a resharded run (tp = pp = 1): this rank's share of the global batch
         loss = _accumulate(tr, step, micro)
-    tr.ddp.finish_grad_sync()
+    tr.sync_grads()
     ok, grad_norm, num_zeros = tr.optimizer.step()
     tr.scheduler.step(increment=1)
     tr.iteration = step
     mean = loss.detach().clone().float()
     torch.distributed.all_reduce(mean)
-    mean /= world
+    mean /= holders
     return {
         "step": step,
         "loss": float(mean),
@@ -279,10 +282,11 @@ def run_steps(
     """Run steps first..M, recording each; save the checkpoint after step `save_at`."""
     if ctx.local_build_probes is not None:
         _publish_build_probes(ctx)
-    world = torch.distributed.get_world_size()
-    # the same global batch at every DP size (1 microbatch per rank unless the run reshards)
     from megatron.core import parallel_state
 
+    # every rank but the earlier pipeline stages computes the loss: world / pp of them
+    holders = torch.distributed.get_world_size() // parallel_state.get_pipeline_model_parallel_world_size()
+    # the same global batch at every DP size (1 microbatch per rank unless the run reshards)
     dp_size = parallel_state.get_data_parallel_world_size()
     micro, rest = divmod(spec.global_microbatches, dp_size)
     if rest or micro < 1:
@@ -290,7 +294,7 @@ def run_steps(
     ctx.doc["info"]["microbatches_per_rank"] = micro
     t0 = time.perf_counter()
     for step in range(first, spec.steps + 1):
-        record = ctx.run("step", functools.partial(_one_step, tr, step, world, micro), STEP_TIMEOUT_S)
+        record = ctx.run("step", functools.partial(_one_step, tr, step, holders, micro), STEP_TIMEOUT_S)
         ctx.doc["steps"].append(record)
         if step == save_at:
             ctx.doc["info"]["train_seconds_before_save"] = round(time.perf_counter() - t0, 4)

@@ -24,7 +24,8 @@ class RunCreate(BaseModel):
 
     spec: dict[str, Any] = Field(
         description="Run spec: config, dp, steps, save_step, sharding, seed, tolerance, workarounds, shape "
-        "(overrides of the preset shape; fields and ranges: GET /api/v1/configs)",
+        "(overrides of the preset shape; fields and ranges: GET /api/v1/configs); parallel layout tp, pp, ep "
+        "(default 1; each config's `layouts` in GET /api/v1/configs)",
         examples=[{"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}],
     )
     # bounded like the column it lands in (environments.name is 200 characters)

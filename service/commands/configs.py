@@ -27,6 +27,8 @@ def handle(args: argparse.Namespace) -> int:
     for c in configs:
         print(f"{c['name']:<{width}}  {c['description']}")
         print(f"{'':<{width}}  why: {c['why']}")
+        layouts = ", ".join(f"{k} {'|'.join(map(str, v))}" for k, v in c["layouts"].items())
+        print(f"{'':<{width}}  layouts: {layouts} (ranks = dp * tp * pp; ep must divide dp)")
     from service.commands.shape_arg import shape_help
 
     print(f"\n--shape (submit, run-local, bisect): {shape_help()}")

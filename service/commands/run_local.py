@@ -43,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=DEFAULT_ISOLATION,
         help=f"one of {', '.join(ISOLATION_MODES)}: fork a fresh child per phase in one job, or one job per phase",
     )
+    # parallel layout: tp/pp/ep beside dp (ranks = dp * tp * pp)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE configs; must divide dp)")
     from service.commands.shape_arg import add_shape_argument
 
     add_shape_argument(p)
@@ -72,6 +76,9 @@ def handle(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
             workarounds=tuple(args.workarounds),
             isolation=args.isolation,
+            tp=args.tp,
+            pp=args.pp,
+            ep=args.ep,
             shape=parse_shape(args.shape),
             resume_dp=args.resume_dp,
         )

@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workaround", action="append", default=[])
     add_shape_argument(p)
     p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
+    p.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
+    p.add_argument("--pp", type=int, help="pipeline-parallel size (default 1)")
+    p.add_argument("--ep", type=int, help="expert-parallel size (default 1; MoE configs, must divide dp)")
     p.add_argument("--resume-dp", type=int, help="resume at this DP size instead of --dp (same global batch)")
     p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
     p.add_argument("--environment", default="default")
@@ -48,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def build_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST /runs body from command-line options."""
     spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
-    for key in ("sharding", "seed", "tolerance", "isolation", "resume_dp"):
+    for key in ("sharding", "seed", "tolerance", "isolation", "tp", "pp", "ep", "resume_dp"):
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
     if args.workaround:

@@ -13,6 +13,9 @@ def _spec_args(spec: dict[str, Any]) -> list[str]:
     for key in ("sharding", "seed", "tolerance"):
         if spec.get(key) is not None:
             args += [f"--{key}", str(spec[key])]
+    for key in ("tp", "pp", "ep"):  # parallel layout: stored only when not 1
+        if spec.get(key) not in (None, 1):
+            args += [f"--{key}", str(spec[key])]
     for name in spec.get("workarounds") or []:
         args += ["--workaround", str(name)]
     if spec.get("resume_dp") is not None:

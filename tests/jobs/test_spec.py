@@ -98,6 +98,109 @@ def test_every_catalogue_mutant_has_an_injection() -> None:
     assert set(REGISTRY) == set(MUTANTS)
 
 
+# --- parallel layout (tp / pp / ep beside dp) ---
+
+MOE = {"config": "moe-fp32-router", "steps": 6, "save_step": 3}
+DENSE = {"config": "dense-bf16", "steps": 6, "save_step": 3}
+
+
+@pytest.mark.parametrize(
+    ("fields", "world"),
+    [
+        ({**MOE, "dp": 2}, 2),
+        ({**MOE, "dp": 2, "ep": 2}, 2),
+        ({**MOE, "dp": 4, "ep": 4}, 4),
+        ({**MOE, "dp": 4, "ep": 2}, 4),
+        ({**MOE, "dp": 1, "tp": 2}, 2),
+        ({**MOE, "dp": 2, "tp": 2}, 4),
+        ({**MOE, "dp": 1, "tp": 4}, 4),
+        ({**DENSE, "dp": 2, "tp": 2}, 4),
+        ({**DENSE, "dp": 8}, 8),  # dp alone keeps its own limit
+        ({**MOE, "dp": 2, "tp": 1, "pp": 1, "ep": 1}, 2),
+        ({**MOE, "dp": 1, "pp": 2}, 2),
+        ({**MOE, "dp": 2, "pp": 2}, 4),
+    ],
+)
+def test_layouts_megatron_accepts(fields: dict, world: int) -> None:
+    spec = RunSpec.from_dict(fields)
+    assert spec.world_size == world == spec.dp * spec.tp * spec.pp
+    assert RunSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "allowed", "text"),
+    [
+        ({**MOE, "dp": 1, "tp": 3}, "tp", [1, 2, 4], "does not divide hidden_size 128"),
+        ({**MOE, "dp": 1, "tp": 0}, "tp", [1, 2, 3, 4], "out of range 1..4"),
+        ({**MOE, "dp": 1, "tp": 5}, "tp", [1, 2, 3, 4], "out of range 1..4"),
+        ({**MOE, "dp": 1, "tp": "2"}, "tp", [1, 2, 3, 4], "must be an integer"),
+        ({**MOE, "dp": 1, "tp": True}, "tp", [1, 2, 3, 4], "must be an integer"),
+        ({**MOE, "dp": 4, "tp": 2}, "tp", [1], "world size dp * tp * pp = 4 * 2 * 1 = 8 exceeds 4"),
+        ({**MOE, "dp": 2, "tp": 4}, "tp", [1, 2], "exceeds 4"),
+        ({"config": "equal-shards-fp32-head", "dp": 1, "steps": 6, "save_step": 3, "tp": 2}, "tp", [1],
+         "has no tensor-parallel layers"),
+        ({**MOE, "dp": 1, "pp": 3}, "pp", [1, 2], "does not divide num_layers 2"),
+        ({**MOE, "dp": 1, "pp": 4}, "pp", [1, 2], "does not divide num_layers 2"),
+        ({**MOE, "dp": 4, "pp": 2}, "pp", [1], "world size dp * tp * pp = 4 * 1 * 2 = 8 exceeds 4"),
+        ({**MOE, "dp": 2, "tp": 2, "pp": 2}, "pp", [1], "combining tp and pp > 1 is not yet supported"),
+        ({**MOE, "dp": 2, "tp": 2, "ep": 2}, "ep", [1], "combining tp and ep > 1 is not yet supported"),
+        ({**MOE, "dp": 2, "pp": 2, "ep": 2}, "ep", [1], "combining pp and ep > 1"),
+        ({**DENSE, "dp": 1, "tp": 2, "pp": 2}, "pp", [1], "set at most one of tp, pp, ep above 1"),
+        ({**MOE, "dp": 1, "pp": 0}, "pp", [1, 2, 3, 4], "out of range"),
+        ({"config": "layerwise-empty-rank", "dp": 1, "steps": 6, "save_step": 3, "pp": 2}, "pp", [1],
+         "has no pipeline stages"),
+        ({**DENSE, "dp": 2, "ep": 2}, "ep", [1], "needs a MoE config"),
+        ({**MOE, "dp": 3, "ep": 3}, "ep", [1, 2, 4], "does not divide num_experts 4"),
+        ({**MOE, "dp": 1, "ep": 2}, "ep", [1], "must divide dp (1)"),
+        ({**MOE, "dp": 2, "ep": 4}, "ep", [1, 2], "must divide dp (2)"),
+        ({**MOE, "dp": 2, "ep": 0}, "ep", [1, 2, 3, 4], "out of range"),
+        ({**MOE, "dp": 2, "ep": 2.0}, "ep", [1, 2, 3, 4], "must be an integer"),
+    ],
+)
+def test_layouts_megatron_rejects(change: dict, field: str, allowed: list, text: str) -> None:
+    with pytest.raises(SpecError) as info:
+        RunSpec.from_dict(change)
+    err = info.value
+    assert err.field == field and str(err).startswith(f"{field}: ")
+    assert err.allowed == allowed
+    assert text in str(err)
+
+
+def test_default_layout_is_omitted_so_stored_specs_are_unchanged() -> None:
+    spec = RunSpec.from_dict({**MOE, "dp": 2})
+    data = spec.to_dict()
+    assert not {"tp", "pp", "ep"} & set(data)
+    assert RunSpec.from_dict({**MOE, "dp": 2, "tp": 1, "pp": 1, "ep": 1}).to_dict() == data
+    layered = RunSpec.from_dict({**MOE, "dp": 2, "ep": 2}).to_dict()
+    assert layered["ep"] == 2 and "tp" not in layered and "pp" not in layered
+
+
+def test_world_size_of_stored_specs() -> None:
+    from jobs.spec import world_size_of
+
+    assert world_size_of({**MOE, "dp": 2}) == 2
+    assert world_size_of(RunSpec.from_dict({**MOE, "dp": 2, "tp": 2}).to_dict()) == 4
+
+
+def test_allowed_values_list_the_layout() -> None:
+    values = allowed_values()
+    json.dumps(values)
+    assert values["tp"]["min"] == 1 and values["tp"]["max"] == 4
+    assert values["tp"]["per_config"]["moe-fp32-router"] == [1, 2, 4]
+    assert values["tp"]["per_config"]["equal-shards-fp32-head"] == [1]
+    assert values["pp"]["supported"] == [1, 2]
+    assert values["ep"]["per_config"]["moe-fp32-router"] == [1, 2, 4]
+    assert values["ep"]["per_config"]["dense-bf16"] == [1]
+    assert values["world_size"]["max"] == 4
+
+
+def test_configs_list_their_layouts() -> None:
+    layouts = {c["name"]: c["layouts"] for c in list_configs()}
+    assert layouts["moe-fp32-router"] == {"tp": [1, 2, 4], "pp": [1, 2], "ep": [1, 2, 4]}
+    assert layouts["dense-bf16"] == {"tp": [1, 2, 4], "pp": [1, 2], "ep": [1]}
+    assert layouts["layerwise-empty-rank"] == {"tp": [1], "pp": [1], "ep": [1]}
+
+
 def test_steps_must_exceed_the_configs_lr_warmup() -> None:
     # Megatron's scheduler asserts warmup < decay steps: a 3-step run of a 3-step-warmup config must
     # be a 422 naming steps, not a crash inside the job
@@ -105,6 +208,23 @@ def test_steps_must_exceed_the_configs_lr_warmup() -> None:
         RunSpec.from_dict({"config": "dense-bf16", "dp": 1, "steps": 3, "save_step": 2})
     assert exc.value.field == "steps"
     assert RunSpec.from_dict({"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 2}).steps == 4
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "text"),
+    [
+        ({**MOE, "dp": 1, "tp": 4, "shape": {"num_attention_heads": 2}}, "tp", "num_attention_heads 2"),
+        ({**MOE, "dp": 1, "pp": 2, "shape": {"num_layers": 3}}, "pp", "does not divide num_layers 3"),
+        ({**MOE, "dp": 4, "ep": 4, "shape": {"num_experts": 6}}, "ep", "does not divide num_experts 6"),
+        ({**MOE, "dp": 1, "tp": 4, "shape": {"ffn_hidden_size": 90}}, "tp", "ffn_hidden_size 90"),
+    ],
+)
+def test_layout_rules_apply_to_the_shaped_model(fields: dict, field: str, text: str) -> None:
+    with pytest.raises(SpecError) as info:
+        RunSpec.from_dict(fields)
+    assert info.value.field == field and text in str(info.value)
+    unshaped = {k: v for k, v in fields.items() if k != "shape"}
+    assert RunSpec.from_dict(unshaped).world_size >= 1  # the preset itself allows the layout
 
 
 # --- resume under another DP layout (resume_dp) ---
@@ -169,3 +289,14 @@ def test_stored_spec_helpers_read_resume_dp() -> None:
     assert phase_tasks(plain, "resume") == 2 and spec_isolation(plain) == "process"
     assert spec_isolation({"config": "dense-bf16", "dp": 1}) == "job"  # stored before isolation existed
     assert allowed_values()["resume_dp"]["max"] == MAX_DP
+
+
+def test_resume_dp_with_a_model_parallel_layout_is_refused() -> None:
+    with pytest.raises(SpecError, match="resume_dp: .*tp = pp = ep = 1") as info:
+        RunSpec.from_dict({**MOE, "dp": 2, "ep": 2, "resume_dp": 1})
+    assert info.value.field == "resume_dp"
+    # the task count of each phase is its DP size times the model-parallel sizes
+    from jobs.spec import phase_tasks
+
+    stored = RunSpec.from_dict({**MOE, "dp": 1, "tp": 2}).to_dict()
+    assert (phase_tasks(stored, "train_and_save"), phase_tasks(stored, "resume")) == (2, 2)

@@ -72,7 +72,8 @@ def check_buffer(buffer: Any, name_of: dict[Any, str], align: int | None = ALIGN
 def probe(ddp: Any, name_of: dict[Any, str]) -> dict[str, Any]:
     """Check all dense and expert-parallel buffers of a Megatron DDP model."""
     align = ALIGNMENT if ddp.ddp_config.use_distributed_optimizer else None
-    buffers = list(ddp.buffers) + list(getattr(ddp, "expert_parallel_buffers", []))
+    dense, expert = list(ddp.buffers), list(getattr(ddp, "expert_parallel_buffers", []))
+    buffers = dense + expert
     first = next((bucket for buf in buffers for bucket in buf.buckets), None)
     if first is not None and not hasattr(first, "param_to_index"):
         # 0.12.x: buckets keep no per-param offsets, so there is nothing that can be misaligned
@@ -80,7 +81,11 @@ def probe(ddp: Any, name_of: dict[Any, str]) -> dict[str, Any]:
             f"{type(first).__name__} has no param_to_index (this build lays buckets out differently)",
             buffers=[], unaligned_total=0,
         )
-    reports = [{"buffer": i, **check_buffer(buf, name_of, align)} for i, buf in enumerate(buffers)]
+    # expert-parallel buffers feed the expert-data-parallel DistributedOptimizer: name them
+    reports = [
+        {"buffer": i, "kind": "dense" if i < len(dense) else "expert", **check_buffer(buf, name_of, align)}
+        for i, buf in enumerate(buffers)
+    ]
     return {
         "applicable": align is not None,
         "buffers": reports,

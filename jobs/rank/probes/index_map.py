@@ -17,6 +17,28 @@ def distributed_optimizers(optimizer: Any) -> list[Any]:
     return [o for o in subs if hasattr(o, "model_param_group_index_map")]
 
 
+def optimizer_kind(opt: Any) -> str:
+    """Name one optimizer of a chain: "expert" holds expert-parallel params (allreduce False), else "dense"."""
+    params = getattr(opt, "model_param_group_index_map", None) or [
+        p for g in getattr(opt.optimizer, "param_groups", []) for p in g["params"]
+    ]
+    return "expert" if any(not getattr(p, "allreduce", True) for p in params) else "dense"
+
+
+def group_size(opt: Any) -> int | None:
+    """The size of the data-parallel group an optimizer shards over (expert-DP for the expert one)."""
+    group = getattr(opt, "data_parallel_group", None)
+    return None if group is None else int(group.size())
+
+
+def describe_chain(optimizer: Any) -> list[dict[str, Any]]:
+    """One line per optimizer in a ChainedOptimizer: index, class, kind, DP group size."""
+    return [
+        {"optimizer": i, "class": type(o).__name__, "kind": optimizer_kind(o), "dp_group_size": group_size(o)}
+        for i, o in enumerate(getattr(optimizer, "chained_optimizers", [optimizer]))
+    ]
+
+
 def installed_order(opt: Any, group: int) -> list[Any]:
     """Return the model params of one group in the order their shards were installed."""
     return [*opt.model_fp32_groups[group], *opt.model_float16_groups[group]]
@@ -34,6 +56,7 @@ def own_shards(opt: Any) -> dict[Any, Any]:
 def check_optimizer(opt: Any, name_of: dict[Any, str]) -> dict[str, Any]:
     """Compare one DistributedOptimizer's index map with its installed param groups."""
     own = own_shards(opt)
+    kind = optimizer_kind(opt)
     misaligned = []
     for param, (g, k) in opt.model_param_group_index_map.items():
         group_params = opt.optimizer.param_groups[g]["params"]
@@ -46,6 +69,7 @@ def check_optimizer(opt: Any, name_of: dict[Any, str]) -> dict[str, Any]:
         misaligned.append(
             {
                 "param": name_of.get(param, "?"),
+                "optimizer_kind": kind,
                 "dtype": str(param.dtype).removeprefix("torch."),
                 "group": g,
                 "index": k,
@@ -67,11 +91,15 @@ def check_optimizer(opt: Any, name_of: dict[Any, str]) -> dict[str, Any]:
 
 
 def probe(optimizer: Any, name_of: dict[Any, str]) -> dict[str, Any]:
-    """Run the index-map check on every DistributedOptimizer; summarise the result."""
+    """Run the index-map check on every DistributedOptimizer (each named: dense or expert); summarise."""
     opts = distributed_optimizers(optimizer)
-    reports = [{"optimizer": i, **check_optimizer(o, name_of)} for i, o in enumerate(opts)]
+    reports = [
+        {"optimizer": i, "kind": optimizer_kind(o), "dp_group_size": group_size(o), **check_optimizer(o, name_of)}
+        for i, o in enumerate(opts)
+    ]
     return {
         "applicable": bool(opts),
         "optimizers": reports,
         "misaligned_total": sum(r["misaligned_count"] for r in reports),
+        "chain": describe_chain(optimizer),
     }
