@@ -168,10 +168,12 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
         vocab_size=cfg.vocab_size,
         max_sequence_length=cfg.seq_length,
         position_embedding_type="rope",
-        # each pipeline stage builds only its part; untied output weights need no embedding group
+        # each pipeline stage builds only its part; untied output weights (as every layout had before
+        # pipelines: the output head is its own param, which `fp32_output_head` keeps in FP32) need no
+        # embedding group across stages
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=tcfg.pipeline_model_parallel_size == 1,
+        share_embeddings_and_output_weights=False,
     )
     if cfg.fp32_residual_gates:
         _add_residual_gates(gpt)

@@ -52,7 +52,7 @@ def build_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST /runs body from command-line options."""
     spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
     for key in ("sharding", "seed", "tolerance", "isolation", "tp", "pp", "ep", "resume_dp"):
-        if getattr(args, key) is not None:
+        if getattr(args, key, None) is not None:  # a hand-built Namespace may lack the newer options
             spec[key] = getattr(args, key)
     if args.workaround:
         spec["workarounds"] = args.workaround
