@@ -19,27 +19,9 @@ ETC=$DIR/etc RUN=$DIR/run LOG=$DIR/log MUNGE=$DIR/munge DB=$DIR/mariadb
 export SLURM_CONF=$ETC/slurm.conf
 T0=$(date +%s%N)
 
-log() { # log <message>: wall clock + seconds since this script started
-  local ms=$(( ($(date +%s%N) - T0) / 1000000 ))
-  printf '[slurm-up %s +%d.%03ds] %s\n' "$(date +%H:%M:%S)" $((ms / 1000)) $((ms % 1000)) "$*"
-}
-die() { log "ERROR: $*"; exit 1; }
-alive() { # alive <pidfile> <comm>: the pid in the file runs, is that program (not a reused pid), not a zombie
-  local pid
-  [[ -s $1 ]] || return 1
-  pid=$(<"$1")
-  [[ $pid =~ ^[0-9]+$ && $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]] &&
-    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]
-}
-wait_for() { # wait_for <seconds> <what> <command...>
-  local secs=$1 what=$2 deadline
-  shift 2
-  deadline=$(( $(date +%s) + secs ))
-  until "$@" >/dev/null 2>&1; do
-    (( $(date +%s) < deadline )) || die "timed out after ${secs}s waiting for $what (logs: $LOG)"
-    sleep 0.2
-  done
-}
+LOG_TAG=slurm-up
+# shellcheck source=lib/slurm-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/slurm-common.sh"
 tcp_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 sql() { mariadb --no-defaults -S "$DB/mysqld.sock" -u root "$@"; }
 
