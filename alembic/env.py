@@ -15,8 +15,8 @@ def _url() -> str:
     url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
     if url:
         return str(url)
-    from service.db import resolve_database_url
-    from service.settings import get_settings
+    from service.core.db import resolve_database_url
+    from service.core.settings import get_settings
 
     return resolve_database_url(get_settings())
 

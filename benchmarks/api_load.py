@@ -208,7 +208,7 @@ def main() -> int:
     servers: list[subprocess.Popen[bytes]] = []
     try:
         sys.path.insert(0, str(ROOT))
-        from service.migrate import upgrade
+        from service.core.migrate import upgrade
 
         upgrade(url)
         t0 = time.perf_counter()
@@ -223,12 +223,12 @@ def main() -> int:
         env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": "local",
                "PARITY_MAX_IN_FLIGHT": "1000000", "PARITY_MAX_QUEUED_PER_REQUESTER": "1000000"}
         token = subprocess.run(
-            [sys.executable, "-m", "service.cli", "token", "create", "--name", "bench", "--scope", "submit"],
+            [sys.executable, "-m", "service.cli.main", "token", "create", "--name", "bench", "--scope", "submit"],
             env=env, capture_output=True, text=True, check=True, cwd=ROOT,
         ).stdout.strip()
         port, bare_port = free_port(), free_port()
         servers.append(subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", str(args.workers)],
+            [sys.executable, "-m", "service.cli.main", "serve", "--port", str(port), "--workers", str(args.workers)],
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ))
         with tempfile.TemporaryDirectory(prefix="parity-bare-") as tmp:

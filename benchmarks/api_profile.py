@@ -65,7 +65,7 @@ def main() -> int:
     url = make_url(SERVER).set(database=name, drivername="postgresql+psycopg").render_as_string(False)
     plain = make_url(url).set(drivername="postgresql").render_as_string(False)
     try:
-        from service.migrate import upgrade
+        from service.core.migrate import upgrade
 
         upgrade(url)
         with psycopg.connect(plain, autocommit=True) as conn:
@@ -75,7 +75,7 @@ def main() -> int:
                           PARITY_MAX_IN_FLIGHT="1000000", PARITY_MAX_QUEUED_PER_REQUESTER="1000000")
         profile(args, plain)
     finally:
-        from service.db import reset_engine
+        from service.core.db import reset_engine
 
         reset_engine()
         with psycopg.connect(SERVER, autocommit=True) as conn:
@@ -85,14 +85,14 @@ def main() -> int:
 
 def profile(args: argparse.Namespace, plain: str) -> None:
     """Time the parts, then the whole through ASGI, then print cProfile's view of the POST path."""
-    from service.api import runs as routes
-    from service.api.schemas import RunCreate
-    from service.app import create_app
-    from service.db import session_scope
-    from service.environments import ensure_default_environment
-    from service.runs import create_run, get_run, validate_spec
-    from service.settings import get_settings
-    from service.tokens import authenticate, create_token
+    from service.core.db import session_scope
+    from service.core.schemas import RunCreate
+    from service.core.settings import get_settings
+    from service.core.tokens import authenticate, create_token
+    from service.environments.registry import ensure_default_environment
+    from service.runs import api as routes
+    from service.runs.records import create_run, get_run, validate_spec
+    from service.web.app import create_app
 
     settings = get_settings()
     with session_scope() as session:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PARITY = [sys.executable, "-m", "service.cli"]
+PARITY = [sys.executable, "-m", "service.cli.main"]
 
 
 def free_port() -> int:

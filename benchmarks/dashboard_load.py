@@ -115,7 +115,7 @@ def time_pages(pages: dict[str, list[str]], requests: int) -> bool:
     """Time every page through TestClient; print p50/p95; True when all p95 meet the target."""
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from service.web.app import create_app
 
     ok = True
     with TestClient(create_app()) as client:
@@ -158,9 +158,9 @@ def main() -> int:
     plain = make_url(url).set(drivername="postgresql").render_as_string(False)
     try:
         sys.path.insert(0, str(ROOT))
-        from service.db import reset_engine
-        from service.migrate import upgrade
-        from service.settings import get_settings
+        from service.core.db import reset_engine
+        from service.core.migrate import upgrade
+        from service.core.settings import get_settings
 
         upgrade(url)
         t0 = time.perf_counter()

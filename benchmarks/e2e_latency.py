@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     url = make_url(SERVER).set(database=name, drivername="postgresql+psycopg").render_as_string(False)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        from service.migrate import upgrade
+        from service.core.migrate import upgrade
 
         upgrade(url)
         with tempfile.TemporaryDirectory(prefix="parity-e2e-") as tmp:
@@ -176,14 +176,14 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": args.executor,
                    "PARITY_RUN_FOLDER": str(root / "runs"), "PARITY_SELFTEST_INTERVAL_HOURS": "0"}
             token = subprocess.run(
-                [sys.executable, "-m", "service.cli", "token", "create", "--name", "bench", "--scope", "submit"],
+                [sys.executable, "-m", "service.cli.main", "token", "create", "--name", "bench", "--scope", "submit"],
                 env=env, capture_output=True, text=True, check=True, cwd=ROOT,
             ).stdout.strip()
             port = free_port()
             base = f"http://127.0.0.1:{port}"
             log = open(root / "service.log", "ab")
             for cmd in (["serve", "--port", str(port)], ["scheduler"]):
-                procs.append(subprocess.Popen([sys.executable, "-m", "service.cli", *cmd], env=env, cwd=ROOT,
+                procs.append(subprocess.Popen([sys.executable, "-m", "service.cli.main", *cmd], env=env, cwd=ROOT,
                                               stdout=log, stderr=log))
             for _ in range(300):
                 try:

@@ -1,6 +1,6 @@
 """How long an environment build takes with each way of giving it the service's torch; prints figures.
 
-  shared-pth : what service/builds/recipe.py does (venv + .pth to symlinks of the service's torch)
+  shared-pth : what service/environments/recipe.py does (venv + .pth to symlinks of the service's torch)
   torch-wheel: a plain venv that installs torch==<same> again from the local wheel folder
 Both then install the same requirement (default megatron-core==0.16.1) and import it.
 
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from service.builds.recipe import build_environment  # noqa: E402
+from service.environments.recipe import build_environment  # noqa: E402
 
 
 def _du(path: Path) -> int:

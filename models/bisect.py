@@ -2,7 +2,7 @@
 
 The row keeps only the question (the check's spec, the ordered environments) and the answer once
 known; each step is a run labelled `bisect=<id>` or a stored verdict of the same check on that
-environment, so the state is always derivable from the runs (service/bisects.py).
+environment, so the state is always derivable from the runs (service/bisects/search.py).
 """
 
 from __future__ import annotations

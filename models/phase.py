@@ -24,7 +24,7 @@ class Phase(CreatedAt, Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(32))
     attempt: Mapped[int] = mapped_column(Integer, default=1)
-    # the allowed moves are service/phase_state.py's PHASE_TRANSITIONS; every move is a PhaseEvent
+    # the allowed moves are service/core/phase_state.py's PHASE_TRANSITIONS; every move is a PhaseEvent
     state: Mapped[str] = mapped_column(String(32), default="pending")
     # retry backoff: a pending phase is not launched before this time
     not_before: Mapped[datetime | None]

@@ -38,7 +38,7 @@ class Run(CreatedAt, Base):
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"))
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     rerun_of_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
-    # the check (service/checks.py): hash of the canonical spec, and its readable form
+    # the check (service/core/checks.py): hash of the canonical spec, and its readable form
     check_key: Mapped[str] = mapped_column(String(16), index=True)
     check_name: Mapped[str] = mapped_column(String(500))
     # the history this run belongs to: its branch label, else its environment's name
@@ -54,7 +54,7 @@ class Run(CreatedAt, Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # consecutive scheduler steps on this run that failed on its data (not an outage); bounded
     scheduler_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    # retention (service/retention.py): when the checkpoints, then the whole run folder, were deleted
+    # retention (service/runs/retention.py): when the checkpoints, then the whole run folder, were deleted
     checkpoints_deleted_at: Mapped[datetime | None]
     files_deleted_at: Mapped[datetime | None]
 

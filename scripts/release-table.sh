@@ -20,23 +20,23 @@ for release in $RELEASES; do args+=(--build "megatron-core==$release"); done
 for sharding in $SHARDINGS; do args+=(--variation "{\"sharding\": \"$sharding\"}"); done
 
 if [[ -n ${PARITY_SERVICE_URL:-} ]]; then
-  exec $PY -m service.cli sweep "${args[@]}"
+  exec $PY -m service.cli.main sweep "${args[@]}"
 fi
 
 export PARITY_DATA_DIR=${PARITY_DATA_DIR:-/var/tmp/parity-release}
 export PARITY_API_PORT=${PARITY_API_PORT:-8124}
 export PARITY_SERVICE_URL=http://127.0.0.1:$PARITY_API_PORT
 mkdir -p "$PARITY_DATA_DIR"
-$PY -m service.cli db upgrade >&2
-PARITY_TOKEN=$($PY -m service.cli token create --name release-table --scope submit --scope admin)
+$PY -m service.cli.main db upgrade >&2
+PARITY_TOKEN=$($PY -m service.cli.main token create --name release-table --scope submit --scope admin)
 export PARITY_TOKEN
-$PY -m service.cli serve >"$PARITY_DATA_DIR/serve.log" 2>&1 &
+$PY -m service.cli.main serve >"$PARITY_DATA_DIR/serve.log" 2>&1 &
 serve=$!
-$PY -m service.cli scheduler >"$PARITY_DATA_DIR/scheduler.log" 2>&1 &
+$PY -m service.cli.main scheduler >"$PARITY_DATA_DIR/scheduler.log" 2>&1 &
 scheduler=$!
 trap 'kill $serve $scheduler 2>/dev/null; wait $serve $scheduler 2>/dev/null || true' EXIT
 for _ in $(seq 300); do
   curl -fsS "$PARITY_SERVICE_URL/api/v1/healthz" >/dev/null 2>&1 && break
   sleep 0.2
 done
-$PY -m service.cli sweep "${args[@]}"
+$PY -m service.cli.main sweep "${args[@]}"

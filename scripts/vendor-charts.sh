@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Vendor the dashboard's chart library (uPlot) from npm into service/dashboard/static/vendor/.
+# Vendor the dashboard's chart library (uPlot) from npm into service/web/dashboard/static/vendor/.
 # Run by a person when bumping the version; the copied files are committed, so CI and the
 # service never need npm or the network.
 set -euo pipefail
 
 VERSION="${1:-1.6.32}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-DEST="$ROOT/service/dashboard/static/vendor"
+DEST="$ROOT/service/web/dashboard/static/vendor"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 

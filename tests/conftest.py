@@ -18,9 +18,9 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.orm import Session
 
 from models import Base
-from service.db import reset_engine
-from service.migrate import upgrade
-from service.settings import get_settings
+from service.core.db import reset_engine
+from service.core.migrate import upgrade
+from service.core.settings import get_settings
 
 # The periodic detector-health batch would queue Megatron runs behind every scheduler test;
 # tests that exercise it turn it on themselves.
@@ -94,8 +94,8 @@ def client(db_session: Session):
     """A TestClient whose requests share the test's rolled-back transaction."""
     from fastapi.testclient import TestClient
 
-    from service.api.deps import get_session
-    from service.app import create_app
+    from service.core.deps import get_session
+    from service.web.app import create_app
 
     app = create_app()
 
@@ -111,7 +111,7 @@ def client(db_session: Session):
 @pytest.fixture
 def make_token(db_session: Session):
     """Create a token with the given scopes and return its Authorization header."""
-    from service.tokens import create_token
+    from service.core.tokens import create_token
 
     def _make(*scopes: str, name: str = "tester") -> dict[str, str]:
         return {"Authorization": f"Bearer {create_token(db_session, name=name, scopes=list(scopes))}"}

@@ -19,7 +19,7 @@ depends_on = None
 def _identify_existing_runs() -> None:
     # The key is computed by the service's own function, so a row migrated here and a run queued
     # afterwards with the same spec get the same key (the whole point of a stable check identity).
-    from service.checks import check_key, check_name, track_of
+    from service.core.checks import check_key, check_name, track_of
 
     conn = op.get_bind()
     rows = conn.execute(sa.text(

@@ -24,18 +24,19 @@ from sqlalchemy.dialects.postgresql import insert
 
 from models import Run, SchedulerHeartbeat
 from models.base import utcnow
-from service import bisects, retention
-from service.builds import steps as builds
-from service.db import get_engine, session_scope
-from service.evaluation import evaluate_pending
-from service.notifications.deliver import deliver_step
-from service.scheduler.guard import describe, is_outage, per_row
-from service.scheduler.reconciler import reconcile, watched_files
-from service.scheduler.submitter import claim_queued, launch, local_slots, next_pending
+from service.bisects import search as bisects
+from service.core.db import get_engine, session_scope
+from service.core.settings import Settings
+from service.environments import build_steps as builds
+from service.executors.selection import pick_executor
+from service.oncall.delivery import deliver_step
+from service.runs import retention
+from service.runs.evaluation import evaluate_pending
+from service.runs.reconciler import reconcile, watched_files
+from service.runs.row_guard import describe, is_outage, per_row
+from service.runs.submitter import claim_queued, launch, local_slots, next_pending
 from service.scheduler.wakeup import Wakeup
-from service.selftest import enqueue_due
-from service.settings import Settings
-from service.slurm import pick_executor
+from service.selftest.batch import enqueue_due
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the scheduler waits on between ticks: a NOTIFY from the API, a phase's result file, or the clock.
 
-A queued run wakes the loop through Postgres LISTEN/NOTIFY (service/notify.py) within one
+A queued run wakes the loop through Postgres LISTEN/NOTIFY (service/core/pg_channel.py) within one
 NOTIFY round trip; a finished phase wakes it when one of its rank documents appears on disk (a
 stat of a few paths every STAT_INTERVAL_S, far cheaper than asking Slurm). Without either event
 the loop still ticks every poll interval, so a missed notification or a job that died without
@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 from sqlalchemy import make_url
 
-from service.notify import RUNS_CHANNEL
+from service.core.pg_channel import RUNS_CHANNEL
 
 log = logging.getLogger(__name__)
 STAT_INTERVAL_S = 0.05

@@ -15,8 +15,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from models import Base
-from service.db import reset_engine
-from service.settings import get_settings
+from service.core.db import reset_engine
+from service.core.settings import get_settings
 from tests.dashboard.seed import Seeded, seed
 
 CHROMIUM = "/usr/bin/chromium"
@@ -59,7 +59,7 @@ def app_client(seeded: Seeded):
     """A TestClient on the real app and the seeded, committed database."""
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from service.web.app import create_app
 
     with TestClient(create_app()) as client:
         yield client
@@ -76,7 +76,7 @@ def app_in_thread(port: int | None = None) -> Iterator[str]:
     """The app served by a real uvicorn in a thread on a loopback port (a free one by default); -> its base URL."""
     import uvicorn
 
-    from service.app import create_app
+    from service.web.app import create_app
 
     port = port or _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))

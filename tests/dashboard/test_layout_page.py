@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from jobs.spec import RunSpec
 from models import Environment, Run
-from service.dashboard.reproduce import local_command
+from service.web.dashboard.reproduce import local_command
 from tests.dashboard.seed import Seeded, _run, spec
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import quote
 
-from service.dashboard import logs
-from service.dashboard.reproduce import local_command
+from service.web.dashboard import logs
+from service.web.dashboard.reproduce import local_command
 
 
 def _log_url(seeded, path: str, **extra: str) -> str:

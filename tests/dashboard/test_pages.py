@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from service.dashboard import runlist
+from service.web.dashboard import runlist
 from tests.dashboard.seed import STEPS, XSS
 
 
@@ -54,7 +54,7 @@ def test_runs_list_sorts_and_reports_bad_filters(app_client, seeded):
 
 
 def test_runs_list_paginates_in_sql(app_client, seeded):
-    from service.db import session_scope
+    from service.core.db import session_scope
 
     query = runlist.parse_query({"sort": ["id"], "dir": ["asc"], "page": ["3"]})
     with session_scope() as session:

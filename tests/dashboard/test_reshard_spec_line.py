@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
-from service.dashboard.rendering import templates
-from service.dashboard.runpage import tolerance_of
+from service.web.dashboard.rendering import templates
+from service.web.dashboard.runpage import tolerance_of
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3, "sharding": "dp_reshardable",
         "workarounds": ["realign-param-index"]}

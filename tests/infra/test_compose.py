@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.settings import Settings
+from service.core.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
@@ -134,7 +134,7 @@ def compose_problems(compose: dict[str, Any], root: Path) -> list[str]:
                 problems.append(f"{name}: build target {build['target']!r} is not a stage of {dockerfile}")
         for key in environment(svc):
             if key.startswith("PARITY_") and key.removeprefix("PARITY_").lower() not in settings_fields:
-                problems.append(f"{name}: {key} is not a field of service.settings.Settings")
+                problems.append(f"{name}: {key} is not a field of service.core.settings.Settings")
         for target, source in mounts(svc).items():
             if not source.startswith((".", "/", "~")) and source not in declared_volumes:
                 problems.append(f"{name}: volume {source!r} (at {target}) is not declared under volumes:")
@@ -234,11 +234,11 @@ def test_slurm_settings_are_identical_in_every_slurm_container() -> None:
 
 def test_commands_are_real_cli_subcommands() -> None:
     try:
-        from service.cli import build_parser
+        from service.cli.main import build_parser
 
         parser = build_parser()
     except ImportError as exc:
-        pytest.skip(f"service.cli does not import yet: {exc}")
+        pytest.skip(f"service.cli.main does not import yet: {exc}")
 
     def knows(parser: argparse.ArgumentParser, words: list[str]) -> bool:
         if not words:
@@ -254,7 +254,7 @@ def test_commands_are_real_cli_subcommands() -> None:
 
 
 def test_scheduler_healthcheck_is_a_real_command() -> None:
-    from service.cli import build_parser
+    from service.cli.main import build_parser
 
     test = load_compose()["services"]["scheduler"]["healthcheck"]["test"]
     assert test[:2] == ["CMD", "parity"]
@@ -285,7 +285,7 @@ def test_checker_reports_missing_healthcheck() -> None:
 
 def test_checker_reports_unknown_env_var() -> None:
     problems = broken(lambda c: c["services"]["scheduler"]["environment"].update(PARITY_NO_SUCH_KNOB="1"))
-    assert problems == ["scheduler: PARITY_NO_SUCH_KNOB is not a field of service.settings.Settings"]
+    assert problems == ["scheduler: PARITY_NO_SUCH_KNOB is not a field of service.core.settings.Settings"]
 
 
 def test_checker_reports_missing_service_and_dangling_dependency() -> None:

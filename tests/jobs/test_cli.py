@@ -1,4 +1,4 @@
-"""CLI subcommands through a tiny argparse wrapper (service/cli.py registers them the same way)."""
+"""CLI subcommands through a tiny argparse wrapper (service/cli/main.py registers them the same way)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from service.commands import configs, run_local
+from service.cli.client import configs
+from service.cli.engine import run_local
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ import pytest
 from jobs.launch.local import run_parity
 from jobs.layout import RunLayout
 from jobs.spec import RunSpec
-from service.commands import run_local
+from service.cli.engine import run_local
 
 pytestmark = pytest.mark.megatron
 

@@ -11,8 +11,8 @@ from jobs.contract import phase_document
 from jobs.documents import merge_rank_documents
 from jobs.rank import multinode
 from jobs.spec import RunSpec, SpecError, allowed_nodes
-from service.checks import check_key, check_name
-from service.documents import validate_phase_document
+from service.core.checks import check_key, check_name
+from service.runs.phase_documents import validate_phase_document
 
 BASE = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3}
 
@@ -108,7 +108,7 @@ def test_gloo_interface_is_the_one_routing_to_the_master() -> None:
 def test_parity_submit_passes_nodes_only_when_given() -> None:
     import argparse
 
-    from service.commands import submit
+    from service.cli.client import submit
 
     parser = argparse.ArgumentParser()
     submit.register(parser.add_subparsers())

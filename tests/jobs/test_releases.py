@@ -32,7 +32,7 @@ def _release(version: str) -> Path:
 def _run_local(version: str, tmp_path: Path, *args: str, config: str = "moe-fp32-router") -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_release(version)), str(REPO)]))
     proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "run-local", "--config", config, "--dp", "2", "--steps", "4",
+        [sys.executable, "-m", "service.cli.main", "run-local", "--config", config, "--dp", "2", "--steps", "4",
          "--save-step", "2", "--run-folder", str(tmp_path / "run"), "--json", *args],
         env=env, capture_output=True, text=True, timeout=900,
     )

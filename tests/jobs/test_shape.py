@@ -10,8 +10,8 @@ import pytest
 from jobs.configs import get_config
 from jobs.shape import MAX_PARAMS, SHAPE_FIELDS, apply_shape, estimated_params
 from jobs.spec import RunSpec, SpecError, allowed_values
-from service.checks import check_key, check_name
-from service.commands.shape_arg import parse_shape, shape_help
+from service.cli.client.shape_arg import parse_shape, shape_help
+from service.core.checks import check_key, check_name
 
 MOE = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3}
 DENSE = {**MOE, "config": "dense-bf16"}

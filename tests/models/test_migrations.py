@@ -7,7 +7,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from models import Base
-from service.migrate import downgrade, upgrade
+from service.core.migrate import downgrade, upgrade
 from tests.models.scratch import scratch_database
 
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.db import reset_engine
-from service.settings import get_settings
+from service.core.db import reset_engine
+from service.core.settings import get_settings
 from tests.dashboard.conftest import app_in_thread, browser  # noqa: F401  (the same Chromium fixture)
 from tests.service.scheduler_harness import free_port
 

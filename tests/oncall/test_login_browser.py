@@ -10,9 +10,9 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from models import Regression
-from service.dashboard.auth import COOKIE, make_cookie
-from service.settings import get_settings
-from service.tokens import create_token
+from service.core.settings import get_settings
+from service.core.tokens import create_token
+from service.web.dashboard.auth import COOKIE, make_cookie
 from tests.dashboard.conftest import screenshot
 
 pytestmark = pytest.mark.browser
@@ -21,8 +21,8 @@ SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4}
 
 def _seed_regression(database_url: str) -> tuple[str, int]:
     """A submit token and an open regression (pass then fail on main), committed."""
-    from service.environments import ensure_default_environment
-    from service.runs import create_run, validate_spec
+    from service.environments.registry import ensure_default_environment
+    from service.runs.records import create_run, validate_spec
     from tests.service.verdict_helpers import finish
 
     engine = create_engine(database_url)
@@ -76,7 +76,7 @@ def test_expired_session_asks_to_log_in_again(oncall_page, locked_server, commit
     token, _ = _seed_regression(committed_db)
     engine = create_engine(committed_db)
     from models import ApiToken
-    from service.tokens import hash_token
+    from service.core.tokens import hash_token
 
     with Session(engine) as session:
         row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))

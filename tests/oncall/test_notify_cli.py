@@ -8,8 +8,8 @@ import httpx
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from service.commands.notify import list_channels
-from service.tokens import create_token
+from service.cli.client.notify import list_channels
+from service.core.tokens import create_token
 
 
 def test_notify_list_prints_channels(locked_server: str, committed_db: str, capsys) -> None:

@@ -16,12 +16,12 @@ import httpx
 from sqlalchemy import select
 
 from models import Phase, PhaseEvent, Run
-from service.db import session_scope
-from service.environments import create_environment, ensure_default_environment, get_environment
-from service.runs import create_run, validate_spec
-from service.settings import get_settings
+from service.core.db import session_scope
+from service.core.settings import get_settings
+from service.environments.registry import create_environment, ensure_default_environment, get_environment
+from service.runs.records import create_run, validate_spec
 
-PARITY = [sys.executable, "-m", "service.cli"]
+PARITY = [sys.executable, "-m", "service.cli.main"]
 GOOD = ["realign-param-index", "restore-adam-step"]
 
 
@@ -178,6 +178,6 @@ def phase_moves(run_id: int) -> list[tuple[str | None, str]]:
 
 def job_name(phase: Phase) -> str:
     """The Slurm job name the scheduler gives a phase attempt (with this test's settings)."""
-    from service.scheduler.submitter import job_name as name_of
+    from service.runs.submitter import job_name as name_of
 
     return name_of(get_settings(), phase)

@@ -128,7 +128,7 @@ def test_configs_health_metrics_and_openapi(client: TestClient) -> None:
 
 
 def test_reads_can_require_a_token(client: TestClient, make_token, monkeypatch) -> None:
-    from service.settings import get_settings
+    from service.core.settings import get_settings
 
     monkeypatch.setenv("PARITY_READS_REQUIRE_TOKEN", "true")
     get_settings.cache_clear()

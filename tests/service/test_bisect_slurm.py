@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import select
 
 from models import Run
-from service.db import session_scope
-from service.environments import get_environment
+from service.core.db import session_scope
+from service.environments.registry import get_environment
 from tests.service.mcore_source import EXP_AVG_SQ_NOT_RESTORED, make_source
 from tests.service.scheduler_harness import (
     PARITY,

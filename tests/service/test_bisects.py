@@ -9,12 +9,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models import Run
-from service import bisects
-from service.commands.bisect import report
-from service.environments import create_environment, get_environment
-from service.runs import create_run, validate_spec
-from service.settings import get_settings
-from service.state import RunState, transition
+from service.bisects import search as bisects
+from service.cli.client.bisect import report
+from service.core.run_state import RunState, transition
+from service.core.settings import get_settings
+from service.environments.registry import create_environment, get_environment
+from service.runs.records import create_run, validate_spec
 
 SPEC = {"config": "dense-bf16", "dp": 1, "steps": 6, "save_step": 3, "workarounds": ["restore-adam-step"]}
 ENVS = [f"build-{i}" for i in range(6)]

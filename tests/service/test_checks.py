@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from service.checks import check_key, check_name
+from service.core.checks import check_key, check_name
 from tests.service.verdict_helpers import finish
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4}

@@ -18,9 +18,9 @@ import uvicorn
 from sqlalchemy import event, make_url
 from sqlalchemy.orm import Session
 
-from service.app import create_app
-from service.db import session_scope
-from service.tokens import create_token
+from service.core.db import session_scope
+from service.core.tokens import create_token
+from service.web.app import create_app
 from tests.service.scheduler_harness import free_port
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 4, "save_step": 2}

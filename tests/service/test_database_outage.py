@@ -45,9 +45,9 @@ def test_scheduler_and_api_survive_a_database_outage(committed_db: str, tmp_path
 def test_api_answers_503_while_the_database_is_away(database_url: str, settings_env: None, monkeypatch) -> None:
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
-    from service.db import reset_engine
-    from service.settings import get_settings
+    from service.core.db import reset_engine
+    from service.core.settings import get_settings
+    from service.web.app import create_app
 
     real = make_url(database_url)
     proxy = Proxy(real.host or "127.0.0.1", real.port or 5432)

@@ -16,7 +16,7 @@ def test_demo_on_embedded_defaults_ends_in_verdicts(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARITY_")}
     env.update(PARITY_DATA_DIR=str(tmp_path / "data"), PARITY_EXECUTOR="local", PARITY_API_PORT="0")
     done = subprocess.run(
-        [sys.executable, "-m", "service.cli", "demo", "--steps", "8", "--save-step", "4"],
+        [sys.executable, "-m", "service.cli.main", "demo", "--steps", "8", "--save-step", "4"],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr

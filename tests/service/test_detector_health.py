@@ -9,9 +9,9 @@ from sqlalchemy.orm import Session
 
 from jobs.selftest.catalogue import COMBINED
 from models import Run
-from service.dashboard.overview import matrix
-from service.selftest import detector_health, enqueue_due
-from service.settings import get_settings
+from service.core.settings import get_settings
+from service.selftest.batch import detector_health, enqueue_due
+from service.web.dashboard.overview import matrix
 
 T0 = datetime(2031, 1, 1, tzinfo=UTC)
 

@@ -10,7 +10,7 @@ import pytest
 
 from jobs.contract import error_record
 from jobs.verdict.compare import evaluate
-from service.documents import InvalidDocument, read_summary, validate_phase_document, validate_result
+from service.runs.phase_documents import InvalidDocument, read_summary, validate_phase_document, validate_result
 from tests.golden import CASES, documents, expected
 
 

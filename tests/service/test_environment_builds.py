@@ -13,10 +13,10 @@ from sqlalchemy import update
 
 from models import Environment
 from models.base import utcnow
-from service.builds.steps import launch_builds, prune_builds, reconcile_builds
-from service.db import session_scope
-from service.environments import get_environment, request_build
-from service.settings import get_settings
+from service.core.db import session_scope
+from service.core.settings import get_settings
+from service.environments.build_steps import launch_builds, prune_builds, reconcile_builds
+from service.environments.registry import get_environment, request_build
 from tests.service.mcore_source import LR_OFF_BY_ONE, make_source
 from tests.service.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
 

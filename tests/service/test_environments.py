@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.builds.requirements import RequirementError, content_hash, normalize
+from service.environments.requirements import RequirementError, content_hash, normalize
 
 PY = sys.executable
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3}

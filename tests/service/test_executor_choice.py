@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service import slurm as slurm_module
-from service.settings import Settings
+from service.core.settings import Settings
+from service.executors import selection as slurm_module
 
 
 @pytest.fixture(autouse=True)
@@ -46,8 +46,8 @@ def test_the_scheduler_decides_once_and_never_falls_back_to_local(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
     from service.scheduler.loop import decide_executor, heartbeat, tick
+    from service.web.app import create_app
     from tests.service.scheduler_harness import phases, queue
 
     settings = Settings(executor="auto", run_folder=tmp_path / "runs", max_infra_retries=0)

@@ -11,8 +11,8 @@ import cloudpickle
 import pytest
 import submitit
 
-from service.scheduler import launcher
-from service.settings import Settings
+from service.core.settings import Settings
+from service.executors import launcher
 
 # Jobs unpickle this function in a fresh interpreter where this test module is not importable.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -7,8 +7,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.limits import MAX_BODY_BYTES, MAX_LABELS
-from service.settings import get_settings
+from service.core.limits import MAX_BODY_BYTES, MAX_LABELS
+from service.core.settings import get_settings
 
 JSON = {"content-type": "application/json"}
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 4, "save_step": 2}
@@ -124,9 +124,9 @@ def test_caps_see_runs_queued_elsewhere_after_the_count_refresh(
     import time
 
     from jobs.spec import RunSpec
-    from service.admission import COUNT_TTL_S
-    from service.environments import ensure_default_environment
-    from service.runs import create_run
+    from service.environments.registry import ensure_default_environment
+    from service.runs.admission import COUNT_TTL_S
+    from service.runs.records import create_run
 
     monkeypatch.setenv("PARITY_MAX_IN_FLIGHT", "3")
     get_settings.cache_clear()

@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from service.commands.junit import junit_xml
-from service.commands.submit import report
-from service.settings import get_settings
+from service.cli.client.junit import junit_xml
+from service.cli.client.submit import report
+from service.core.settings import get_settings
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4}
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from models import OutboxMessage
 from models.base import utcnow
-from service.notifications.deliver import SIGNATURE_HEADER, deliver_due
+from service.oncall.delivery import SIGNATURE_HEADER, deliver_due
 from tests.service.scheduler_harness import free_port
 from tests.service.verdict_helpers import finish
 from tests.service.webhook_receiver import start_receiver
@@ -132,7 +132,7 @@ def test_channel_input_is_validated(client: TestClient, make_token) -> None:
 
 
 def test_the_same_event_is_enqueued_once(client: TestClient, db_session: Session, make_token, receiver) -> None:
-    from service.notifications.events import enqueue
+    from service.oncall.notification_events import enqueue
 
     _channel(client, make_token("admin"), receiver.url + "/hook")
     assert enqueue(db_session, "regression.opened", "regression-99-regression.opened", {"event": "x"}) == 1

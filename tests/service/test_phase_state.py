@@ -7,8 +7,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models import Environment, Phase, PhaseEvent, Run
-from service.errors import Conflict
-from service.phase_state import PHASE_TERMINAL, PHASE_TRANSITIONS, PhaseState, move_phase
+from service.core.errors import Conflict
+from service.core.phase_state import PHASE_TERMINAL, PHASE_TRANSITIONS, PhaseState, move_phase
 
 P = PhaseState
 ALLOWED = {

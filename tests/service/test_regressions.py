@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.orm import Session
 
 from models import Environment, Run
-from service.regressions import flag
+from service.oncall.flagging import flag
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from models import Environment, Run
 from models.base import utcnow
-from service import retention
-from service.settings import Settings
+from service.core.settings import Settings
+from service.runs import retention
 from tests.service.scheduler_harness import PARITY
 
 SPEC = {"config": "moe-fp32-router", "dp": 1, "steps": 4, "save_step": 2}
@@ -64,7 +64,7 @@ def test_run_folders_are_pruned_after_keep_days(db_session: Session, tmp_path: P
 
 
 def test_disk_use_is_on_healthz_and_metrics(client: TestClient, tmp_path: Path) -> None:
-    from service.settings import get_settings
+    from service.core.settings import get_settings
 
     root = get_settings().resolved_run_folder
     (root / "run-1").mkdir(parents=True)

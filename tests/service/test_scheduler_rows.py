@@ -22,15 +22,15 @@ from sqlalchemy import select, text
 from jobs.layout import AttemptLayout
 from models import Phase, PhaseEvent, Run, StepMetric
 from models.base import utcnow
-from service.db import session_scope
-from service.evaluation import evaluate_pending
-from service.phase_state import PhaseState, move_phase
-from service.runs import cancel_run
-from service.scheduler import launcher
-from service.scheduler.reconciler import reconcile
-from service.scheduler.submitter import job_of, launcher_folder, new_phase
-from service.settings import Settings
-from service.state import RunState, transition
+from service.core.db import session_scope
+from service.core.phase_state import PhaseState, move_phase
+from service.core.run_state import RunState, transition
+from service.core.settings import Settings
+from service.executors import launcher
+from service.runs.evaluation import evaluate_pending
+from service.runs.reconciler import reconcile
+from service.runs.records import cancel_run
+from service.runs.submitter import job_of, launcher_folder, new_phase
 from tests.service.scheduler_harness import phases, queue, run_row, wait_for
 from tests.service.scheduler_jobs import SPEC, phase_doc, return_document, sleep_forever
 
@@ -173,8 +173,8 @@ def _alive(pids: list[int]) -> list[int]:
 def _orphan_job(settings: Settings, folder: Path, marker: Path) -> tuple[str, float]:
     """Submit sleep_forever from another process that then exits: what a restarted scheduler finds."""
     code = (
-        "import sys; from pathlib import Path; from service.scheduler import launcher; "
-        "from service.settings import Settings; from tests.service.scheduler_jobs import sleep_forever; "
+        "import sys; from pathlib import Path; from service.executors import launcher; "
+        "from service.core.settings import Settings; from tests.service.scheduler_jobs import sleep_forever; "
         f"j = launcher.submit_phase(executor='local', folder=Path({str(folder)!r}), python=sys.executable, tasks=2, "
         f"settings=Settings(), name='t', function=sleep_forever, args=({str(marker)!r},)); "
         "print(j.job_id, repr(j.started))"

@@ -139,8 +139,8 @@ def test_two_replicas_submit_each_of_50_runs_exactly_once(committed_db: str, slu
 
 
 def test_cancel_through_the_api_stops_the_slurm_job(committed_db: str, slurm: str, tmp_path: Path) -> None:
-    from service.db import session_scope
-    from service.runs import cancel_run
+    from service.core.db import session_scope
+    from service.runs.records import cancel_run
 
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm")
     since = slurm_now()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from service.scheduler.launcher import FAULT_AFTER_SBATCH
-from service.scheduler.submitter import launcher_folder
+from service.executors.launcher import FAULT_AFTER_SBATCH
+from service.runs.submitter import launcher_folder
 from tests.service.scheduler_harness import (
     GOOD,
     job_name,

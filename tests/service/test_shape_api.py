@@ -7,7 +7,7 @@ import argparse
 from fastapi.testclient import TestClient
 
 from jobs.shape import SHAPE_FIELDS
-from service.commands.submit import build_body
+from service.cli.client.submit import build_body
 
 RUN = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3}
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.service.scheduler_harness import free_port
 
-PARITY = [sys.executable, "-m", "service.cli"]
+PARITY = [sys.executable, "-m", "service.cli.main"]
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:

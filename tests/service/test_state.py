@@ -7,8 +7,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models import Environment, Run, RunEvent
-from service.errors import Conflict
-from service.state import TERMINAL, TRANSITIONS, RunState, can_transition, transition
+from service.core.errors import Conflict
+from service.core.run_state import TERMINAL, TRANSITIONS, RunState, can_transition, transition
 
 
 def _run(session: Session) -> Run:

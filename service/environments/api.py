@@ -1,0 +1,81 @@
+"""/api/v1/environments: register a prepared Python, or have the service build one from requirement lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Response
+from fastapi.responses import PlainTextResponse
+
+from service.core.deps import ReadAccess, SessionDep, SettingsDep, _bearer
+from service.core.errors import NotFound
+from service.core.schemas import ERROR_RESPONSES, EnvironmentIn, EnvironmentOut
+from service.core.tokens import authenticate
+from service.environments.registry import (
+    create_environment,
+    ensure_default_environment,
+    get_environment,
+    inspect_python,
+    list_environments,
+    request_build,
+)
+
+router = APIRouter(prefix="/api/v1/environments", tags=["environments"], responses=ERROR_RESPONSES)
+LOG_TAIL_BYTES = 256 * 1024
+
+
+@router.get("", response_model=list[EnvironmentOut])
+def environments(session: SessionDep, settings: SettingsDep, _: ReadAccess) -> list[EnvironmentOut]:
+    """Every environment, registered or built (the default one is created on first use)."""
+    ensure_default_environment(session, settings=settings)
+    return [EnvironmentOut.model_validate(e) for e in list_environments(session)]
+
+
+@router.post("", status_code=201, response_model=EnvironmentOut, responses={
+    200: {"model": EnvironmentOut, "description": "An identical requirement set is already built: that environment"},
+})
+def add_environment(
+    body: EnvironmentIn, session: SessionDep, settings: SettingsDep, response: Response,
+    authorization: Annotated[str | None, Header()] = None,
+) -> EnvironmentOut:
+    """Register `python` (admin; checked to import torch and megatron.core), or build `requirements`.
+
+    A build with the same requirement set (by content) is reused: 200 with the existing one.
+    """
+    if body.python is not None:
+        authenticate(session, token=_bearer(authorization), scope="admin")
+        assert body.name is not None  # the schema requires it with python
+        versions = inspect_python(body.python)
+        env = create_environment(
+            session, name=body.name, python=body.python, description=body.description, packages=versions
+        )
+        return EnvironmentOut.model_validate(env)
+    authenticate(session, token=_bearer(authorization), scope="submit")
+    assert body.requirements is not None
+    env, created = request_build(
+        session, requirements=body.requirements, settings=settings, name=body.name, description=body.description
+    )
+    if not created:
+        response.status_code = 200
+    return EnvironmentOut.model_validate(env)
+
+
+@router.get("/{name}", response_model=EnvironmentOut)
+def environment(name: str, session: SessionDep, _: ReadAccess) -> EnvironmentOut:
+    """One environment: its state, packages (`pip freeze` of a build) and build error if any."""
+    return EnvironmentOut.model_validate(get_environment(session, name=name))
+
+
+@router.get("/{name}/log", responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                           "description": "The tail of the build log"}})
+def build_log(name: str, session: SessionDep, _: ReadAccess) -> PlainTextResponse:
+    """The tail of a built environment's build log (pip's output)."""
+    env = get_environment(session, name=name)
+    path = Path(env.folder or "") / "build.log"
+    if not env.folder or not path.is_file():
+        raise NotFound(f"name: environment {name!r} has no build log", field="name")
+    with path.open("rb") as fh:
+        size = fh.seek(0, 2)
+        fh.seek(max(0, size - LOG_TAIL_BYTES))
+        return PlainTextResponse(fh.read().decode(errors="replace"))

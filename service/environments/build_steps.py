@@ -1,0 +1,138 @@
+"""Scheduler steps for built environments: launch pending builds, reconcile them, prune unused ones.
+
+A build is one submitit job (local or Slurm, like the phases) running `recipe.build_environment`
+with the service's own Python. Its folder is fixed when the row is made, and a job already
+submitted from it is adopted, never submitted twice (the same rule as phases).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import exists, select
+from sqlalchemy.orm import Session
+
+from models import Environment, Run
+from models.base import utcnow
+from service.core.run_state import TERMINAL, RunState, transition
+from service.core.settings import Settings
+from service.environments.recipe import build_environment
+from service.environments.registry import set_state
+from service.executors import launcher
+from service.executors.selection import pick_executor
+
+log = logging.getLogger(__name__)
+
+
+def _job(env: Environment) -> launcher.PhaseJob:
+    return launcher.PhaseJob(executor=env.executor or "local", folder=str(Path(env.folder or "") / "job"),
+                             job_id=env.job_id or "", tasks=1)
+
+
+def pip_environment() -> frozenset[str]:
+    """Names of the variables pip needs in a build job (its config, proxies, CA bundles), never secrets."""
+    keep = ("PIP_", "UV_")
+    names = {"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "XDG_CONFIG_DIRS", "XDG_CACHE_HOME",
+             "GIT_SSL_CAINFO"}
+    return frozenset(k for k in os.environ if k.startswith(keep) or k.lower().endswith("_proxy") or k in names)
+
+
+def launch_builds(session: Session, *, settings: Settings, executor: str | None = None, limit: int = 2) -> int:
+    """Submit (or adopt) up to `limit` pending builds on `executor` (default: settings'). Returns how many."""
+    executor = executor or pick_executor(settings)
+    envs = session.scalars(
+        select(Environment).where(Environment.state == "pending").order_by(Environment.id).limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+    for env in envs:
+        folder = Path(env.folder or "")
+        job_folder = folder / "job"
+        job_id = launcher.find_submitted(job_folder)
+        if job_id is None:
+            if job_folder.exists():  # a previous (failed) attempt's files: start clean
+                shutil.rmtree(job_folder)
+            try:
+                job = launcher.submit_phase(
+                    executor=executor, folder=job_folder, python=sys.executable, tasks=1,
+                    settings=settings, name=f"parity-env-{env.id}", function=build_environment,
+                    args=(str(folder), list(env.requirements or [])), env_names=pip_environment(),
+                )
+            except Exception as exc:  # sbatch refused: the build cannot start, say why
+                env.error_message = f"submitting the build failed: {exc}"[-4000:]
+                set_state(env, "failed")
+                continue
+            env.executor, job_id = job.executor, job.job_id
+        env.executor = env.executor or executor
+        env.job_id = job_id
+        set_state(env, "building")
+    return len(envs)
+
+
+def reconcile_builds(session: Session) -> int:
+    """Finish builds whose job ended: ready with packages, or failed with pip's error. Returns how many."""
+    envs = session.scalars(
+        select(Environment).where(Environment.state == "building").with_for_update(skip_locked=True)
+    ).all()
+    jobs = {env.id: _job(env) for env in envs}
+    states = launcher.poll(list(jobs.values())) if jobs else {}
+    done = 0
+    for env in envs:
+        status = states[jobs[env.id]]
+        if status.kind in ("active", "running"):
+            continue
+        done += 1
+        doc, error = _result(jobs[env.id]) if status.kind == "done" else (None, f"build job {status.raw}")
+        if doc is None:
+            env.error_message = error
+            set_state(env, "failed")
+            continue
+        env.python, env.freeze = doc["python"], doc["freeze"]
+        env.megatron_core, env.torch = doc["megatron_core"], doc["torch"]
+        env.packages = {"torch": doc["torch"], "megatron_core": doc["megatron_core"]}
+        env.build_seconds, env.built_at, env.error_message = doc["seconds"], utcnow(), None
+        set_state(env, "ready")
+    return done
+
+
+def _result(job: launcher.PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        return launcher.job_result(job), None
+    except Exception as exc:  # submitit carries the build's own exception text (pip's output tail)
+        return None, f"{type(exc).__name__}: {exc}"[-6000:]
+
+
+def fail_runs_on_failed_builds(session: Session) -> int:
+    """Queued runs whose environment's build failed end in error, naming the build's error."""
+    rows = session.execute(
+        select(Run, Environment).join(Environment, Run.environment_id == Environment.id)
+        .where(Run.state == RunState.QUEUED.value, Environment.state == "failed")
+        .with_for_update(of=Run, skip_locked=True)
+    ).all()
+    for run, env in rows:
+        run.error_message = f"environment {env.name!r} failed to build: {(env.error_message or '')[-2000:]}"
+        transition(session, run, RunState.ERROR, f"environment {env.name} failed to build")
+    return len(rows)
+
+
+def prune_builds(session: Session, *, keep_days: float) -> list[str]:
+    """Delete the virtualenvs of ready builds no run has used for keep_days; returns their names."""
+    cutoff = utcnow() - timedelta(days=keep_days)
+    busy = exists().where(Run.environment_id == Environment.id, Run.state.not_in([s.value for s in TERMINAL]))
+    envs = session.scalars(
+        select(Environment).where(
+            Environment.state == "ready", Environment.requirements.is_not(None),
+            Environment.last_used_at < cutoff, ~busy,
+        ).with_for_update(skip_locked=True)
+    ).all()
+    for env in envs:
+        if env.folder:
+            shutil.rmtree(env.folder, ignore_errors=True)
+        set_state(env, "pruned")
+        log.info("pruned environment %s (unused since %s)", env.name, env.last_used_at)
+    return [e.name for e in envs]

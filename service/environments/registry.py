@@ -1,0 +1,205 @@
+"""Environments: which Python runs the job phases (so CI can test another Megatron-Core build).
+
+An environment is registered (a Python someone prepared; checked here before it is stored) or
+built by the service from requirement lines (`request_build`; the scheduler builds it as a job).
+The `python` of either reaches an sbatch script, so it must be a plain absolute path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from models import Environment
+from models.base import utcnow
+from service.core.errors import Conflict, DomainError, NotFound
+from service.core.settings import Settings
+from service.environments.requirements import RequirementError, content_hash, normalize
+
+DEFAULT_ENVIRONMENT = "default"
+# No whitespace, quotes or shell metacharacters: the path is also quoted where used, but a path
+# that needs quoting is refused outright so no script ever depends on getting that right.
+SAFE_PYTHON = re.compile(r"^/[A-Za-z0-9._+\-/]{1,999}$")
+INSPECT_TIMEOUT_S = 180
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+INSPECT = (
+    "import json, torch, megatron.core; "
+    "print(json.dumps({'torch': torch.__version__, 'megatron_core': megatron.core.__version__}))"
+)
+# Builds move forward only; a failed or pruned build is built again when someone asks for it.
+ENV_TRANSITIONS = {
+    "pending": {"building", "failed"},
+    "building": {"ready", "failed", "pending"},
+    "ready": {"pruned"},
+    "failed": {"pending"},
+    "pruned": {"pending"},
+}
+
+
+class InvalidEnvironment(DomainError):
+    status_code = 422
+    code = "invalid_environment"
+
+
+def set_state(env: Environment, state: str) -> None:
+    """Move a built environment to `state` along ENV_TRANSITIONS (409 otherwise)."""
+    if state not in ENV_TRANSITIONS.get(env.state, set()):
+        raise Conflict(f"state: environment {env.name!r} cannot go from {env.state} to {state}", field="state")
+    env.state = state
+
+
+def check_python_path(python: str) -> str:
+    """The path if it is an absolute path to an executable file with no shell metacharacters."""
+    if not SAFE_PYTHON.match(python):
+        raise InvalidEnvironment(
+            f"python: {python[:200]!r} must be an absolute path of letters, digits and ._+-/ "
+            "(no whitespace, quotes or shell metacharacters)",
+            field="python",
+        )
+    # the mode bits, not os.access: for root, access(X_OK) says yes to files nobody may execute
+    if not (os.path.isfile(python) and os.stat(python).st_mode & 0o111 and os.access(python, os.X_OK)):
+        raise InvalidEnvironment(f"python: {python!r} is not an existing executable file", field="python")
+    return python
+
+
+def inspect_python(python: str) -> dict[str, str]:
+    """Run python once: it must import torch and megatron.core; return their versions."""
+    check_python_path(python)
+    try:
+        proc = subprocess.run(
+            [python, "-c", INSPECT], capture_output=True, text=True, timeout=INSPECT_TIMEOUT_S,
+            env={k: v for k, v in os.environ.items() if not k.startswith("PARITY_")},
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InvalidEnvironment(f"python: {python!r} could not be run: {exc}", field="python") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise InvalidEnvironment(
+            f"python: {python!r} cannot import torch and megatron.core: {tail[0][:300]}", field="python"
+        )
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def get_environment(session: Session, *, name: str) -> Environment:
+    """The environment called name, or 404."""
+    env = session.scalar(select(Environment).where(Environment.name == name))
+    if env is None:
+        raise NotFound(f"environment: unknown environment {name!r}", field="environment")
+    return env
+
+
+def ensure_default_environment(session: Session, *, settings: Settings) -> Environment:
+    """The default environment (the service's own Python unless PARITY_JOB_PYTHON says otherwise)."""
+    query = select(Environment).where(Environment.name == DEFAULT_ENVIRONMENT)
+    env = session.scalar(query)
+    if env is None:
+        # Two first requests race to create it: ON CONFLICT makes the loser wait for the winner's
+        # commit and then read its row (a plain INSERT was a UniqueViolation, a 500, for the loser).
+        session.execute(
+            insert(Environment).values(
+                name=DEFAULT_ENVIRONMENT, python=settings.job_python or sys.executable,
+                description="The Python the service itself runs with", packages={},
+            ).on_conflict_do_nothing(index_elements=["name"])
+        )
+        env = session.scalar(query.execution_options(populate_existing=True))
+        assert env is not None
+    return env
+
+
+def _unique_name(session: Session, name: str) -> None:
+    if session.scalar(select(Environment.id).where(Environment.name == name)) is not None:
+        raise Conflict(f"name: environment {name!r} already exists", field="name")
+
+
+def create_environment(
+    session: Session, *, name: str, python: str, description: str = "", packages: dict[str, str] | None = None
+) -> Environment:
+    """Register a hand-made environment (path checked; call inspect_python first for its versions)."""
+    _unique_name(session, name)
+    env = Environment(
+        name=name, python=check_python_path(python), description=description, packages=dict(packages or {}),
+        megatron_core=(packages or {}).get("megatron_core"), torch=(packages or {}).get("torch"),
+    )
+    session.add(env)
+    session.flush()
+    return env
+
+
+def builds_folder(settings: Settings) -> Path:
+    """Where built virtualenvs live: beside the run folders, so every Slurm node sees them."""
+    return settings.resolved_run_folder / "environments"
+
+
+def request_build(
+    session: Session, *, requirements: list[str], settings: Settings, name: str | None = None, description: str = ""
+) -> tuple[Environment, bool]:
+    """The build of these requirement lines: reused when an identical set exists, else queued. -> (env, new)."""
+    try:
+        lines = normalize(requirements)
+        torch_version = _service_torch()
+        digest = content_hash(lines, torch_version=torch_version, python_version=_python_version())
+    except RequirementError as exc:
+        raise InvalidEnvironment(str(exc), field=exc.field) from None
+    env = session.scalar(select(Environment).where(Environment.content_hash == digest).with_for_update())
+    if env is not None:
+        if name is not None and name != env.name:
+            raise Conflict(
+                f"name: these requirements are already built as environment {env.name!r}", field="name"
+            )
+        if env.state in ("failed", "pruned"):
+            set_state(env, "pending")
+            env.error_message, env.job_id = None, None
+        env.last_used_at = utcnow()
+        return env, False
+    name = name or f"build-{digest[:12]}"
+    _unique_name(session, name)
+    folder = builds_folder(settings) / digest[:16]
+    env = Environment(
+        name=name, python=str(folder / "venv" / "bin" / "python"), description=description, packages={},
+        state="pending", requirements=lines, content_hash=digest, folder=str(folder), torch=torch_version,
+        freeze=[], last_used_at=utcnow(),
+    )
+    session.add(env)
+    session.flush()
+    return env, True
+
+
+def use_environment(env: Environment) -> Environment:
+    """Mark env used by a new run: a failed build is refused, a pruned one is queued to build again."""
+    if env.state == "failed":
+        raise Conflict(
+            f"environment: {env.name!r} failed to build: {(env.error_message or '')[-500:]}", field="environment"
+        )
+    if env.state == "pruned":
+        set_state(env, "pending")
+        env.job_id = None
+    # At most once a minute: every POST rewriting the same environment row made concurrent POSTs
+    # queue on its row lock until each one committed (pruning counts in days, so a minute is exact enough).
+    now = utcnow()
+    if env.last_used_at is None or now - env.last_used_at > LAST_USED_RESOLUTION:
+        env.last_used_at = now
+    return env
+
+
+def _service_torch() -> str:
+    from importlib.metadata import version
+
+    return version("torch")
+
+
+def _python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def list_environments(session: Session) -> list[Environment]:
+    """All environments, by name."""
+    return list(session.scalars(select(Environment).order_by(Environment.name)))

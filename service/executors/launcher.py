@@ -1,0 +1,307 @@
+"""Submitit on one side, plain (folder, job id) on the other: submit, re-attach, poll, fetch, cancel.
+
+Slurm jobs are submitted with --no-requeue (a preempted or failed node must not start a second copy
+of an attempt behind our back; the scheduler retries as a new attempt in a new folder) and a job
+name that names run, phase and attempt (`slurm_jobs`). Local jobs lead their own process group and
+are known by pid + start time (`local_jobs`), so a restarted scheduler can still stop them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import submitit
+from submitit.core.core import Job
+
+from jobs.contract import PhaseDocument
+from jobs.documents import merge_rank_documents
+from service.core.settings import Settings
+from service.executors.local_jobs import IsolatedLocalExecutor, kill_group, local_process, start_time
+
+log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# One sacct call for every Slurm job at most this often: finished phases are noticed from their
+# result files (a stat), so sacct only has to catch jobs that died without writing one.
+SACCT_MIN_INTERVAL_S = 5.0
+_last_sacct = float("-inf")
+# Fault hook for tests: exit right after sbatch answered, before submitit names the job's pickle.
+FAULT_AFTER_SBATCH = "PARITY_FAULT_EXIT_AFTER_SBATCH"
+
+# Slurm states that mean the infrastructure, not the code under test, stopped the phase.
+INFRA_STATES = frozenset(
+    {"CANCELLED", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "LOST"}
+)
+# scancel's answers for a job that has already ended (nothing left to cancel)
+_GONE = re.compile(r"already completing or completed|Invalid job id", re.I)
+
+
+@dataclass(frozen=True)
+class PhaseJob:
+    """What the database keeps about one submitted phase."""
+
+    executor: str
+    folder: str
+    job_id: str
+    tasks: int
+    # local jobs: the controller's start time, so a reused pid is never taken for the job
+    started: float | None = None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A normalised state: active, running, done, failed (job raised), infra (killed from outside)."""
+
+    kind: str
+    raw: str
+
+
+# What a job may see of the scheduler's environment: the code under test must never get the
+# database URL (with its password), API tokens or cloud credentials. Names listed exactly, or by prefix.
+JOB_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
+    "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "SLURM_CONF",
+    # job-side knobs read by jobs/ (fault injection in tests, checkpoint save manager, fast exit)
+    "PARITY_INJECT_FAULT", "PARITY_SAVE_MANAGER_QUEUE", "PARITY_FAST_EXIT",
+})
+JOB_ENV_PREFIXES = ("LC_", "SLURM_", "SUBMITIT_", "OMP_", "MKL_", "NCCL_", "GLOO_", "TORCH_")
+_ENV_LOCK = threading.Lock()
+
+
+def job_environment(environ: Mapping[str, str], extra: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The allow-listed part of environ that a job may inherit (plus the names in `extra`)."""
+    return {k: v for k, v in environ.items()
+            if k in JOB_ENV_NAMES or k in extra or k.startswith(JOB_ENV_PREFIXES)}
+
+
+@contextmanager
+def only_job_environment(
+    extra: frozenset[str] = frozenset(), values: Mapping[str, str] | None = None
+) -> Iterator[None]:
+    """Within the block, os.environ is the job allow-list: sbatch (whose --export=ALL is the default)
+    and submitit's local Popen both copy os.environ into the job, so this is what they hand on."""
+    with _ENV_LOCK:
+        saved = dict(os.environ)
+        try:
+            os.environ.clear()
+            os.environ.update(job_environment(saved, extra))
+            os.environ.update(values or {})
+            yield
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+# Local jobs are children of this process: keep their Popen handles so they get reaped.
+_LOCAL_JOBS: dict[str, Job[Any]] = {}
+
+
+class _SlurmExecutor(submitit.SlurmExecutor):
+    exit_after_sbatch = False
+
+    def _submit_command(self, command: str) -> Job[Any]:
+        job = super()._submit_command(command)
+        if self.exit_after_sbatch:
+            log.error("fault hook %s: exiting after sbatch gave job %s", FAULT_AFTER_SBATCH, job.job_id)
+            os._exit(70)
+        return job
+
+
+def submit_phase(
+    *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
+    function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(), nodes: int = 1,
+) -> PhaseJob:
+    """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
+
+    env_names: variables this job may inherit beyond the allow-list (a build needs pip's).
+    nodes: Slurm nodes the ranks are spread over, tasks / nodes per node (the local executor runs
+    every rank on this host whatever it says).
+    """
+    if nodes < 1 or tasks % nodes:
+        raise ValueError(f"nodes: {nodes} does not divide tasks ({tasks})")
+    private_dirs(settings.resolved_run_folder, folder)
+    # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
+    current = os.environ.get("PYTHONPATH", "")
+    pythonpath = current if str(REPO_ROOT) in current.split(os.pathsep) else os.pathsep.join(
+        filter(None, [str(REPO_ROOT), current])
+    )
+    # submitit pastes `python` into a shell command (the sbatch script): quote it, whatever its checks.
+    quoted = shlex.quote(python)
+    ex: submitit.Executor
+    if executor == "slurm":
+        slurm = _SlurmExecutor(folder=folder, python=quoted, max_num_timeout=0)
+        slurm.exit_after_sbatch = os.environ.get(FAULT_AFTER_SBATCH) == "1"
+        params: dict[str, Any] = dict(
+            ntasks_per_node=tasks // nodes, nodes=nodes, cpus_per_task=settings.slurm_cpus_per_task,
+            time=settings.slurm_time_limit_min, job_name=name,
+            setup=[f"export PYTHONPATH={shlex.quote(pythonpath)}"],
+            additional_parameters={**settings.sbatch_extra(), "no-requeue": True},
+        )
+        if settings.slurm_partition:
+            params["partition"] = settings.slurm_partition
+        slurm.update_parameters(**params)
+        ex = slurm
+    elif executor == "local":
+        ex = IsolatedLocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
+        ex.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
+    else:
+        raise ValueError(f"executor: {executor!r} is not one of slurm, local")
+    local_path = {"PYTHONPATH": pythonpath} if executor == "local" else {}
+    with only_job_environment(settings.job_env_names() | env_names, local_path):
+        job = ex.submit(function, *args)
+    started = None
+    if executor == "local":
+        _LOCAL_JOBS[job.job_id] = job
+        started = start_time(int(job.job_id))
+    log.info("submitted %s as %s job %s in %s", name, executor, job.job_id, folder)
+    return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks, started=started)
+
+
+def private_dirs(root: Path, folder: Path) -> None:
+    """Create root and every folder down to `folder` as 0700 (owner only).
+
+    A run folder holds checkpoints, logs and the result pickles the scheduler unpickles: whoever can
+    write there can run code in the scheduler, so nobody but the service's user may.
+    """
+    for path in [root, *reversed([p for p in folder.parents if p.is_relative_to(root) and p != root]), folder]:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o700)
+
+
+def find_submitted(folder: Path) -> str | None:
+    """The job id already submitted from folder (submitit leaves <id>_submitted.pkl), if any."""
+    if not folder.is_dir():
+        return None
+    ids = sorted(p.name[: -len("_submitted.pkl")] for p in folder.glob("*_submitted.pkl"))
+    return ids[-1] if ids else None
+
+
+def _submitit_job(job: PhaseJob) -> Job[Any]:
+    if job.executor == "local":
+        return _LOCAL_JOBS.get(job.job_id) or submitit.LocalJob(job.folder, job.job_id, tasks=range(job.tasks))
+    return submitit.SlurmJob(job.folder, job.job_id, tasks=range(job.tasks))
+
+
+def _status(spec: PhaseJob, handle: Job[Any]) -> JobStatus:
+    if spec.executor == "local" and spec.job_id not in _LOCAL_JOBS:
+        # re-attached after a restart: no Popen handle, so judge by the process and the result file
+        if handle.paths.result_pickle.exists():
+            raw = "FINISHED"
+        elif local_process(spec.job_id, spec.started) is not None:
+            raw = "RUNNING"
+        else:
+            raw = "LOST"
+    else:
+        state = submitit.SlurmJob.watcher.get_state(spec.job_id, mode="cache") if spec.executor == "slurm" \
+            else handle.state
+        raw = str(state).split()[0].upper() if state else "UNKNOWN"
+    return JobStatus(kind=_kind(raw), raw=raw)
+
+
+def poll(jobs: list[PhaseJob]) -> dict[PhaseJob, JobStatus]:
+    """States of many jobs; all Slurm jobs share one sacct call, made at most every SACCT_MIN_INTERVAL_S."""
+    global _last_sacct
+    handles = {j: _submitit_job(j) for j in jobs}
+    if any(j.executor == "slurm" for j in jobs) and time.monotonic() - _last_sacct >= SACCT_MIN_INTERVAL_S:
+        # submitit would call sacct on every state read after a handle registers; call it once, here
+        submitit.SlurmJob.watcher.update()
+        _last_sacct = time.monotonic()
+    out: dict[PhaseJob, JobStatus] = {}
+    for spec, handle in handles.items():
+        try:
+            out[spec] = _status(spec, handle)
+        except Exception as exc:  # one odd job must not hide every other job's state
+            log.warning("polling %s job %s: %s", spec.executor, spec.job_id, exc)
+            out[spec] = JobStatus(kind="active", raw="UNKNOWN")
+    return out
+
+
+def results_on_disk(attempt_folder: Path, tasks: int) -> PhaseDocument | None:
+    """The phase's merged document once every rank has written its own into the attempt folder, else None."""
+    paths = [attempt_folder / f"result.rank{rank}.json" for rank in range(tasks)]
+    if not all(p.exists() for p in paths):
+        return None
+    return merge_rank_documents([json.loads(p.read_text()) for p in paths])
+
+
+def _kind(raw: str) -> str:
+    if raw in ("COMPLETED", "FINISHED"):
+        return "done"
+    if raw == "RUNNING":
+        return "running"
+    if raw in INFRA_STATES or raw.startswith("CANCELLED"):
+        return "infra"
+    if raw == "FAILED" or raw == "INTERRUPTED":
+        return "failed"
+    return "active"
+
+
+def fetch_result(job: PhaseJob, phase: str) -> tuple[PhaseDocument | None, str | None]:
+    """(the phase's document, None) or (None, the error of a job whose ranks all raised or vanished).
+
+    Every rank's document is read: when one rank fails, its own error is the root cause, not the
+    "connection reset" its peers saw. Under isolation "process" a task returns every phase it ran.
+    """
+    handle = _submitit_job(job)
+    docs, errors = [], []
+    for task in range(job.tasks):
+        try:
+            doc = handle.task(task).result()
+        except Exception as exc:  # submitit wraps the remote traceback in the exception text
+            errors.append(f"rank {task}: {type(exc).__name__}: {exc}"[-8000:])
+            continue
+        if isinstance(doc, dict) and "phases" in doc:
+            doc = doc["phases"].get(phase)
+        docs.append(doc)
+    # unvalidated here: the reconciler validates what it ingests
+    merged = merge_rank_documents(cast(list[PhaseDocument], [d for d in docs if isinstance(d, dict)]))
+    if merged is not None:
+        return merged, None
+    return None, "\n".join(errors) or f"no rank returned a {phase} result"
+
+
+def job_result(job: PhaseJob) -> Any:
+    """The return value of a one-task job; raises the job's own exception when it failed."""
+    return _submitit_job(job).result()
+
+
+def cancel(job: PhaseJob) -> None:
+    """Ask the executor to stop a job: scancel, or SIGTERM then SIGKILL to a local job's process group.
+
+    Raises when the request could not be made (scancel failed); only a later `poll` that sees the
+    job ended confirms it is gone.
+    """
+    if job.executor == "slurm":
+        out = subprocess.run(["scancel", job.job_id], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0 and not _GONE.search(out.stderr):
+            raise RuntimeError(f"scancel {job.job_id}: {out.stderr.strip() or out.returncode}")
+        return
+    proc = local_process(job.job_id, job.started)
+    if proc is None:
+        return
+    kill_group(proc)
+    local = _LOCAL_JOBS.get(job.job_id)
+    if local is not None:
+        local._process.wait(timeout=10)  # type: ignore[attr-defined]  # reap our own child
+
+
+def log_paths(job: PhaseJob) -> list[str]:
+    """stdout/stderr files of every rank of a job."""
+    handle = _submitit_job(job)
+    paths = []
+    for task in range(job.tasks):
+        sub = handle.task(task)
+        paths += [str(sub.paths.stdout), str(sub.paths.stderr)]
+    return paths

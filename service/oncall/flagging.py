@@ -1,0 +1,81 @@
+"""Regression flagging: compare a finished run's verdict with the history of its check on its track.
+
+History is per (check, track) (service/core/checks.py). A track with no finished run of the check yet is
+compared with its base track (`base_branch` label, default main): a PR failing where main passes
+"regresses against main". A different check is never compared.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models import Run
+from service.core.checks import base_track_of
+
+# pass is good; fail and error are both "not the same run" for the history
+BAD = frozenset({"fail", "error"})
+# verdicts that neither break nor restore a history (an accepted upstream bug)
+NEUTRAL = frozenset({"known-failure"})
+
+
+def _history(run: Run, track: str):  # type: ignore[no-untyped-def]
+    return (
+        select(Run)
+        .where(
+            Run.check_key == run.check_key, Run.track == track, Run.id != run.id,
+            Run.verdict.is_not(None), Run.verdict.not_in(NEUTRAL), Run.finished_at.is_not(None),
+        )
+        .order_by(Run.finished_at.desc(), Run.id.desc())
+    )
+
+
+def previous_finished(session: Session, run: Run, track: str | None = None) -> Run | None:
+    """The latest run with a (non-neutral) verdict of the same check on track (default: the run's own)."""
+    return session.scalar(_history(run, track or run.track).limit(1))
+
+
+def last_good(session: Session, run: Run, track: str | None = None) -> Run | None:
+    """The latest run of the same check on track that did not fail or error."""
+    return session.scalar(_history(run, track or run.track).where(Run.verdict.not_in(BAD)).limit(1))
+
+
+def compared_track(session: Session, run: Run) -> str | None:
+    """Whose history this run is judged against: its own track, else its base track, else none."""
+    if previous_finished(session, run) is not None:
+        return run.track
+    base = base_track_of(run.labels)
+    if base != run.track and previous_finished(session, run, base) is not None:
+        return base
+    return None
+
+
+def flag(session: Session, run: Run) -> None:
+    """Set regression, last_good_run_id, failing_since_run_id and compared_track on a judged run."""
+    track = compared_track(session, run)
+    run.compared_track = track
+    if run.verdict not in BAD:
+        run.regression, run.failing_since_run_id = False, None
+        return
+    if track is None:
+        run.regression, run.last_good_run_id, run.failing_since_run_id = False, None, run.id
+        return
+    good = last_good(session, run, track)
+    run.last_good_run_id = good.id if good else None
+    previous = previous_finished(session, run, track)
+    if previous is not None and previous.verdict in BAD and track == run.track:
+        # still failing: not a new regression; point at the run where the streak began
+        run.regression = False
+        run.failing_since_run_id = previous.failing_since_run_id or previous.id
+    else:
+        run.regression = previous is not None and previous.verdict not in BAD
+        run.failing_since_run_id = run.id
+
+
+def regression_text(run: Run) -> str:
+    """How a flagged run is described: a regression on its own track, or against its base track."""
+    if not run.regression:
+        return ""
+    if run.compared_track and run.compared_track != run.track:
+        return f"regresses against {run.compared_track}"
+    return f"regression on {run.track}"

@@ -1,0 +1,90 @@
+"""Events -> outbox rows, in the caller's transaction: a committed event always has its messages."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from models import NotificationChannel, OutboxMessage, Regression, Run
+from models.base import utcnow
+from service.core.links import public_base, regression_url, run_url
+from service.core.settings import get_settings
+
+EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors")
+TITLES = {
+    "regression.opened": "Regression",
+    "regression.acknowledged": "Acknowledged",
+    "regression.resolved": "Resolved",
+    "run.infra-errors": "Infrastructure errors",
+}
+
+
+def enqueue(session: Session, event: str, dedup_key: str, payload: dict[str, Any]) -> int:
+    """Write one outbox row per enabled channel that wants event; a repeated dedup_key adds nothing."""
+    channels = session.scalars(select(NotificationChannel).where(NotificationChannel.enabled.is_(True))).all()
+    wanted = [c for c in channels if not c.events or event in c.events]
+    if not wanted:
+        return 0
+    now = utcnow()
+    rows = [{"channel_id": c.id, "event": event, "dedup_key": dedup_key, "payload": payload, "state": "pending",
+             "attempts": 0, "next_attempt_at": now, "created_at": now} for c in wanted]
+    stmt = (insert(OutboxMessage).values(rows)
+            .on_conflict_do_nothing(constraint="uq_notification_outbox_channel_dedup").returning(OutboxMessage.id))
+    return len(session.execute(stmt).all())
+
+
+def regression_event(session: Session, reg: Regression, event: str, run: Run | None) -> None:
+    """Enqueue one message about a regression, with its triage link."""
+    base = public_base(get_settings())
+    trigger = run.id if run is not None else reg.latest_failing_run_id
+    payload = {
+        "event": event,
+        "title": f"{TITLES[event]}: {reg.check_name} on {reg.track}",
+        "regression": {
+            "id": reg.id, "state": reg.state, "check_key": reg.check_key, "check": reg.check_name,
+            "config": reg.config, "track": reg.track, "compared_track": reg.compared_track,
+            "signatures": reg.signatures, "first_failing_run_id": reg.first_failing_run_id,
+            "last_good_run_id": reg.last_good_run_id, "fixed_by_run_id": reg.fixed_by_run_id,
+            "acknowledged_by": reg.acknowledged_by, "note": reg.note, "upstream_url": reg.upstream_url,
+            "url": regression_url(base, reg.id),
+        },
+        "run_id": trigger,
+        "triage_url": run_url(base, reg.first_failing_run_id, "triage"),
+        "run_url": run_url(base, trigger),
+    }
+    enqueue(session, event, f"regression-{reg.id}-{event}", payload)
+
+
+def infra_error_streak(session: Session, run: Run, threshold: int) -> bool:
+    """After run ended in an infrastructure error: notify once when its check × track has just had
+    more than threshold in a row (the run that crosses the threshold; later ones stay quiet)."""
+    recent = session.execute(
+        select(Run.id, Run.state, Run.verdict).where(
+            Run.check_key == run.check_key, Run.track == run.track, Run.finished_at.is_not(None),
+            Run.state.in_(("passed", "failed", "error")),
+        ).order_by(Run.finished_at.desc(), Run.id.desc()).limit(threshold + 2)
+    ).all()
+    # an infrastructure error ends a run in state error without a verdict (no parity result at all)
+    infra = [r.state == "error" and r.verdict is None for r in recent]
+    crossing = len(infra) >= threshold + 1 and all(infra[: threshold + 1]) and not all(infra[threshold + 1:] or [False])
+    if not crossing:
+        return False
+    base = public_base(get_settings())
+    streak = sorted(r.id for r in recent[: threshold + 1])
+    payload = {
+        "event": "run.infra-errors",
+        "title": f"{TITLES['run.infra-errors']}: {run.check_name} on {run.track}, {len(streak)} in a row",
+        "run_id": run.id, "runs": streak, "check_key": run.check_key, "track": run.track,
+        "error": run.error_message, "triage_url": run_url(base, run.id, "triage"), "run_url": run_url(base, run.id),
+    }
+    enqueue(session, "run.infra-errors", f"infra-{run.id}", payload)
+    return True
+
+
+def backoff(attempts: int, base_s: float = 2.0, cap_s: float = 600.0) -> timedelta:
+    """Delay before the next delivery attempt: exponential, capped."""
+    return timedelta(seconds=min(cap_s, base_s * 2 ** max(0, attempts - 1)))

@@ -1,0 +1,105 @@
+"""Regressions as objects: open on a check's first failure after a pass on a track, gather later
+failures, acknowledge, and resolve on the next pass. Each change writes its notification to the
+outbox in the caller's transaction (never commits)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models import Regression, Run
+from models.base import utcnow
+from service.core.errors import Conflict, InvalidSpec, NotFound
+from service.oncall import notification_events as events
+from service.oncall.flagging import BAD, NEUTRAL
+
+STATES = ("open", "acknowledged", "resolved")
+UNRESOLVED = ("open", "acknowledged")
+
+
+def unresolved(session: Session, check_key: str, track: str) -> Regression | None:
+    """The open or acknowledged regression of a check on a track (row-locked), if any."""
+    return session.scalar(
+        select(Regression)
+        .where(Regression.check_key == check_key, Regression.track == track, Regression.state.in_(UNRESOLVED))
+        .with_for_update()
+    )
+
+
+def on_verdict(session: Session, run: Run) -> Regression | None:
+    """Open, extend or resolve the regression of run's check on run's track; -> the regression touched."""
+    if run.verdict is None or run.verdict in NEUTRAL:
+        return None
+    current = unresolved(session, run.check_key, run.track)
+    if run.verdict in BAD:
+        if current is not None:
+            # one regression, one message: a later failure joins it silently
+            current.failing_run_ids = [*current.failing_run_ids, run.id]
+            current.latest_failing_run_id = run.id
+            return current
+        if not run.regression:
+            return None
+        # two evaluators opening the same check × track at once: the partial unique index makes the
+        # second transaction fail and roll back whole; its run is evaluated again next tick and joins
+        opened = Regression(
+            check_key=run.check_key, check_name=run.check_name, config=run.config, track=run.track,
+            compared_track=run.compared_track or run.track, state="open", first_failing_run_id=run.id,
+            last_good_run_id=run.last_good_run_id, latest_failing_run_id=run.id, failing_run_ids=[run.id],
+            signatures=list(run.signatures or []),
+        )
+        session.add(opened)
+        session.flush()
+        events.regression_event(session, opened, "regression.opened", run)
+        return opened
+    if current is not None:
+        current.state, current.resolved_at, current.fixed_by_run_id = "resolved", utcnow(), run.id
+        session.flush()
+        events.regression_event(session, current, "regression.resolved", run)
+    return current
+
+
+def acknowledge(
+    session: Session, regression_id: int, *, who: str, note: str = "", upstream_url: str | None = None
+) -> Regression:
+    """Record who owns a regression (and why, and the upstream issue); notifies once."""
+    reg = session.scalar(select(Regression).where(Regression.id == regression_id).with_for_update())
+    if reg is None:
+        raise NotFound(f"regression {regression_id} does not exist", field="regression_id")
+    if reg.state == "resolved":
+        raise Conflict(f"regression {regression_id} is already resolved", field="state")
+    if upstream_url and not upstream_url.startswith(("http://", "https://")):
+        raise InvalidSpec(f"upstream_url: expected an http(s) URL, got {upstream_url!r}", field="upstream_url")
+    first = reg.state == "open"
+    reg.state, reg.acknowledged_by, reg.acknowledged_at = "acknowledged", who[:200], utcnow()
+    reg.note, reg.upstream_url = note or reg.note, upstream_url or reg.upstream_url
+    session.flush()
+    if first:
+        latest = session.get(Run, reg.latest_failing_run_id)
+        events.regression_event(session, reg, "regression.acknowledged", latest)
+    return reg
+
+
+def list_regressions(session: Session, *, state: str | None = None, check: str | None = None,
+                     track: str | None = None, limit: int = 100) -> list[Regression]:
+    """Regressions, newest first, filtered by state (open/acknowledged/resolved/unresolved), check, track."""
+    query = select(Regression)
+    if state == "unresolved":
+        query = query.where(Regression.state.in_(UNRESOLVED))
+    elif state:
+        if state not in STATES:
+            raise InvalidSpec(f"state: unknown {state!r}; allowed: {', '.join((*STATES, 'unresolved'))}",
+                              field="state")
+        query = query.where(Regression.state == state)
+    if check:
+        query = query.where(Regression.check_key == check)
+    if track:
+        query = query.where(Regression.track == track)
+    return list(session.scalars(query.order_by(Regression.id.desc()).limit(limit)))
+
+
+def get_regression(session: Session, regression_id: int) -> Regression:
+    """One regression or 404."""
+    reg = session.get(Regression, regression_id)
+    if reg is None:
+        raise NotFound(f"regression {regression_id} does not exist", field="regression_id")
+    return reg

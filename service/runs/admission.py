@@ -1,0 +1,117 @@
+"""Admission caps: 429 when the service, or one requester, has too many runs waiting.
+
+Counting unfinished runs exactly on every POST costs Postgres a scan of up to `max_in_flight` index
+entries (and their heap rows: new rows are not yet all-visible), the largest part of a POST's
+database time under a CI burst. The caps are soft anyway (two racing requests may both pass), so
+each API process reuses its counts for COUNT_TTL_S and adds the runs it admits itself meanwhile.
+Another process's admissions are seen at the next refresh: the overshoot is bounded by what the
+other processes admit in COUNT_TTL_S.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Select, func, select
+from sqlalchemy.orm import Session
+
+from models import Run
+from service.core.errors import TooManyRequests
+from service.core.run_state import TERMINAL, RunState
+
+COUNT_TTL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Admission limits: unfinished runs in the whole service, and queued runs per requester."""
+
+    max_in_flight: int
+    max_queued_per_requester: int
+    retry_after_s: int = 30
+
+
+@dataclass
+class _Counts:
+    at: float
+    total: int
+    mine: dict[str | None, int] = field(default_factory=dict)
+
+
+_lock = threading.Lock()
+_counts: dict[str, _Counts] = {}  # per database (tests switch databases within one process)
+
+
+def _database(session: Session) -> str:
+    bind = session.get_bind()
+    engine = bind.engine if isinstance(bind, Connection) else bind  # a Connection in tests
+    return str(engine.url)
+
+
+def _upto(query: Select[tuple[int]], cap: int) -> Any:
+    """A scalar subquery: how many rows query matches, counting no further than cap."""
+    return select(func.count()).select_from(query.limit(cap).subquery()).scalar_subquery()
+
+
+def _query(session: Session, caps: Caps, requester: str | None) -> tuple[int, int]:
+    # The states listed (not "NOT IN terminal"), so Postgres reads ix_runs_state_created rather than
+    # every row; counting stops at the cap; both counts travel in one statement.
+    unfinished = Run.state.in_([s.value for s in RunState if s not in TERMINAL])
+    queued_by_me = (Run.state == RunState.QUEUED.value) & (Run.requester == requester)
+    row = session.execute(select(
+        _upto(select(Run.id).where(unfinished), caps.max_in_flight),
+        _upto(select(Run.id).where(queued_by_me), caps.max_queued_per_requester),
+    )).one()
+    return int(row[0] or 0), int(row[1] or 0)
+
+
+def current_counts(session: Session, caps: Caps, requester: str | None) -> tuple[int, int]:
+    """(unfinished runs, this requester's queued runs), at most COUNT_TTL_S old plus own admissions."""
+    key, now = _database(session), time.monotonic()
+    with _lock:
+        known = _counts.get(key)
+        if known is not None and now - known.at < COUNT_TTL_S and requester in known.mine:
+            return known.total, known.mine[requester]
+    total, mine = _query(session, caps, requester)
+    with _lock:
+        known = _counts.get(key)
+        if known is None or now - known.at >= COUNT_TTL_S:
+            known = _counts[key] = _Counts(at=now, total=total)
+        known.total = max(known.total, total)
+        known.mine[requester] = mine
+    return total, mine
+
+
+def admitted(session: Session, requester: str | None) -> None:
+    """Count a run this process just queued into its cached counts."""
+    with _lock:
+        known = _counts.get(_database(session))
+        if known is not None:
+            known.total += 1
+            if requester in known.mine:
+                known.mine[requester] += 1
+
+
+def forget_counts() -> None:
+    """Drop the cached counts (a setting or the database changed)."""
+    with _lock:
+        _counts.clear()
+
+
+def check_caps(session: Session, caps: Caps, requester: str | None) -> None:
+    """429 (with Retry-After) when the service or this requester has too many runs waiting."""
+    total, mine = current_counts(session, caps, requester)
+    if total >= caps.max_in_flight:
+        raise TooManyRequests(
+            f"runs: {total} runs are queued or in flight (PARITY_MAX_IN_FLIGHT={caps.max_in_flight}); "
+            f"retry later", retry_after=caps.retry_after_s,
+        )
+    if mine >= caps.max_queued_per_requester:
+        raise TooManyRequests(
+            f"runs: {requester!r} already has {mine} queued runs "
+            f"(PARITY_MAX_QUEUED_PER_REQUESTER={caps.max_queued_per_requester}); retry later",
+            retry_after=caps.retry_after_s,
+        )

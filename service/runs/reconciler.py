@@ -1,0 +1,206 @@
+"""Reconciler: poll every in-flight phase in one batch and move runs along the state machines.
+
+Infra failures (cancelled, node failure, preemption, time limit, a vanished local job, a job
+pending or running past its deadline) are retried as a new attempt, in a new folder, after the old
+job is cancelled, up to PARITY_MAX_INFRA_RETRIES, and never reported as parity results; a phase
+that ran and returned a document (even one describing a crash) is a parity answer and is never
+retried. Each phase row is handled in its own savepoint (`guard.per_row`).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from jobs.contract import ErrorRecord, PhaseDocument, PhaseName, error_record, phase_document
+from jobs.layout import AttemptLayout
+from jobs.spec import phase_tasks
+from models import Phase, Run
+from models.base import utcnow
+from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
+from service.core.run_state import RunState, transition
+from service.core.settings import Settings
+from service.executors import launcher
+from service.runs import row_guard as guard
+from service.runs.phase_documents import InvalidDocument, rejected_document, validate_phase_document
+from service.runs.submitter import PHASES, SUBMITTED_STATE, isolation, job_of, new_phase, retry_or_give_up
+
+log = logging.getLogger(__name__)
+RUNNING_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
+
+
+def reconcile(session: Session, *, settings: Settings, executor: str) -> int:
+    """One pass over all submitted/running/cancelling phases (row-locked, skipping ones another replica holds).
+
+    A phase has finished when every rank's document is in its attempt folder (a stat per rank);
+    sacct, rate limited in launcher.poll, only has to say which jobs ended without them. Returns
+    how many phases changed state.
+    """
+    rows = session.execute(
+        select(Phase, Run).join(Run, Run.id == Phase.run_id)
+        .where(Phase.state.in_([s.value for s in PHASE_ACTIVE]))
+        .order_by(Run.scheduler_failures, Phase.id).with_for_update(of=Phase, skip_locked=True)
+    ).tuples().all()
+    if not rows:
+        return 0
+    statuses = launcher.poll([job_of(phase, run) for phase, run in rows])
+    changed = 0
+    for phase, run in rows:
+        before = phase.state
+        step = partial(_reconcile_one, session, phase, run, statuses[job_of(phase, run)], settings, executor)
+        guard.per_row(session, run, step, settings=settings, what=f"reconciling {phase.name} attempt {phase.attempt}")
+        changed += phase.state != before
+    return changed
+
+
+def watched_files(session: Session, *, settings: Settings) -> list[Path]:
+    """The rank documents whose appearance means an in-flight phase has finished (what the loop stats)."""
+    rows = session.execute(
+        select(Phase.folder, Phase.name, Run.spec).join(Run, Run.id == Phase.run_id)
+        .where(Phase.state.in_((PhaseState.SUBMITTED.value, PhaseState.RUNNING.value)))
+    ).tuples().all()
+    return [
+        AttemptLayout(Path(folder or ".")).result(rank)
+        for folder, name, spec in rows
+        for rank in range(phase_tasks(spec, name))
+    ]
+
+
+def _reconcile_one(
+    session: Session, phase: Phase, run: Run, status: launcher.JobStatus, settings: Settings, executor: str
+) -> None:
+    layout = AttemptLayout(Path(phase.folder or "."))
+    cancelling = run.cancel_requested or phase.state == PhaseState.CANCELLING
+    doc = None if cancelling else launcher.results_on_disk(layout.folder, phase_tasks(run.spec, phase.name))
+    if cancelling:
+        _cancel(session, phase, run, status)
+    elif doc is not None or status.kind in ("done", "failed"):
+        # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so
+        _finished(session, phase, run, settings, executor, doc)
+    elif status.kind == "infra":
+        _infra_failure(session, phase, run, f"job {phase.job_id} ended {status.raw}", settings, executor)
+    elif phase.state == PhaseState.SUBMITTED and (status.kind == "running" or layout.rank_log(0).exists()):
+        move_phase(session, phase, PhaseState.RUNNING, f"{phase.executor} job {phase.job_id} running")
+        if run.state == SUBMITTED_STATE[phase.name]:
+            transition(session, run, RUNNING_STATE[phase.name], f"{phase.executor} job {phase.job_id} running")
+    elif phase.state == PhaseState.RUNNING:
+        if _past(phase.started_at, wall_limit_s(settings, phase.executor)):
+            _deadline(session, phase, run, f"running past its wall-clock limit ({status.raw})", settings, executor)
+    elif _past(phase.submitted_at, settings.pending_timeout_s):
+        # PENDING for too long, or a state nobody can read (UNKNOWN): give the slot back and retry
+        _deadline(session, phase, run, f"still {status.raw} after {settings.pending_timeout_s:.0f}s", settings,
+                  executor)
+
+
+def wall_limit_s(settings: Settings, executor: str) -> float:
+    """How long a phase may run before the scheduler stops it: the executor's limit plus a grace."""
+    limit_min = settings.slurm_time_limit_min if executor == "slurm" else settings.phase_timeout_min
+    return limit_min * 60 + settings.phase_grace_s
+
+
+def _past(since: object, seconds: float) -> bool:
+    return since is not None and utcnow() - since > timedelta(seconds=seconds)  # type: ignore[operator]
+
+
+def collect_log_paths(phase: Phase, job: launcher.PhaseJob) -> list[str]:
+    """The attempt's own per-rank logs (where a caught traceback lands) first, then submitit's stdout/stderr."""
+    layout = AttemptLayout(Path(phase.folder or "."))
+    own = [layout.rank_log(rank) for rank in range(job.tasks)]
+    return [str(p) for p in own if p.is_file()] + launcher.log_paths(job)
+
+
+def _end(session: Session, phase: Phase, run: Run, state: PhaseState, reason: str) -> None:
+    phase.log_paths = collect_log_paths(phase, job_of(phase, run))
+    move_phase(session, phase, state, reason)
+
+
+def _finished(
+    session: Session, phase: Phase, run: Run, settings: Settings, executor: str, raw: PhaseDocument | None = None,
+) -> None:
+    error = None
+    if raw is None:
+        raw, error = launcher.fetch_result(job_of(phase, run), phase.name)
+    if raw is None:
+        _job_raised(session, phase, run, error)
+        return
+    try:
+        doc = validate_phase_document(raw)
+    except InvalidDocument as exc:
+        # never a silent pass: the phase is an error naming the field; the raw document stays in info
+        log.warning("phase %s of run %s returned an invalid document: %s", phase.name, run.id, exc)
+        doc = rejected_document(run.spec, cast(PhaseName, phase.name), raw, exc)
+    phase.info = cast(dict[str, Any], doc)
+    info = doc["info"]
+    phase.save_s, phase.load_s = info.get("save_seconds"), info.get("load_seconds")
+    ok = doc["status"] == "ok"
+    _end(session, phase, run, PhaseState.SUCCEEDED if ok else PhaseState.FAILED, "" if ok else _doc_error(doc["error"]))
+    if ok and phase.name == PHASES[0] and isolation(run) == "process":
+        _resume_in_same_job(session, phase, run, settings, executor)
+    elif ok and phase.name == PHASES[0]:
+        new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings, executor=executor)
+        transition(session, run, RunState.RESUME_SUBMITTED, f"{phase.name} finished; resume queued")
+    else:
+        # both phases done, or a phase crashed inside the job: either way the evaluator decides
+        transition(session, run, RunState.EVALUATING, f"{phase.name} returned {doc['status']}")
+
+
+def _resume_in_same_job(session: Session, saved: Phase, run: Run, settings: Settings, executor: str) -> None:
+    """Isolation "process": the attempt's job forks the resume child itself (as resume attempt 1); record it."""
+    resume = new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings, executor=executor)
+    resume.job_folder, resume.job_id, resume.executor = saved.job_folder, saved.job_id, saved.executor
+    resume.job_name, resume.process_started_at = saved.job_name, saved.process_started_at
+    move_phase(session, resume, PhaseState.SUBMITTED, f"forked in {saved.executor} job {saved.job_id}")
+    move_phase(session, resume, PhaseState.RUNNING, f"forked in {saved.executor} job {saved.job_id}")
+    transition(session, run, RunState.RESUME_SUBMITTED, f"{saved.name} finished; resume forked in the same job")
+    transition(session, run, RunState.RESUME_RUNNING, f"{saved.executor} job {saved.job_id} running resume")
+
+
+def _doc_error(err: ErrorRecord | None) -> str:
+    if err is None:
+        return "error: no error record"
+    return f"{err['stage']}: {err['type']}: {err['message']}"[:2000]
+
+
+def _job_raised(session: Session, phase: Phase, run: Run, error: str | None) -> None:
+    """The job ended without rank 0's document (it raised, or the rank died): an error, not retried."""
+    record = error_record("JobFailed", error or "", stage="job")
+    phase.info = cast(
+        dict[str, Any], phase_document(run.spec, cast(PhaseName, phase.name), 0, status="error", error=record)
+    )
+    _end(session, phase, run, PhaseState.FAILED, error or "job failed without a result")
+    run.error_message = f"{phase.name} job {phase.job_id} failed: {(error or '')[-1500:]}"
+    transition(session, run, RunState.EVALUATING, f"{phase.name} job raised")
+
+
+def _infra_failure(session: Session, phase: Phase, run: Run, what: str, settings: Settings, executor: str) -> None:
+    # the old job is stopped before a retry exists: two attempts never run side by side
+    launcher.cancel(job_of(phase, run))
+    _end(session, phase, run, PhaseState.INFRA_FAILED, f"{phase.executor}: {what}")
+    retry_or_give_up(session, phase=phase, run=run, what=what, settings=settings, executor=executor)
+
+
+def _deadline(session: Session, phase: Phase, run: Run, what: str, settings: Settings, executor: str) -> None:
+    log.warning("run %s: %s job %s %s; cancelling it", run.id, phase.executor, phase.job_id, what)
+    _infra_failure(session, phase, run, f"job {phase.job_id} {what}", settings, executor)
+
+
+def _cancel(session: Session, phase: Phase, run: Run, status: launcher.JobStatus) -> None:
+    """Ask the executor to stop the job; the phase is cancelled only once the job is seen gone."""
+    if phase.state != PhaseState.CANCELLING:
+        move_phase(session, phase, PhaseState.CANCELLING, f"cancel requested from {phase.executor}")
+    elif status.kind not in ("running", "active"):
+        _end(session, phase, run, PhaseState.CANCELLED, f"{phase.executor} confirmed: {status.raw}")
+        transition(session, run, RunState.CANCELLED,
+                   f"cancelled by API; {phase.executor} job {phase.job_id} {status.raw}")
+        return
+    try:  # asked again on every pass until the executor confirms: a request can be lost
+        launcher.cancel(job_of(phase, run))
+    except Exception as exc:
+        log.warning("run %s: cancelling %s job %s failed (%s); asking again", run.id, phase.executor,
+                    phase.job_id, guard.describe(exc))

@@ -1,0 +1,212 @@
+"""Run lifecycle on the API side: create (idempotently), read, list, cancel, rerun. Never commits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, joinedload, selectinload
+
+from jobs.spec import RunSpec, SpecError
+from models import Environment, Run, RunEvent
+from service.core.checks import identify
+from service.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
+from service.core.run_state import TERMINAL, RunState, transition
+from service.runs.admission import Caps, admitted, check_caps  # noqa: F401  (Caps: re-exported for the API and sweeps)
+
+
+def validate_spec(spec: dict[str, Any]) -> RunSpec:
+    """The typed spec, or a 422 naming the field and the allowed values."""
+    try:
+        return RunSpec.from_dict(spec)
+    except SpecError as exc:
+        raise InvalidSpec(str(exc), field=f"spec.{exc.field}") from None
+
+
+def create_run(
+    session: Session,
+    *,
+    spec: RunSpec,
+    environment: Environment,
+    labels: dict[str, str],
+    requester: str | None,
+    token_id: int | None = None,
+    idempotency_key: str | None = None,
+    rerun_of_id: int | None = None,
+    caps: Caps | None = None,
+) -> tuple[Run, bool]:
+    """Queue a run; with this token's idempotency key seen before, return that run instead. -> (run, created)."""
+    spec_dict = spec.to_dict()
+    same_key = select(Run).where(Run.token_id == token_id, Run.idempotency_key == idempotency_key)
+    if idempotency_key is not None:
+        existing = session.scalar(same_key)
+        if existing is not None:
+            return _same_request(existing, spec_dict, environment, labels), False
+    if caps is not None:
+        check_caps(session, caps, requester)
+    run = Run(
+        config=spec.config,
+        spec=spec_dict,
+        environment=environment,
+        labels=labels,
+        requester=requester,
+        token_id=token_id,
+        idempotency_key=idempotency_key,
+        rerun_of_id=rerun_of_id,
+        state=RunState.QUEUED.value,
+        signatures=[],
+        summary={},
+    )
+    identify(run, environment.name)
+    if idempotency_key is None:
+        session.add(run)
+        session.flush()
+        session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))
+        if caps is not None:
+            admitted(session, requester)
+        return run, True
+    try:
+        # a concurrent request with the same key loses the unique race here, not with a 500
+        with session.begin_nested():
+            session.add(run)
+            session.flush()
+    except IntegrityError:
+        existing = session.scalar(same_key)
+        if existing is None:
+            raise
+        return _same_request(existing, spec_dict, environment, labels), False
+    session.add(RunEvent(run_id=run.id, from_state=None, to_state=run.state, reason="queued by API"))
+    if caps is not None:
+        admitted(session, requester)
+    return run, True
+
+
+def _same_request(existing: Run, spec: dict[str, Any], environment: Environment, labels: dict[str, str]) -> Run:
+    # the whole body is compared: a replay that changes only a label is a different request
+    differs = [name for name, same in (("spec", existing.spec == spec),
+                                       ("environment", existing.environment_id == environment.id),
+                                       ("labels", existing.labels == labels)) if not same]
+    if differs:
+        raise Conflict(
+            f"Idempotency-Key: already used by this token for a request with a different {', '.join(differs)} "
+            f"(run {existing.id})",
+            field="Idempotency-Key",
+        )
+    return existing
+
+
+def get_run(session: Session, *, run_id: int, with_phases: bool = False) -> Run:
+    """One run (with its environment, and phases if asked), or 404."""
+    # one round trip: the environment and the phases are joined, not fetched by follow-up SELECTs
+    query = select(Run).where(Run.id == run_id).options(joinedload(Run.environment))
+    if with_phases:
+        query = query.options(joinedload(Run.phases))
+    run = session.scalars(query).unique().first()
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist", field="run_id")
+    return run
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """What GET /runs and the dashboard list can filter on."""
+
+    config: str | None = None
+    check: str | None = None
+    track: str | None = None
+    environment: str | None = None
+    state: str | None = None
+    verdict: str | None = None
+    regression: bool | None = None
+    labels: dict[str, str] | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def filtered_runs(filters: RunFilter) -> Select[tuple[Run]]:
+    """A SELECT of runs matching filters (no ordering or paging)."""
+    query = select(Run)
+    if filters.config:
+        query = query.where(Run.config == filters.config)
+    if filters.check:
+        query = query.where(Run.check_key == filters.check)
+    if filters.track:
+        query = query.where(Run.track == filters.track)
+    if filters.environment:
+        query = query.join(Environment).where(Environment.name == filters.environment)
+    if filters.state:
+        query = query.where(Run.state == filters.state)
+    if filters.verdict:
+        query = query.where(Run.verdict == filters.verdict)
+    if filters.regression is not None:
+        query = query.where(Run.regression.is_(filters.regression))
+    if filters.labels:
+        query = query.where(Run.labels.contains(filters.labels))
+    if filters.since:
+        query = query.where(Run.created_at >= filters.since)
+    if filters.until:
+        query = query.where(Run.created_at < filters.until)
+    return query
+
+
+def list_runs(session: Session, *, filters: RunFilter, limit: int, offset: int) -> tuple[list[Run], bool]:
+    """A page of runs, newest first. -> (runs, has_more)."""
+    query = (
+        filtered_runs(filters)
+        .options(selectinload(Run.environment))
+        .order_by(Run.id.desc())
+        .limit(limit + 1)
+        .offset(offset)
+    )
+    rows = list(session.scalars(query))
+    return rows[:limit], len(rows) > limit
+
+
+def may_act_on(run: Run, *, requester: str | None, scopes: list[str]) -> None:
+    """403 unless the caller queued the run (same token name) or holds the admin scope."""
+    if "admin" in scopes:
+        return
+    if run.requester is None or run.requester != requester:
+        raise Forbidden(
+            f"run {run.id} was requested by {run.requester!r}; only its requester or an admin token may do this",
+            field="run_id",
+        )
+
+
+def cancel_run(session: Session, *, run_id: int, requester: str | None = None, scopes: list[str] | None = None) -> Run:
+    """Cancel a queued run now; ask the scheduler to cancel an in-flight one; 409 if finished."""
+    run = session.scalar(select(Run).where(Run.id == run_id).with_for_update())
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist", field="run_id")
+    may_act_on(run, requester=requester, scopes=scopes if scopes is not None else ["admin"])
+    if RunState(run.state) in TERMINAL or run.state == RunState.EVALUATING:
+        raise Conflict(f"run {run_id} is {run.state}; only queued or running runs can be cancelled", field="state")
+    if run.state == RunState.QUEUED:
+        transition(session, run, RunState.CANCELLED, "cancelled by API before submission")
+    else:
+        run.cancel_requested = True
+    return get_run(session, run_id=run_id)
+
+
+def rerun(
+    session: Session, *, run_id: int, requester: str | None, scopes: list[str] | None = None,
+    token_id: int | None = None, caps: Caps | None = None,
+) -> Run:
+    """Queue a new run with the same spec, environment and labels as run_id."""
+    original = get_run(session, run_id=run_id)
+    may_act_on(original, requester=requester, scopes=scopes if scopes is not None else ["admin"])
+    spec = validate_spec(original.spec)
+    run, _ = create_run(
+        session,
+        spec=spec,
+        environment=original.environment,
+        labels=dict(original.labels),
+        requester=requester,
+        token_id=token_id,
+        rerun_of_id=original.id,
+        caps=caps,
+    )
+    return get_run(session, run_id=run.id)

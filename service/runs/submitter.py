@@ -1,0 +1,219 @@
+"""Submitter: claim queued runs and pending phases with FOR UPDATE SKIP LOCKED and launch them.
+
+A phase row is written (state pending, its attempt folder fixed) and committed before anything is
+submitted. Two records then make a submission idempotent, whichever replica or restart finds the
+row: submitit's `<id>_submitted.pkl` in the folder, and, for Slurm, the job name, which names run,
+phase and attempt, so a job whose submission was cut short between sbatch and that file is found
+by name and adopted, never submitted twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from jobs.contract import PhaseName
+from jobs.layout import AttemptLayout, RunLayout
+from jobs.rank.attempt import run_attempt
+from jobs.rank.entry import run_rank_phase
+from jobs.spec import phase_tasks, spec_isolation
+from models import Environment, Phase, Run
+from models.base import utcnow
+from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
+from service.core.run_state import RunState, transition
+from service.core.settings import Settings
+from service.executors import launcher, slurm_jobs
+from service.oncall.notification_events import infra_error_streak
+
+log = logging.getLogger(__name__)
+# The phases the service runs, in order (the benchmark's "uninterrupted" phase is not one of them).
+PHASES: tuple[PhaseName, PhaseName] = ("train_and_save", "resume")
+SUBMITTED_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
+
+
+def run_layout(settings: Settings, run_id: int) -> RunLayout:
+    """Where one run's attempts (logs, documents, checkpoints, submitit folders) live."""
+    return RunLayout(settings.resolved_run_folder / f"run-{run_id}")
+
+
+def job_name(settings: Settings, phase: Phase) -> str:
+    """The Slurm job name of a phase attempt: this installation's tag, run, phase, attempt.
+
+    The tag (a hash of the run folder) keeps two installations sharing one Slurm, whose run ids
+    repeat, from ever adopting each other's jobs.
+    """
+    tag = hashlib.sha1(str(settings.resolved_run_folder.resolve()).encode()).hexdigest()[:8]
+    return f"parity-{tag}-r{phase.run_id}-{phase.name}-a{phase.attempt}"
+
+
+def new_phase(
+    session: Session, *, run: Run, name: str, attempt: int, settings: Settings, executor: str, delay_s: float = 0
+) -> Phase:
+    """Add a pending phase row whose attempt folder is fixed now, before any submission."""
+    folder = run_layout(settings, run.id).attempt(name, attempt).folder
+    phase = Phase(
+        run_id=run.id, name=name, attempt=attempt, state=PhaseState.PENDING.value, executor=executor,
+        folder=str(folder), job_folder=str(AttemptLayout(folder).submitit), info={}, log_paths=[],
+    )
+    if delay_s:
+        phase.not_before = utcnow() + timedelta(seconds=delay_s)
+    session.add(phase)
+    session.flush()
+    record_new_phase(session, phase, f"attempt {attempt} queued" + (f", not before {delay_s:.0f}s" if delay_s else ""))
+    return phase
+
+
+def retry_or_give_up(
+    session: Session, *, phase: Phase, run: Run, what: str, settings: Settings, executor: str
+) -> None:
+    """After an infrastructure failure of a phase: queue the next attempt with backoff, or end in error."""
+    if phase.attempt <= settings.max_infra_retries:
+        delay = settings.retry_backoff_seconds * (2 ** (phase.attempt - 1))
+        new_phase(session, run=run, name=phase.name, attempt=phase.attempt + 1, settings=settings,
+                  executor=executor, delay_s=delay)
+        transition(
+            session, run, SUBMITTED_STATE[phase.name],
+            f"{phase.name}: {what}; retry {phase.attempt}/{settings.max_infra_retries} in {delay:.0f}s",
+        )
+        return
+    run.error_message = (
+        f"{phase.name}: {what} on {phase.attempt} attempt(s); infrastructure failure, not a parity result"
+    )
+    transition(session, run, RunState.ERROR, run.error_message)
+    infra_error_streak(session, run, settings.notify_infra_errors_after)
+
+
+def claim_queued(session: Session, *, settings: Settings, executor: str, limit: int = 20) -> int:
+    """Turn up to `limit` queued runs into pending train_and_save phases. Returns how many."""
+    # A run waits in the queue while the environment it names is still being built.
+    runs = session.scalars(
+        select(Run).join(Environment, Run.environment_id == Environment.id)
+        .where(Run.state == RunState.QUEUED.value, Environment.state == "ready").order_by(Run.id).limit(limit)
+        .with_for_update(of=Run, skip_locked=True)
+    ).all()
+    for run in runs:
+        new_phase(session, run=run, name=PHASES[0], attempt=1, settings=settings, executor=executor)
+        transition(session, run, RunState.TRAIN_SUBMITTED, "claimed by scheduler")
+    return len(runs)
+
+
+def local_slots(session: Session, settings: Settings) -> int:
+    """How many more local phase jobs may start now (PARITY_LOCAL_MAX_RUNNING minus those running)."""
+    running = session.scalar(select(func.count()).select_from(Phase).where(
+        Phase.executor == "local", Phase.state.in_([s.value for s in PHASE_ACTIVE]))) or 0
+    return max(0, settings.local_max_running - running)
+
+
+def next_pending(session: Session) -> Phase | None:
+    """The oldest pending phase whose time has come, row-locked (skipping ones another replica holds)."""
+    now = utcnow()
+    return session.scalar(
+        select(Phase).where(Phase.state == PhaseState.PENDING.value,
+                            or_(Phase.not_before.is_(None), Phase.not_before <= now))
+        .order_by(Phase.id).limit(1).with_for_update(skip_locked=True)
+    )
+
+
+def launch(session: Session, phase: Phase, *, settings: Settings, executor: str) -> None:
+    """Submit (or adopt) one pending phase with the executor this scheduler was started with."""
+    run = session.get(Run, phase.run_id)
+    assert run is not None
+    if run.cancel_requested:
+        move_phase(session, phase, PhaseState.CANCELLED, "cancelled before submission")
+        transition(session, run, RunState.CANCELLED, "cancelled by API before the phase was submitted")
+        return
+    folder = launcher_folder(phase)
+    try:
+        job_id = launcher.find_submitted(folder)
+        if job_id is None and phase.executor == "slurm" and slurm_jobs.interrupted_submission(folder):
+            job_id = _find_by_name(phase, folder, settings)
+        if job_id is not None:
+            log.info("phase %s of run %s already submitted as job %s; adopting it", phase.name, run.id, job_id)
+            phase.job_name = job_name(settings, phase) if phase.executor == "slurm" else None
+            phase.job_id = job_id
+            move_phase(session, phase, PhaseState.SUBMITTED, f"adopted {phase.executor} job {job_id}")
+            return
+        if phase.executor != executor:
+            # queued by a scheduler with another executor, and nothing was submitted from its folder
+            log.info("phase %s of run %s: executor %s -> %s", phase.name, run.id, phase.executor, executor)
+            phase.executor = executor
+        job = _submit(session, phase, run, folder, settings)
+    except Exception as exc:  # sbatch refused, Slurm unreachable, the executor broke: not the code under test
+        reason = " ".join(str(exc).split())[-1500:] or type(exc).__name__
+        log.warning("submitting phase %s of run %s failed: %s", phase.name, run.id, reason)
+        move_phase(session, phase, PhaseState.INFRA_FAILED, f"submission failed: {reason}")
+        retry_or_give_up(session, phase=phase, run=run, what=f"submission failed ({reason})", settings=settings,
+                         executor=executor)
+        return
+    phase.job_id, phase.job_name, phase.process_started_at = job.job_id, job_name(settings, phase), job.started
+    move_phase(session, phase, PhaseState.SUBMITTED, f"{phase.executor} job {job.job_id}")
+
+
+def isolation(run: Run) -> str:
+    """The run's isolation mode as it runs: "job" before the field existed, and for a resharded resume."""
+    return spec_isolation(run.spec)
+
+
+def _payload(session: Session, run: Run, phase: Phase, root: Path) -> tuple[Any, tuple[Any, ...]]:
+    """(function, args): one phase per job, or under "process" the rest of the attempt in one job."""
+    checkpoint_attempt = _saved_attempt(session, run) if phase.name == PHASES[1] else phase.attempt
+    if isolation(run) == "process":
+        # train_and_save attempt k forks its resume as resume attempt 1 (the reconciler records it so)
+        attempts = {PHASES[0]: phase.attempt, PHASES[1]: 1} if phase.name == PHASES[0] else {phase.name: phase.attempt}
+        phases = PHASES if phase.name == PHASES[0] else (phase.name,)
+        return run_attempt, (run.spec, str(root), phases, None, attempts, checkpoint_attempt)
+    return run_rank_phase, (run.spec, str(root), phase.name, None, phase.attempt, checkpoint_attempt)
+
+
+def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Settings) -> launcher.PhaseJob:
+    env = session.get(Environment, run.environment_id)
+    assert env is not None
+    function, args = _payload(session, run, phase, run_layout(settings, run.id).root)
+    return launcher.submit_phase(
+        executor=phase.executor, folder=folder, python=env.python, tasks=phase_tasks(run.spec, phase.name),
+        settings=settings, name=job_name(settings, phase), function=function, args=args,
+        nodes=int(run.spec.get("nodes", 1)),  # multi-node: absent from specs at its default, 1
+    )
+
+
+def launcher_folder(phase: Phase) -> Path:
+    """submitit's folder of the job that runs a phase attempt (a forked resume shares its saver's)."""
+    return Path(phase.job_folder) if phase.job_folder else AttemptLayout(Path(phase.folder or "")).submitit
+
+
+def job_of(phase: Phase, run: Run) -> launcher.PhaseJob:
+    """The launcher's handle of a submitted phase."""
+    return launcher.PhaseJob(
+        executor=phase.executor, folder=str(launcher_folder(phase)), job_id=phase.job_id or "",
+        tasks=phase_tasks(run.spec, phase.name), started=phase.process_started_at,
+    )
+
+
+def _find_by_name(phase: Phase, folder: Path, settings: Settings) -> str | None:
+    found = slurm_jobs.find_slurm_job(job_name(settings, phase), phase.created_at - timedelta(minutes=1))
+    if found is None:
+        return None
+    job_id, state = found
+    if state not in slurm_jobs.LIVE_STATES and state != "COMPLETED":
+        # it waited for its pickle in vain, or was stopped: nothing to adopt, retry as infrastructure
+        raise RuntimeError(f"Slurm job {job_id} found by name {job_name(settings, phase)} already ended {state}")
+    log.warning("phase %s of run %s: found Slurm job %s (%s) by name with no record in %s",
+                phase.name, phase.run_id, job_id, state, folder)
+    slurm_jobs.adopt_slurm_job(folder, job_id)
+    return job_id
+
+
+def _saved_attempt(session: Session, run: Run) -> int:
+    """The attempt of train_and_save whose checkpoint the resume phase loads (the one that succeeded)."""
+    attempt = session.scalar(
+        select(Phase.attempt).where(Phase.run_id == run.id, Phase.name == PHASES[0],
+                                    Phase.state == PhaseState.SUCCEEDED.value)
+        .order_by(Phase.id.desc()).limit(1)
+    )
+    return attempt or 1

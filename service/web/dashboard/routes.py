@@ -1,0 +1,122 @@
+"""HTML routes of the dashboard, mounted on the API's FastAPI app (JSON stays under /api/v1)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from jobs.verdict.signatures import SIGNATURES
+from models import Phase
+from service.core.deps import RowId, RunId, SessionDep, SettingsDep
+from service.core.links import BaseUrl
+from service.web.dashboard import history as history_q
+from service.web.dashboard import logs as logs_q
+from service.web.dashboard import oncall_pages, runlist, runpage
+from service.web.dashboard import overview as overview_q
+from service.web.dashboard import triage as triage_q
+from service.web.dashboard.auth import DashboardRead, LoginRequired
+from service.web.dashboard.issue_markdown import issue_markdown
+from service.web.dashboard.rendering import STATIC, PageError, page_error, render
+
+router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
+LOG_LINES = 500
+
+
+def mount(app: FastAPI) -> None:
+    """Add the dashboard's pages, its static files and its HTML error handler to the app."""
+    app.include_router(router)
+    app.include_router(oncall_pages.router)
+    app.add_exception_handler(LoginRequired, oncall_pages.login_required_handler)
+    app.mount("/static/dashboard", StaticFiles(directory=STATIC), name="dashboard-static")
+    app.add_exception_handler(PageError, page_error)
+
+
+@router.get("/")
+def overview(request: Request, session: SessionDep, _: DashboardRead) -> Response:
+    """The parity matrix: latest verdict per check × track, regressions first."""
+    return render(request, "overview.html", {"m": overview_q.matrix(session), "now": datetime.now(UTC),
+                                             "open_regressions": oncall_pages.open_regression_count(session)})
+
+
+@router.get("/runs")
+def runs(request: Request, session: SessionDep, _: DashboardRead) -> Response:
+    """Filterable, sortable, paginated run list."""
+    args = {key: request.query_params.getlist(key) for key in request.query_params}
+    query = runlist.parse_query(args)
+    page = runlist.page_of_runs(session, query)
+    return render(request, "runs.html", {"q": query, "page": page, "choices": runlist.choices(session),
+                                         "now": datetime.now(UTC)})
+
+
+@router.get("/sweeps/{sweep_id}")
+def sweep(request: Request, sweep_id: str, session: SessionDep, _: DashboardRead) -> Response:
+    """A sweep's grid (environment × variation rows, config columns) filling in as runs finish."""
+    from service.sweeps.grid import sweep_grid
+
+    return render(request, "sweep.html", {"g": sweep_grid(session, sweep_id=sweep_id)})
+
+
+@router.get("/bisects/{bisect_id}")
+def bisect(request: Request, bisect_id: str, session: SessionDep, base: BaseUrl, _: DashboardRead) -> Response:
+    """A bisect: each environment in order with the run that decided it, and the first bad one."""
+    from models import Bisect
+    from service.bisects.search import describe
+
+    row = session.get(Bisect, bisect_id)
+    if row is None:
+        raise PageError(404, f"bisect {bisect_id} not found")
+    return render(request, "bisect.html", {"b": describe(session, row, base)})
+
+
+@router.get("/runs/{run_id}")
+def run(request: Request, run_id: RunId, session: SessionDep, settings: SettingsDep, _: DashboardRead) -> Response:
+    """One run: charts, per-step table, probe findings, phases, events."""
+    context = runpage.run_page(session, run_id, settings.resolved_run_folder)
+    return render(request, "run.html", context)
+
+
+@router.get("/runs/{run_id}/triage")
+def triage(
+    request: Request, run_id: RunId, session: SessionDep, settings: SettingsDep, base: BaseUrl, _: DashboardRead
+) -> Response:
+    """What on-call needs for a failed or errored run."""
+    context = triage_q.triage(session, run_id, run_folder=settings.resolved_run_folder, base_url=base)
+    context["issue_md"] = issue_markdown(context, base) if context["failed"] else ""
+    return render(request, "triage.html", context)
+
+
+@router.get("/runs/{run_id}/phases/{phase_id}/log")
+def phase_log(
+    request: Request, run_id: RunId, phase_id: RowId, session: SessionDep, settings: SettingsDep, _: DashboardRead,
+    path: str = "", raw: bool = False, lines: int = LOG_LINES,
+) -> Response:
+    """One log file of a phase (its tail), only from inside the run folder."""
+    phase = session.get(Phase, phase_id)
+    if phase is None or phase.run_id != run_id:
+        raise PageError(404, f"run {run_id} has no phase {phase_id}")
+    target = logs_q.resolve_log(settings.resolved_run_folder, phase, path)
+    text, cut = logs_q.read_tail(target)
+    if raw:
+        return PlainTextResponse("\n".join(text) + "\n", headers={"X-Content-Type-Options": "nosniff"})
+    start = max(0, len(text) - max(1, lines))
+    return render(request, "log.html", {
+        "run_id": run_id, "phase": phase, "path": path, "lines": logs_q.numbered(text[start:], start),
+        "shown_from": start, "total": len(text), "truncated": cut,
+    })
+
+
+@router.get("/configs/{name}")
+def config_history(
+    request: Request, name: str, session: SessionDep, _: DashboardRead, environment: str | None = None
+) -> Response:
+    """Trend of the worst |Δloss| and the verdicts over time for one config."""
+    return render(request, "config.html", {"h": history_q.history(session, name, environment or None)})
+
+
+@router.get("/signatures")
+def signatures(request: Request, _: DashboardRead) -> Response:
+    """Every known failure signature, in plain words, with its upstream references."""
+    return render(request, "signatures.html", {"signatures": list(SIGNATURES.values())})
