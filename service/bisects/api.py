@@ -1,7 +1,7 @@
 """/api/v1/bisects: the first environment of an ordered list on which a check fails.
 
-A GET advances the bisect from the stored verdicts (queuing the next run when one is needed), so a
-client polling it, `parity bisect --wait`, or the scheduler each move it on; a step is queued once.
+The scheduler advances a bisect from the stored verdicts (queuing the next run when one is needed);
+a GET only reads it, so polling (`parity bisect --wait`) never writes. A step is queued once.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from service.bisects import search as bisects
 from service.core.deps import ReadAccess, SessionDep, SettingsDep, SubmitToken
 from service.core.limits import MAX_LABELS
 from service.core.links import BaseUrl
-from service.core.schemas import ERROR_RESPONSES, LabelKey, LabelValue
+from service.core.schemas import ERROR_RESPONSES, ClientLabels
 from service.runs.api import caps
 from service.runs.records import validate_spec
 
@@ -36,7 +36,7 @@ class BisectCreate(BaseModel):
     bad: EnvName = Field(description="An environment where it fails (newest)")
     between: list[EnvName] = Field(default_factory=list, max_length=bisects.MAX_ENVIRONMENTS - 2,
                                    description="The environments in between, in order")
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS - 1)
+    labels: ClientLabels = Field(default_factory=dict, max_length=MAX_LABELS - 1)
 
     @model_validator(mode="after")
     def _one_check(self) -> BisectCreate:
@@ -59,9 +59,10 @@ def create_bisect(
 
 
 @router.get("/{bisect_id}")
-def bisect(
-    bisect_id: BisectId, session: SessionDep, settings: SettingsDep, _: ReadAccess, base: BaseUrl,
-) -> dict[str, Any]:
-    """The bisect, advanced as far as the stored verdicts allow: each environment's run, the first bad one."""
-    row = bisects.advance(session, bisect_id, settings=settings, caps=caps(settings))
-    return bisects.describe(session, row, base)
+def bisect(bisect_id: BisectId, session: SessionDep, _: ReadAccess, base: BaseUrl) -> dict[str, Any]:
+    """The bisect as the scheduler last advanced it: each environment's run, the first bad one.
+
+    Reads only: the scheduler's pass moves every running bisect on (and a GET that wrote let any
+    reader, anonymous ones included, queue runs and take row locks).
+    """
+    return bisects.describe(session, bisects.get_bisect(session, bisect_id), base)

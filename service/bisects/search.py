@@ -99,6 +99,14 @@ def _in_flight(session: Session, key: str, env_id: int) -> Run | None:
     )
 
 
+def get_bisect(session: Session, bisect_id: str) -> Bisect:
+    """The bisect as stored (no lock, no write: a GET only reads), or 404."""
+    row = session.get(Bisect, bisect_id)
+    if row is None:
+        raise NotFound(f"bisect: unknown bisect {bisect_id!r}", field="bisect")
+    return row
+
+
 def advance(session: Session, bisect_id: str, *, settings: Settings, caps: Caps | None = None) -> Bisect:
     """Walk the bisect as far as the stored verdicts allow; queue the next run if one is needed."""
     row = session.scalar(select(Bisect).where(Bisect.id == bisect_id).with_for_update())

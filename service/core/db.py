@@ -100,7 +100,8 @@ def ping_idle_connections(engine: Engine, idle_s: float = IDLE_PING_S) -> None:
 def get_engine() -> Engine:
     """The process-wide engine for the configured database."""
     url = resolve_database_url(get_settings())
-    engine = create_engine(url, pool_size=10, max_overflow=20)
+    # hide_parameters: a failed statement must not log (or echo) the values a client sent
+    engine = create_engine(url, pool_size=10, max_overflow=20, hide_parameters=True)
     # survive a database restart without handing out dead connections (see ping_idle_connections)
     ping_idle_connections(engine)
     return engine

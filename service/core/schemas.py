@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from jobs.contract import Verdict
 from service.core.limits import MAX_LABELS
@@ -15,6 +15,27 @@ LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
 
 LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN)]
 LabelValue = Annotated[str, StringConstraints(max_length=500)]
+# Labels the service itself writes and then trusts to find a run's sweep, bisect or self-test batch:
+# a client that set them could replace a cell of someone else's sweep or end their bisect.
+RESERVED_LABELS = frozenset({"sweep", "variation", "bisect", "mutant"})
+RESERVED_PREFIXES = ("selftest",)
+
+
+def is_reserved(key: str) -> bool:
+    """Whether a label key is the service's own (never accepted from a client)."""
+    return key in RESERVED_LABELS or key.startswith(RESERVED_PREFIXES)
+
+
+def _no_reserved(labels: dict[str, str]) -> dict[str, str]:
+    taken = sorted(k for k in labels if is_reserved(k))
+    if taken:
+        raise ValueError(f"{', '.join(taken)}: reserved for the service (sweep, variation, bisect, mutant, "
+                         "selftest*); choose another label key")
+    return labels
+
+
+# the labels a client may set on a run, a sweep or a bisect
+ClientLabels = Annotated[dict[LabelKey, LabelValue], AfterValidator(_no_reserved)]
 
 
 class RunCreate(BaseModel):
@@ -30,9 +51,10 @@ class RunCreate(BaseModel):
     )
     # bounded like the column it lands in (environments.name is 200 characters)
     environment: str = Field(default="default", max_length=200, description="Name of a registered environment")
-    labels: dict[LabelKey, LabelValue] = Field(
+    labels: ClientLabels = Field(
         default_factory=dict, max_length=MAX_LABELS,
-        description=f"CI labels (at most {MAX_LABELS}): commit, branch, pr, pipeline_url",
+        description=f"CI labels (at most {MAX_LABELS}): commit, branch, pr, pipeline_url; "
+        "sweep, variation, bisect, mutant and selftest* are the service's own and refused",
     )
 
 

@@ -10,6 +10,7 @@ from fastapi.responses import PlainTextResponse
 
 from service.core.deps import ReadAccess, SessionDep, SettingsDep, _bearer
 from service.core.errors import NotFound
+from service.core.folder_files import UnsafeFile, read_tail
 from service.core.schemas import ERROR_RESPONSES, EnvironmentIn, EnvironmentOut
 from service.core.tokens import authenticate
 from service.environments.registry import (
@@ -72,10 +73,11 @@ def environment(name: str, session: SessionDep, _: ReadAccess) -> EnvironmentOut
 def build_log(name: str, session: SessionDep, _: ReadAccess) -> PlainTextResponse:
     """The tail of a built environment's build log (pip's output)."""
     env = get_environment(session, name=name)
-    path = Path(env.folder or "") / "build.log"
-    if not env.folder or not path.is_file():
+    if not env.folder:
         raise NotFound(f"name: environment {name!r} has no build log", field="name")
-    with path.open("rb") as fh:
-        size = fh.seek(0, 2)
-        fh.seek(max(0, size - LOG_TAIL_BYTES))
-        return PlainTextResponse(fh.read().decode(errors="replace"))
+    try:
+        # the build wrote this file: never through a symlink, never outside its folder, never unbounded
+        data = read_tail(Path(env.folder), "build.log", LOG_TAIL_BYTES)
+    except UnsafeFile as exc:
+        raise NotFound(f"name: environment {name!r} has no readable build log ({exc})", field="name") from None
+    return PlainTextResponse(data.decode(errors="replace"))

@@ -86,7 +86,17 @@ def inspect_python(python: str) -> dict[str, str]:
         raise InvalidEnvironment(
             f"python: {python!r} cannot import torch and megatron.core: {tail[0][:300]}", field="python"
         )
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    # the last line must be the JSON INSPECT prints: a Python that prints nothing (or anything else) is refused
+    lines = proc.stdout.strip().splitlines()
+    try:
+        versions = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        versions = None
+    if not isinstance(versions, dict) or not all(isinstance(versions.get(k), str) for k in ("torch", "megatron_core")):
+        raise InvalidEnvironment(
+            f"python: {python!r} ran but did not report torch and megatron.core versions "
+            f"(printed {(lines[-1] if lines else 'nothing')[:200]!r})", field="python")
+    return {"torch": versions["torch"], "megatron_core": versions["megatron_core"]}
 
 
 def get_environment(session: Session, *, name: str) -> Environment:

@@ -57,8 +57,9 @@ def get_regression(regression_id: RowId, session: SessionDep, base: BaseUrl, _: 
 def acknowledge(
     regression_id: RowId, body: AckIn, session: SessionDep, base: BaseUrl, token: SubmitToken
 ) -> RegressionOut:
-    """Take ownership of a regression: who (default: the token's name), a note, an upstream issue link."""
-    reg = regression_tracker.acknowledge(session, regression_id, who=body.who or token.name, note=body.note,
+    """Take ownership of a regression as the token's name, with a note and an upstream issue link."""
+    # the owner is who is asking, never free text: a body field let any token acknowledge as anyone
+    reg = regression_tracker.acknowledge(session, regression_id, who=token.name, note=body.note,
                                          upstream_url=body.upstream_url)
     return regression_out(reg, base)
 

@@ -34,16 +34,33 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
+def mrkdwn(value: object) -> str:
+    """Text for Slack mrkdwn: &, < and > escaped (Slack's own rule), so `<!channel>`, `<@U…>` and
+    `<url|label>` in a title, track, owner or note arrive as text, never as a mention or a link."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _link(url: object, label: object) -> str:
+    # the service's own URLs; `|` and `>` would end the link early, so they are escaped as well
+    return f"<{mrkdwn(url).replace('|', '%7C')}|{mrkdwn(label).replace('|', '/')}>"
+
+
 def slack_body(payload: dict[str, Any]) -> dict[str, Any]:
-    """A Slack incoming-webhook message: one line of text with the links Slack renders."""
-    lines = [f"*{payload.get('title', payload.get('event'))}*"]
+    """A Slack incoming-webhook message: one line of text with the links Slack renders.
+
+    Every piece of text a client could have chosen (title and track come from labels, owner and note
+    from whoever acknowledged) is escaped; only the two links the service builds are markup.
+    """
+    lines = [f"*{mrkdwn(payload.get('title', payload.get('event')))}*"]
     reg = payload.get("regression") or {}
     if reg.get("signatures"):
-        lines.append("signatures: " + ", ".join(f"`{s}`" for s in reg["signatures"]))
+        lines.append("signatures: " + ", ".join(f"`{mrkdwn(s)}`" for s in reg["signatures"]))
     if reg.get("acknowledged_by"):
-        lines.append(f"owner: {reg['acknowledged_by']}" + (f" — {reg['note']}" if reg.get("note") else ""))
+        lines.append(f"owner: {mrkdwn(reg['acknowledged_by'])}"
+                     + (f" — {mrkdwn(reg['note'])}" if reg.get("note") else ""))
     if payload.get("triage_url"):
-        lines.append(f"<{payload['triage_url']}|triage> · <{payload.get('run_url')}|run {payload.get('run_id')}>")
+        run_label = f"run {payload.get('run_id')}"
+        lines.append(f"{_link(payload['triage_url'], 'triage')} · {_link(payload.get('run_url'), run_label)}")
     return {"text": "\n".join(lines)}
 
 

@@ -35,7 +35,6 @@ class RegressionOut(BaseModel):
 class AckIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    who: str | None = Field(default=None, max_length=200, description="Owner (default: the token's name)")
     note: str = Field(default="", max_length=4000)
     upstream_url: str | None = Field(default=None, max_length=1000, pattern=r"^https?://")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import Annotated
 from urllib.parse import urlencode
 
@@ -14,6 +13,7 @@ from sqlalchemy import select
 from models import ProbeFinding, Run, StepMetric
 from service.core.deps import ReadAccess, RunId, SessionDep, SettingsDep, SubmitToken
 from service.core.errors import InvalidSpec
+from service.core.inputs import MAX_OFFSET, Instant
 from service.core.links import BaseUrl
 from service.core.run_state import RunState
 from service.core.schemas import (
@@ -147,10 +147,10 @@ def list_runs(
     verdict: Annotated[str | None, Query(pattern=VERDICT_PATTERN)] = None,
     regression: bool | None = None,
     label: Annotated[list[str], Query(description="key=value, repeatable")] = [],  # noqa: B006
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Instant | None = None,
+    until: Instant | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> RunPage:
     """Runs, newest first, filtered and paginated."""
     filters = run_service.RunFilter(
@@ -198,7 +198,7 @@ def get_metrics(run_id: RunId, session: SessionDep, _: ReadAccess) -> RunMetrics
 @router.post("/{run_id}/cancel", response_model=RunOut)
 def cancel_run(run_id: RunId, session: SessionDep, settings: SettingsDep, base: BaseUrl, token: SubmitToken) -> RunOut:
     """Cancel a queued run, or ask the scheduler to cancel a running one (its requester or an admin)."""
-    run = run_service.cancel_run(session, run_id=run_id, requester=token.name, scopes=list(token.scopes))
+    run = run_service.cancel_run(session, run_id=run_id, token_id=token.id, scopes=list(token.scopes))
     return run_out(run, base)
 
 

@@ -165,23 +165,27 @@ def list_runs(session: Session, *, filters: RunFilter, limit: int, offset: int) 
     return rows[:limit], len(rows) > limit
 
 
-def may_act_on(run: Run, *, requester: str | None, scopes: list[str]) -> None:
-    """403 unless the caller queued the run (same token name) or holds the admin scope."""
+def may_act_on(run: Run, *, token_id: int | None, scopes: list[str]) -> None:
+    """403 unless the caller's token queued the run (same token id) or holds the admin scope.
+
+    By id, not name: names are not unique, so any token called "ci" could cancel every run "ci" queued.
+    Runs the service queues itself (bisect steps, self-tests) have no token: only an admin acts on them.
+    """
     if "admin" in scopes:
         return
-    if run.requester is None or run.requester != requester:
+    if run.token_id is None or run.token_id != token_id:
         raise Forbidden(
-            f"run {run.id} was requested by {run.requester!r}; only its requester or an admin token may do this",
+            f"run {run.id} was queued by another token ({run.requester!r}); only that token or an admin may do this",
             field="run_id",
         )
 
 
-def cancel_run(session: Session, *, run_id: int, requester: str | None = None, scopes: list[str] | None = None) -> Run:
+def cancel_run(session: Session, *, run_id: int, token_id: int | None = None, scopes: list[str] | None = None) -> Run:
     """Cancel a queued run now; ask the scheduler to cancel an in-flight one; 409 if finished."""
     run = session.scalar(select(Run).where(Run.id == run_id).with_for_update())
     if run is None:
         raise NotFound(f"run {run_id} does not exist", field="run_id")
-    may_act_on(run, requester=requester, scopes=scopes if scopes is not None else ["admin"])
+    may_act_on(run, token_id=token_id, scopes=scopes if scopes is not None else ["admin"])
     if RunState(run.state) in TERMINAL or run.state == RunState.EVALUATING:
         raise Conflict(f"run {run_id} is {run.state}; only queued or running runs can be cancelled", field="state")
     if run.state == RunState.QUEUED:
@@ -197,7 +201,7 @@ def rerun(
 ) -> Run:
     """Queue a new run with the same spec, environment and labels as run_id."""
     original = get_run(session, run_id=run_id)
-    may_act_on(original, requester=requester, scopes=scopes if scopes is not None else ["admin"])
+    may_act_on(original, token_id=token_id, scopes=scopes if scopes is not None else ["admin"])
     spec = validate_spec(original.spec)
     run, _ = create_run(
         session,

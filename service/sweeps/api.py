@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.core.deps import ReadAccess, SessionDep, SettingsDep, SubmitToken
 from service.core.limits import MAX_LABELS
-from service.core.schemas import ERROR_RESPONSES, LabelKey, LabelValue
+from service.core.schemas import ERROR_RESPONSES, ClientLabels
 from service.runs.api import caps
 from service.sweeps import grid as sweeps
 
@@ -33,7 +33,7 @@ class SweepCreate(BaseModel):
         default_factory=lambda: {"dp": 2, "steps": 6, "save_step": 3},
         description="Spec fields shared by every run (config comes from `configs`)",
     )
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS - 2)
+    labels: ClientLabels = Field(default_factory=dict, max_length=MAX_LABELS - 2)
 
 
 @router.post("", status_code=202)
@@ -44,6 +44,7 @@ def create_sweep(
     sweep_id, _ = sweeps.create_sweep(
         session, configs=body.configs, environments=body.environments, variations=body.variations,
         base=body.base, labels=body.labels, requester=token.name, settings=settings, caps=caps(settings),
+        token_id=token.id,
     )
     session.flush()
     grid = sweeps.sweep_grid(session, sweep_id=sweep_id)

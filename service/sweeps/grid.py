@@ -35,7 +35,7 @@ def _key(variation: dict[str, Any]) -> str:
 def create_sweep(
     session: Session, *, configs: list[str], environments: list[str], variations: list[dict[str, Any]],
     base: dict[str, Any], labels: dict[str, str], requester: str | None, settings: Settings,
-    caps: Caps | None = None,
+    caps: Caps | None = None, token_id: int | None = None,
 ) -> tuple[str, list[Run]]:
     """Queue every config × environment × variation run (base spec + variation); return (id, runs)."""
     variations = variations or [{}]
@@ -60,7 +60,7 @@ def create_sweep(
         use_environment(env)
         for spec, variation in specs:
             run, _ = create_run(
-                session, spec=spec, environment=env, requester=requester,
+                session, spec=spec, environment=env, requester=requester, token_id=token_id,
                 labels={**labels, SWEEP_LABEL: sweep_id, "variation": _key(variation)[:500]}, caps=caps,
             )
             runs.append(run)

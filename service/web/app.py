@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.bisects import api as bisects
 from service.core.errors import DomainError
+from service.core.inputs import refuse_unstorable
 from service.core.limits import BodyLimit
 from service.environments import api as environments
 from service.oncall import api as oncall
@@ -67,6 +68,8 @@ def create_app() -> FastAPI:
         title="Megatron-Core resume-parity service",
         version="0.1.0",
         description="Save at step N, resume in a fresh process, continue to M: is the run the same?",
+        # every route, one check: strings Postgres cannot store are a 422 naming the field, never a 500
+        dependencies=[Depends(refuse_unstorable)],
     )
     app.add_exception_handler(DomainError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -30,9 +30,19 @@ def configs(_: ReadAccess) -> list[dict[str, Any]]:
     return list_configs()
 
 
+@router.get("/livez")
+def livez() -> dict[str, str]:
+    """Liveness for load balancers and container health checks: open to all, and says nothing else."""
+    return {"status": "ok"}
+
+
 @router.get("/healthz")
-def healthz(settings: SettingsDep) -> JSONResponse:
-    """Database, scheduler heartbeat and Slurm reachability; 503 when the database is down."""
+def healthz(settings: SettingsDep, _: ReadAccess) -> JSONResponse:
+    """Database, scheduler heartbeat and Slurm reachability; 503 when the database is down.
+
+    It names the run folder, the Postgres version and the executor: a read token is needed when
+    reads require one (GET /api/v1/livez stays open).
+    """
     body: dict[str, Any] = {}
     try:
         with session_scope() as session:
@@ -58,17 +68,17 @@ def healthz(settings: SettingsDep) -> JSONResponse:
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics_alias(session: SessionDep, settings: SettingsDep) -> Response:
+def metrics_alias(session: SessionDep, settings: SettingsDep, access: ReadAccess) -> Response:
     """Same as /metrics, under the API prefix."""
-    return prometheus_metrics(session, settings)
+    return prometheus_metrics(session, settings, access)
 
 
 metrics_router = APIRouter()
 
 
 @metrics_router.get("/metrics", tags=["meta"], response_class=PlainTextResponse)
-def prometheus_metrics(session: SessionDep, settings: SettingsDep) -> Response:
-    """Prometheus text: queue depth, runs by state and verdict, phase durations."""
+def prometheus_metrics(session: SessionDep, settings: SettingsDep, _: ReadAccess) -> Response:
+    """Prometheus text: queue depth, runs by state and verdict, phase durations (a read token when reads need one)."""
     registry = CollectorRegistry()
     queue = Gauge("parity_queue_depth", "Runs waiting to be submitted", registry=registry)
     in_flight = Gauge("parity_runs_in_flight", "Runs with a phase submitted or running", registry=registry)

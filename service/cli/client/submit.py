@@ -120,14 +120,42 @@ def run(args: argparse.Namespace) -> int:
             return 0
         started = time.monotonic()
         deadline = started + args.timeout
-        while run_doc["state"] not in TERMINAL and time.monotonic() < deadline:
-            time.sleep(poll_interval(time.monotonic() - started))
-            try:
-                run_doc = client.get(f"/api/v1/runs/{run_doc['id']}").json()
-            except httpx.HTTPError as exc:  # the service restarting is not a verdict: keep waiting
-                print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr)
-        timed_out = run_doc["state"] not in TERMINAL
-        return report(client, run_doc, timed_out=timed_out, junit=args.junit, strict=args.strict)
+        try:
+            while run_doc["state"] not in TERMINAL and time.monotonic() < deadline:
+                time.sleep(poll_interval(time.monotonic() - started))
+                try:
+                    run_doc = get_json(client, f"/api/v1/runs/{run_doc['id']}")
+                except (httpx.TransportError, ServerBusy) as exc:  # a restart is not a verdict: keep waiting
+                    print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr)
+            timed_out = run_doc["state"] not in TERMINAL
+            return report(client, run_doc, timed_out=timed_out, junit=args.junit, strict=args.strict)
+        except (ClientFailure, httpx.HTTPError) as exc:
+            # exit 1 means "parity failed": an auth or transport problem must never read as a regression
+            print(f"parity submit: {exc}", file=sys.stderr)
+            return 2
+
+
+class ClientFailure(Exception):
+    """The service refused a read (401, 403, 404, …) or sent no JSON document: exit 2, never 1."""
+
+
+class ServerBusy(ClientFailure):
+    """A 5xx while polling: the service may be restarting; polling carries on."""
+
+
+def get_json(client: httpx.Client, path: str) -> dict[str, Any]:
+    """GET path as a JSON object, or ClientFailure naming the status and the service's error."""
+    resp = client.get(path)
+    try:
+        doc = resp.json()
+    except ValueError:
+        doc = None
+    if resp.is_success and isinstance(doc, dict):
+        return doc
+    detail = f"{doc.get('error', '')}: {doc.get('detail', '')}" if isinstance(doc, dict) else resp.text[:200]
+    kind = ServerBusy if resp.status_code >= 500 else ClientFailure
+    hint = " (a read token is needed: PARITY_READS_REQUIRE_TOKEN is on)" if resp.status_code == 403 else ""
+    raise kind(f"GET {path}: {resp.status_code} {detail}{hint}")
 
 
 def report(
@@ -135,7 +163,7 @@ def report(
 ) -> int:
     """Print the table, verdict and triage link; write JUnit; return the exit code."""
     if not timed_out:
-        metrics = client.get(f"/api/v1/runs/{run_doc['id']}/metrics").json()
+        metrics = get_json(client, f"/api/v1/runs/{run_doc['id']}/metrics")
         if metrics["steps"]:
             print(step_table(metrics))
     verdict = run_doc.get("verdict")

@@ -76,7 +76,8 @@ def make_cookie(settings: Settings, token: ApiToken, *, now: float | None = None
 def read_cookie(settings: Settings, value: str) -> tuple[dict[str, Any] | None, str]:
     """The session body if value is authentic and unexpired; -> (body, why not)."""
     data, _, mac = value.partition(".")
-    if not data or not hmac.compare_digest(mac, _mac(settings, data.encode())):
+    # bytes, not str: compare_digest raises TypeError on a non-ASCII str (a forged cookie was a 500)
+    if not data or not hmac.compare_digest(mac.encode(), _mac(settings, data.encode()).encode()):
         return None, "invalid session"
     try:
         body = json.loads(base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)))
@@ -144,7 +145,7 @@ DashboardRead = Annotated[Viewer, Depends(require_dashboard_read)]
 def check_csrf(viewer: Viewer, form: dict[str, str]) -> bool:
     """A dashboard write is genuine when it carries this viewer's CSRF token (constant-time compare)."""
     sent = form.get("csrf", "")
-    return bool(viewer.csrf) and bool(sent) and hmac.compare_digest(sent, viewer.csrf)
+    return bool(viewer.csrf) and bool(sent) and hmac.compare_digest(sent.encode(), viewer.csrf.encode())
 
 
 def login_redirect_url(next_url: str, reason: str = "") -> str:

@@ -6,7 +6,7 @@ import hmac
 import secrets
 from datetime import UTC, datetime
 from typing import Annotated
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -71,12 +71,13 @@ def login(request: Request, session: SessionDep, settings: SettingsDep, form: Fo
     """Exchange a valid token for a signed session cookie."""
     next_url = safe_next(form.get("next", "/"))
     sent, expected = form.get("csrf", ""), request.cookies.get(LOGIN_CSRF, "")
-    if not sent or not expected or not hmac.compare_digest(sent, expected):
+    if not sent or not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
         raise PageError(403, "login form expired or forged: reload the login page and try again")
     token = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(form.get("token", "").strip()),
                                                   *live_token()))
     if token is None:
-        return RedirectResponse(f"/login?next={next_url}&error=unknown,+revoked+or+expired+token", status_code=303)
+        return RedirectResponse(f"/login?next={quote(next_url, safe='')}&error=unknown,+revoked+or+expired+token",
+                                status_code=303)
     response = RedirectResponse(next_url, status_code=303)
     response.set_cookie(COOKIE, make_cookie(settings, token), httponly=True, samesite="strict",
                         secure=_secure(settings.public_url), max_age=settings.session_max_age_s, path="/")

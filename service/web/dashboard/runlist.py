@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from jobs.configs import config_names
 from models import Environment, Run
+from service.core.inputs import EARLIEST, LATEST
 from service.core.run_state import RunState
 from service.oncall.known_failures import RUN_VERDICTS
 from service.runs.records import RunFilter, filtered_runs
@@ -65,7 +66,12 @@ def _date(text: str, problems: list[str], name: str) -> datetime | None:
     except ValueError:
         problems.append(f"{name}: expected a date like 2026-11-30, got {text!r}")
         return None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+    # year 9999 plus the day added below overflowed datetime (a 500): the same bounds as the API's
+    if not EARLIEST <= value <= LATEST:
+        problems.append(f"{name}: expected a date between {EARLIEST.date()} and {LATEST.date()}, got {text!r}")
+        return None
+    return value
 
 
 def _labels(values: list[str], problems: list[str]) -> dict[str, str]:
