@@ -64,12 +64,17 @@ def test_bisect_walks_to_the_first_bad_build_reusing_a_stored_verdict(
     assert len(_runs(db_session, doc["id"])) == 1
 
     _finish(db_session, first, "pass")  # 2 good -> 3 (stored pass, reused) -> 4 is tested next
+    # a GET only reads: the scheduler's pass moves the bisect on
+    assert client.get(f"/api/v1/bisects/{doc['id']}").json()["runs_created"] == 1
+    assert len(_runs(db_session, doc["id"])) == 1
+    bisects.advance_open(db_session, settings=get_settings())
     doc = client.get(f"/api/v1/bisects/{doc['id']}").json()
     runs = _runs(db_session, doc["id"])
     assert [_env(db_session, r) for r in runs] == ["build-2", "build-4"]
     assert doc["state"] == "running" and doc["runs_reused"] == 1
 
     _finish(db_session, runs[1], "fail")
+    bisects.advance_open(db_session, settings=get_settings())
     doc = client.get(f"/api/v1/bisects/{doc['id']}").json()
     assert doc["state"] == "found" and doc["first_bad"] == "build-4" and doc["last_good"] == "build-3"
     assert (doc["runs_created"], doc["runs_reused"]) == (2, 1)
@@ -97,6 +102,7 @@ def test_a_run_without_verdict_stops_the_bisect(client: TestClient, make_token, 
                       json={"spec": SPEC, "good": "build-0", "bad": "build-2", "between": ["build-1"]}).json()
     (run,) = _runs(db_session, doc["id"])
     transition(db_session, run, RunState.ERROR, "test")
+    bisects.advance_open(db_session, settings=get_settings())
     doc = client.get(f"/api/v1/bisects/{doc['id']}").json()
     assert doc["state"] == "error" and f"run {run.id} on build-1 ended error" in doc["error_message"]
 

@@ -38,8 +38,12 @@ def test_regression_opens_gathers_acknowledges_and_resolves(
     assert reg["failing_run_ids"] == [bad["id"], later["id"]] and reg["latest_failing_run_id"] == later["id"]
     assert reg["track"] == "main" and reg["check_key"] == bad["check_key"]
     assert reg["links"]["triage"] == f"http://testserver/runs/{bad['id']}/triage"
-    ack = client.post(f"/api/v1/regressions/{reg['id']}/acknowledge", headers=submit,
-                      json={"who": "alice", "note": "Bug A again", "upstream_url": ISSUE})
+    alice = make_token("submit", name="alice")
+    # the owner is the token's name: a free-text owner is refused (anyone could acknowledge as anyone)
+    spoofed = client.post(f"/api/v1/regressions/{reg['id']}/acknowledge", headers=submit, json={"who": "alice"})
+    assert spoofed.status_code == 422 and spoofed.json()["field"] == "who"
+    ack = client.post(f"/api/v1/regressions/{reg['id']}/acknowledge", headers=alice,
+                      json={"note": "Bug A again", "upstream_url": ISSUE})
     assert ack.status_code == 200, ack.text
     assert ack.json()["acknowledged_by"] == "alice" and ack.json()["upstream_url"] == ISSUE
     assert client.get("/api/v1/regressions", params={"state": "open"}).json() == []

@@ -83,6 +83,6 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + args.timeout
         while args.wait and doc["state"] == "running" and time.monotonic() < deadline:
             time.sleep(5)
-            doc = http.get(f"/api/v1/bisects/{doc['id']}").json()  # each GET also advances it
+            doc = http.get(f"/api/v1/bisects/{doc['id']}").json()  # the scheduler advances it; a GET reads
         print(report(doc))
         return 0 if doc["state"] == "found" else 2
