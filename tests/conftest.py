@@ -25,6 +25,9 @@ from service.core.settings import get_settings
 # The periodic detector-health batch would queue Megatron runs behind every scheduler test;
 # tests that exercise it turn it on themselves.
 os.environ.setdefault("PARITY_SELFTEST_INTERVAL_HOURS", "0")
+# Test receivers listen on 127.0.0.1; tests/security/test_notify_destinations.py turns this off to
+# show internal addresses refused by default.
+os.environ.setdefault("PARITY_NOTIFY_ALLOW_PRIVATE", "1")
 
 SERVER_URL = os.environ.get(
     "PARITY_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

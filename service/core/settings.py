@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     # e.g. "X-Forwarded-User"; honoured only on requests whose peer address is in proxy_addresses
     proxy_user_header: str | None = None
     proxy_addresses: str = ""
+    # notification channels: internal addresses (loopback, link-local, private) only when set; and, when
+    # given, only these hosts (comma-separated names, or .suffix for a domain) — service/oncall/destinations.py
+    notify_allow_private: bool = False
+    notify_allow_hosts: str = ""
     # notify when a check × track ends in an infrastructure error more than this many times in a row
     notify_infra_errors_after: int = Field(default=3, ge=1)
     # client side (`parity submit`): where the service is and the bearer token to use
@@ -106,6 +110,10 @@ class Settings(BaseSettings):
     def base_url(self) -> str:
         """The URL people and CI use to reach this service."""
         return (self.public_url or f"http://{self.api_host}:{self.api_port}").rstrip("/")
+
+    def notify_allow_host_set(self) -> frozenset[str]:
+        """PARITY_NOTIFY_ALLOW_HOSTS as a set of lower-case names (empty: any public host)."""
+        return frozenset(filter(None, (h.strip().lower() for h in self.notify_allow_hosts.split(","))))
 
     def job_env_names(self) -> frozenset[str]:
         """PARITY_JOB_ENV as a set of names."""

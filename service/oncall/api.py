@@ -13,6 +13,7 @@ from service.core.schemas import ERROR_RESPONSES
 from service.oncall import channels as channel_service
 from service.oncall import known_failures
 from service.oncall import regressions as regression_tracker
+from service.oncall.destinations import mask_url
 from service.oncall.schemas import (
     AckIn,
     ChannelIn,
@@ -65,8 +66,8 @@ def acknowledge(
 
 
 def channel_out(channel: NotificationChannel, counts: dict[str, int] | None = None) -> ChannelOut:
-    """A channel without its secret."""
-    return ChannelOut(id=channel.id, name=channel.name, kind=channel.kind, url=channel.url,
+    """A channel without its secrets: no shared secret, and the URL masked (a Slack webhook URL is a credential)."""
+    return ChannelOut(id=channel.id, name=channel.name, kind=channel.kind, url=mask_url(channel.url),
                       events=channel.events, enabled=channel.enabled, signed=bool(channel.secret),
                       outbox=counts or {}, created_at=channel.created_at)
 

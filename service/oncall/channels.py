@@ -7,6 +7,8 @@ from sqlalchemy.orm import Session
 
 from models import NotificationChannel, OutboxMessage
 from service.core.errors import Conflict, InvalidSpec, NotFound
+from service.core.settings import get_settings
+from service.oncall.destinations import BadDestination, check_destination
 from service.oncall.notification_events import EVENTS
 
 KINDS = ("webhook", "slack")
@@ -17,13 +19,15 @@ def create_channel(session: Session, *, name: str, kind: str, url: str, secret: 
     """Add a channel; bad kind, URL or event names are 422s that list the allowed values."""
     if kind not in KINDS:
         raise InvalidSpec(f"kind: unknown {kind!r}; allowed: {', '.join(KINDS)}", field="kind")
-    if not url.startswith(("http://", "https://")):
-        raise InvalidSpec(f"url: expected an http(s) URL, got {url!r}", field="url")
     unknown = sorted(set(events) - set(EVENTS))
     if unknown:
         raise InvalidSpec(f"events: unknown {', '.join(unknown)}; allowed: {', '.join(EVENTS)}", field="events")
     if kind == "webhook" and not secret:
         raise InvalidSpec("secret: a webhook channel needs a shared secret to sign its messages", field="secret")
+    try:
+        check_destination(url, get_settings())
+    except BadDestination as exc:
+        raise InvalidSpec(f"url: {exc}", field="url") from None
     if session.scalar(select(NotificationChannel.id).where(NotificationChannel.name == name)) is not None:
         raise Conflict(f"name: a channel named {name!r} already exists", field="name")
     channel = NotificationChannel(name=name, kind=kind, url=url, secret=secret or None, events=sorted(set(events)),

@@ -1,7 +1,10 @@
-"""Outbox delivery, one small step of the scheduler loop: post due messages, retry with backoff.
+"""Outbox delivery, in its own thread beside the scheduler loop: post due messages, retry with backoff.
 
-Rows are locked with SKIP LOCKED while posting, so scheduler replicas never send one message twice;
-a receiver that is down only delays a message (attempts and the error are kept on the row).
+A pass claims due messages in one short transaction (SKIP LOCKED, then a lease on next_attempt_at so
+replicas never send one message twice), posts them holding no transaction and no row lock, and
+records each outcome in another short transaction. A receiver that is slow or down delays only
+notifications, never the scheduler's pass (it used to post inside it, 5 s x 20 messages, with the
+outbox rows locked). Delivery is at least once: receivers de-duplicate on X-Parity-Delivery.
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ import hashlib
 import hmac
 import json
 import logging
+import threading
 import time
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -20,12 +25,16 @@ from sqlalchemy.orm import Session
 
 from models import NotificationChannel, OutboxMessage
 from models.base import utcnow
+from service.core.settings import Settings, get_settings
+from service.oncall.destinations import BadDestination, check_destination
 from service.oncall.notification_events import backoff
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 12
 TIMEOUT_S = 5.0
 SIGNATURE_HEADER = "X-Parity-Signature"
+# how long a claimed message is left alone by other replicas while this one posts it
+CLAIM_LEASE = timedelta(seconds=120)
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -78,56 +87,129 @@ def request_for(channel: NotificationChannel, message: OutboxMessage) -> tuple[b
     return body, headers
 
 
-def deliver_due(
-    session: Session, *, limit: int = 20, client: httpx.Client | None = None, now: datetime | None = None
-) -> int:
-    """Post up to limit messages due at now (default: the current time); -> how many were delivered."""
+@dataclass(frozen=True)
+class Outgoing:
+    """One claimed message, ready to post without any database row or transaction held."""
+
+    message_id: int
+    channel: str
+    url: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def claim_due(session: Session, *, limit: int = 20, now: datetime | None = None) -> list[Outgoing]:
+    """Take up to limit due messages: lock them briefly (SKIP LOCKED) and lease them for CLAIM_LEASE.
+
+    The lease (next_attempt_at moved forward) is what keeps another replica off them once this
+    transaction commits, so no row lock is held while a receiver takes its time. A message whose
+    channel is gone or disabled is marked dead here.
+    """
     now = now or utcnow()
     due = session.scalars(
         select(OutboxMessage)
         .where(OutboxMessage.state == "pending", OutboxMessage.next_attempt_at <= now)
         .order_by(OutboxMessage.id).limit(limit).with_for_update(skip_locked=True)
     ).all()
-    if not due:
+    out = []
+    for message in due:
+        channel = session.get(NotificationChannel, message.channel_id)
+        if channel is None or not channel.enabled:
+            message.state, message.last_error = "dead", "channel removed or disabled"
+            continue
+        body, headers = request_for(channel, message)
+        message.next_attempt_at = utcnow() + CLAIM_LEASE
+        out.append(Outgoing(message.id, channel.name, channel.url, body, headers))
+    session.flush()
+    return out
+
+
+def post(outgoing: Outgoing, http: httpx.Client, settings: Settings) -> tuple[bool, str]:
+    """POST one message (destination checked again: a name may resolve elsewhere now); -> (ok, error)."""
+    try:
+        check_destination(outgoing.url, settings)
+    except BadDestination as exc:
+        return False, f"destination refused: {exc}"
+    try:
+        response = http.post(outgoing.url, content=outgoing.body, headers=outgoing.headers)
+    except httpx.HTTPError as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    return response.is_success, f"HTTP {response.status_code}: {response.text[:200]}"
+
+
+def record(session: Session, outgoing: Outgoing, ok: bool, error: str) -> bool:
+    """Store the outcome of one post: delivered, or retried with backoff, or dead after MAX_ATTEMPTS."""
+    message = session.get(OutboxMessage, outgoing.message_id)
+    if message is None or message.state != "pending":
+        return False  # the channel was deleted meanwhile
+    message.attempts += 1
+    if ok:
+        message.state, message.delivered_at, message.last_error = "delivered", utcnow(), None
+        return True
+    message.last_error = error[:2000]
+    if message.attempts >= MAX_ATTEMPTS:
+        message.state = "dead"
+        log.error("notification %s to %s given up after %d attempts: %s",
+                  message.id, outgoing.channel, message.attempts, error)
+    else:
+        message.next_attempt_at = utcnow() + backoff(message.attempts)
+        log.warning("notification %s to %s failed (%s); attempt %d", message.id, outgoing.channel, error,
+                    message.attempts)
+    return False
+
+
+def deliver_due(
+    session: Session, *, limit: int = 20, client: httpx.Client | None = None, now: datetime | None = None
+) -> int:
+    """Post up to limit messages due at now, all in the caller's transaction; -> how many were delivered.
+
+    For callers that own one transaction (tests, one-off tools); the scheduler uses deliver_step,
+    which holds no transaction while it posts.
+    """
+    claimed = claim_due(session, limit=limit, now=now)
+    if not claimed:
         return 0
-    delivered = 0
-    own = client is None
+    settings = get_settings()
     http = client or httpx.Client(timeout=TIMEOUT_S, follow_redirects=False)
     try:
-        for message in due:
-            channel = session.get(NotificationChannel, message.channel_id)
-            if channel is None or not channel.enabled:
-                message.state, message.last_error = "dead", "channel removed or disabled"
-                continue
-            message.attempts += 1
-            try:
-                body, headers = request_for(channel, message)
-                response = http.post(channel.url, content=body, headers=headers)
-                ok, error = response.is_success, f"HTTP {response.status_code}: {response.text[:200]}"
-            except httpx.HTTPError as exc:
-                ok, error = False, f"{type(exc).__name__}: {exc}"
-            if ok:
-                message.state, message.delivered_at, message.last_error = "delivered", utcnow(), None
-                delivered += 1
-                continue
-            message.last_error = error[:2000]
-            if message.attempts >= MAX_ATTEMPTS:
-                message.state = "dead"
-                log.error("notification %s to %s given up after %d attempts: %s",
-                          message.id, channel.name, message.attempts, error)
-            else:
-                message.next_attempt_at = utcnow() + backoff(message.attempts)
-                log.warning("notification %s to %s failed (%s); attempt %d", message.id, channel.name, error,
-                            message.attempts)
+        return sum(record(session, o, *post(o, http, settings)) for o in claimed)
     finally:
-        if own:
+        if client is None:
             http.close()
-    return delivered
 
 
-def deliver_step(limit: int = 20) -> int:
-    """The scheduler loop's delivery step: one transaction, up to limit messages."""
+def deliver_step(limit: int = 20, client: httpx.Client | None = None) -> int:
+    """One delivery pass of the delivery worker: claim (short transaction), post (none), record (short)."""
     from service.core.db import session_scope
 
     with session_scope() as session:
-        return deliver_due(session, limit=limit)
+        claimed = claim_due(session, limit=limit)
+    if not claimed:
+        return 0
+    settings = get_settings()
+    http = client or httpx.Client(timeout=TIMEOUT_S, follow_redirects=False)
+    try:
+        results = [(o, *post(o, http, settings)) for o in claimed]
+    finally:
+        if client is None:
+            http.close()
+    with session_scope() as session:
+        return sum(record(session, o, ok, error) for o, ok, error in results)
+
+
+class DeliveryWorker(threading.Thread):
+    """The scheduler's delivery thread: a slow or dead receiver delays notifications, never a run."""
+
+    def __init__(self, stop: threading.Event, interval_s: float = 2.0) -> None:
+        super().__init__(name="notification-delivery", daemon=True)
+        self.stop, self.interval_s = stop, interval_s
+
+    def run(self) -> None:
+        """Deliver until stop is set; a failed pass (database outage) is logged and tried again."""
+        while not self.stop.is_set():
+            try:
+                busy = deliver_step() > 0
+            except Exception as exc:  # never let the thread die: the next pass retries
+                log.warning("notification delivery pass failed: %s", exc)
+                busy = False
+            self.stop.wait(0 if busy else self.interval_s)

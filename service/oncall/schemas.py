@@ -54,7 +54,7 @@ class ChannelOut(BaseModel):
     id: int
     name: str
     kind: str
-    url: str
+    url: str = Field(description="Scheme, host and first path part only: the rest may be a credential")
     events: list[str]
     enabled: bool
     signed: bool

@@ -29,7 +29,7 @@ from service.core.db import get_engine, session_scope
 from service.core.settings import Settings
 from service.environments import build_steps as builds
 from service.executors.selection import pick_executor
-from service.oncall.delivery import deliver_step
+from service.oncall.delivery import DeliveryWorker
 from service.runs import retention
 from service.runs.evaluation import evaluate_pending
 from service.runs.reconciler import reconcile, watched_files
@@ -64,7 +64,7 @@ def heartbeat(name: str, executor: str = "") -> None:
 
 def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
-    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "notified": 0, "pruned": 0,
+    done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "pruned": 0,
             "selftest_queued": 0, "builds": 0, "bisects": 0}
     with session_scope() as session:
         done["selftest_queued"] = enqueue_due(session, settings=settings)
@@ -97,7 +97,6 @@ def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[s
         done["evaluated"] = evaluate_pending(session, settings=settings)
     with session_scope() as session:  # a verdict just stored may decide a bisect's step (or queue its next run)
         done["bisects"] = bisects.advance_open(session, settings=settings)
-    done["notified"] = deliver_step()
     with session_scope() as session:
         done["pruned"] = sum(retention.apply(session, settings).values())
     return done
@@ -118,6 +117,9 @@ def run_forever(settings: Settings, stop: threading.Event | None = None, executo
     name = replica_name()
     executor = executor or decide_executor(settings)
     wake = Wakeup(_database_url, stop)
+    # notifications go out from their own thread: a slow receiver must not hold up any run
+    delivery = DeliveryWorker(stop, interval_s=settings.scheduler_poll_seconds)
+    delivery.start()
     failures = 0
     last_beat = float("-inf")
     log.info("scheduler %s started (executor %s; events, polling every %.1fs)", name, executor,
@@ -145,4 +147,5 @@ def run_forever(settings: Settings, stop: threading.Event | None = None, executo
         if delay:
             wake.wait(delay, watch)
     wake.close()
+    delivery.join(timeout=30)
     log.info("scheduler %s stopped", name)
