@@ -11,12 +11,14 @@ from models.phase import Phase
 from models.probe import ProbeFinding
 from models.regression import Regression
 from models.run import Run
+from models.session import EndedSession
 from models.token import ApiToken
 
 __all__ = [
     "ApiToken",
     "Base",
     "Bisect",
+    "EndedSession",
     "Environment",
     "KnownFailure",
     "NotificationChannel",

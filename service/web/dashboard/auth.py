@@ -1,8 +1,9 @@
 """Dashboard login: a bearer token exchanged for a signed, HttpOnly, SameSite session cookie, or a
 trusted reverse proxy's user header (from configured proxy addresses only); CSRF tokens for writes.
 
-The cookie holds {token id, name, expiry, csrf nonce} signed with HMAC-SHA256; every request re-checks
-that the token still exists unrevoked, so revoking a token ends its dashboard sessions too.
+The cookie holds {token id, name, expiry, session id, csrf nonce} signed with HMAC-SHA256; every request
+re-checks that the token still exists unrevoked (revoking a token ends its dashboard sessions too) and
+that the session was not ended by logout (ended_sessions): a copied cookie dies with the logout.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import Depends, Request
-from sqlalchemy import or_, select
+from sqlalchemy import delete, or_, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
 
-from models import ApiToken
+from models import ApiToken, EndedSession
 from models.base import utcnow
 from service.core.deps import SessionDep, SettingsDep
 from service.core.settings import Settings
@@ -68,7 +72,7 @@ def _mac(settings: Settings, data: bytes) -> str:
 def make_cookie(settings: Settings, token: ApiToken, *, now: float | None = None) -> str:
     """A signed session value for token, valid for session_max_age_s."""
     body = {"tid": token.id, "name": token.name, "exp": int((now or time.time()) + settings.session_max_age_s),
-            "csrf": secrets.token_urlsafe(16)}
+            "sid": secrets.token_urlsafe(24), "csrf": secrets.token_urlsafe(16)}
     data = base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode().rstrip("=")
     return f"{data}.{_mac(settings, data.encode())}"
 
@@ -83,9 +87,20 @@ def read_cookie(settings: Settings, value: str) -> tuple[dict[str, Any] | None, 
         body = json.loads(base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)))
     except ValueError:
         return None, "invalid session"
+    if not isinstance(body, dict) or not isinstance(body.get("sid"), str) or not isinstance(body.get("tid"), int):
+        return None, "invalid session"  # a cookie from before session ids existed: log in again
     if int(body.get("exp", 0)) < time.time():
         return None, "session expired"
     return body, ""
+
+
+def end_session(session: Session, body: dict[str, Any]) -> None:
+    """Logout: record the session id as ended until the cookie would expire anyway (and forget old ones)."""
+    now = utcnow()
+    session.execute(delete(EndedSession).where(EndedSession.expires_at < now))
+    expires = datetime.fromtimestamp(int(body["exp"]), UTC)
+    session.execute(insert(EndedSession).values(session_id=body["sid"], expires_at=expires)
+                    .on_conflict_do_nothing(index_elements=["session_id"]))
 
 
 def live_token() -> tuple[Any, ...]:
@@ -114,11 +129,12 @@ def current_viewer(request: Request, session: SessionDep, settings: SettingsDep)
     if raw:
         body, why = read_cookie(settings, raw)
         if body is not None:
-            token = session.scalar(select(ApiToken).where(ApiToken.id == body["tid"], *live_token()))
+            ended = select(EndedSession.session_id).where(EndedSession.session_id == body["sid"]).exists()
+            token = session.scalar(select(ApiToken).where(ApiToken.id == body["tid"], ~ended, *live_token()))
             if token is not None:
                 writes = bool({"submit", "admin"} & set(token.scopes))
                 return Viewer(name=token.name, via="session", can_write=writes, csrf=str(body["csrf"]))
-            why = "token revoked or expired"
+            why = "logged out, or token revoked or expired"
         request.state.session_problem = why
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):

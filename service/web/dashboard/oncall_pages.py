@@ -23,9 +23,11 @@ from service.web.dashboard.auth import (
     LoginRequired,
     ViewerDep,
     check_csrf,
+    end_session,
     live_token,
     login_redirect_url,
     make_cookie,
+    read_cookie,
     safe_next,
 )
 from service.web.dashboard.rendering import PageError, render
@@ -86,10 +88,15 @@ def login(request: Request, session: SessionDep, settings: SettingsDep, form: Fo
 
 
 @router.post("/logout")
-def logout(viewer: ViewerDep, form: FormDep) -> Response:
-    """End the session (the form carries the CSRF token, so no page elsewhere can log anyone out)."""
+def logout(request: Request, session: SessionDep, settings: SettingsDep, viewer: ViewerDep, form: FormDep) -> Response:
+    """End the session on the server too (the form carries the CSRF token, so no page elsewhere can log
+    anyone out): deleting the cookie alone left a copied cookie valid until it expired."""
     if viewer.via == "session" and not check_csrf(viewer, form):
         raise PageError(403, "logout form forged or expired")
+    if viewer.via == "session":
+        body, _ = read_cookie(settings, request.cookies.get(COOKIE, ""))
+        if body is not None:
+            end_session(session, body)
     response = RedirectResponse("/login?reason=logged+out", status_code=303)
     response.delete_cookie(COOKIE, path="/")
     return response
