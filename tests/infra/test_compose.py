@@ -114,6 +114,34 @@ def privilege_problems(root: Path) -> list[str]:
     return problems
 
 
+def exposure_problems(services: dict[str, Any], root: Path) -> list[str]:
+    """The API listens on loopback by default, reads runs read-only, and the app is no database superuser."""
+    problems = []
+    api = services.get("api") or {}
+    for entry in api.get("ports") or []:
+        parts = str(entry).split(":")
+        if len(parts) < 3 or not re.fullmatch(r"(127\.0\.0\.1|\$\{\w+:-127\.0\.0\.1\})", ":".join(parts[:-2])):
+            problems.append(f"api: port {entry!r} is published on every address (default must be 127.0.0.1)")
+    run_folder = environment(api).get("PARITY_RUN_FOLDER", "")
+    for entry in api.get("volumes") or []:
+        parts = str(entry).split(":")
+        if len(parts) >= 2 and parts[1] == run_folder and "ro" not in parts[2:]:
+            problems.append(f"api: the run folder {run_folder} is mounted read-write (the API only reads runs)")
+    postgres = services.get("postgres") or {}
+    superuser = environment(postgres).get("POSTGRES_USER", "postgres")
+    for name, svc in services.items():
+        url = environment(svc).get("PARITY_DATABASE_URL", "")
+        user = re.match(r"^[\w+]+://([^:@/]+)", url)
+        if user and user.group(1) == superuser:
+            problems.append(f"{name}: connects to Postgres as the superuser {superuser!r}")
+    init = [source for target, source in mounts(postgres).items() if target == "/docker-entrypoint-initdb.d"]
+    scripts = "".join(f.read_text() for src in init for f in sorted((root / src).glob("*.sh"))) if init else ""
+    if not re.search(r"CREATE ROLE parity LOGIN .*NOSUPERUSER", scripts) or "CREATE SCHEMA parity AUTHORIZATION parity" \
+            not in scripts:
+        problems.append("postgres: no init script creating the non-superuser app role that owns its schema")
+    return problems
+
+
 def compose_problems(compose: dict[str, Any], root: Path) -> list[str]:
     """Everything wrong with a compose dict, one readable line each (empty when it is fine)."""
     problems: list[str] = []
@@ -168,6 +196,7 @@ def compose_problems(compose: dict[str, Any], root: Path) -> list[str]:
         for key, value in environment(svc).items():
             problems += [f"{name}: {key} has a default secret ({ref})" for ref in default_secrets(value)]
     problems += privilege_problems(root)
+    problems += exposure_problems(services, root)
 
     run_folders: set[str] = {f for svc in services.values() if (f := environment(svc).get("PARITY_RUN_FOLDER"))}
     if len(run_folders) != 1:
@@ -381,3 +410,20 @@ def test_entrypoint_runs_a_working_cluster_in_namespaces(tmp_path: Path) -> None
     assert "results: [(0, 'slurmd', 65534), (1, 'slurmd', 65534)]" in out, out + logs
     assert "|COMPLETED|slurmd" in out, out + logs
     assert "cluster: parity" in out, out + logs
+
+
+def test_checker_reports_exposure_mistakes() -> None:
+    """Each of the issue's compose findings, put back, is reported (the real file has none: above)."""
+    compose = load_compose()
+    assert exposure_problems(compose["services"], REPO_ROOT) == []
+    c = copy.deepcopy(compose)
+    c["services"]["api"]["ports"] = ["8000:8000"]
+    c["services"]["api"]["volumes"] = ["runs:/srv/parity/runs", "parity-data:/srv/parity/data"]
+    c["services"]["postgres"]["environment"]["POSTGRES_USER"] = "parity"
+    c["services"]["postgres"]["volumes"] = ["postgres-data:/var/lib/postgresql/data"]
+    problems = exposure_problems(c["services"], REPO_ROOT)
+    assert "api: port '8000:8000' is published on every address (default must be 127.0.0.1)" in problems
+    assert "api: the run folder /srv/parity/runs is mounted read-write (the API only reads runs)" in problems
+    assert "api: connects to Postgres as the superuser 'parity'" in problems
+    assert "scheduler: connects to Postgres as the superuser 'parity'" in problems
+    assert "postgres: no init script creating the non-superuser app role that owns its schema" in problems
