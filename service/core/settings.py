@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     # has the allow-list; everything else, e.g. PARITY_DATABASE_URL, stays out of the jobs).
     job_env: str = ""
 
+    # what a submit token may build (service/environments/build_policy.py): project names (released
+    # versions, pinned), git+https repository URLs (at a full commit), `artifact` (artifact:<sha256>)
+    build_allow: str = "megatron-core"
+
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     # Public base URL used in links handed to CI (triage pages, dashboard).
@@ -110,6 +114,18 @@ class Settings(BaseSettings):
     def base_url(self) -> str:
         """The URL people and CI use to reach this service."""
         return (self.public_url or f"http://{self.api_host}:{self.api_port}").rstrip("/")
+
+    def build_allow_set(self) -> frozenset[str]:
+        """PARITY_BUILD_ALLOW as a set: project names canonicalised, URLs without a trailing slash or .git."""
+        from packaging.utils import canonicalize_name
+
+        out = set()
+        for item in filter(None, (i.strip() for i in self.build_allow.split(","))):
+            if item.startswith("git+"):
+                out.add(item.rstrip("/").removesuffix(".git"))
+            else:
+                out.add(item if item == "artifact" else canonicalize_name(item))
+        return frozenset(out)
 
     def notify_allow_host_set(self) -> frozenset[str]:
         """PARITY_NOTIFY_ALLOW_HOSTS as a set of lower-case names (empty: any public host)."""

@@ -13,7 +13,8 @@ from models import ApiToken
 from models.base import utcnow
 from service.core.errors import Forbidden, Unauthorized
 
-SCOPES = ("submit", "admin", "read")
+# build: may install any requirement line in a service-built environment (submit: only PARITY_BUILD_ALLOW)
+SCOPES = ("submit", "build", "admin", "read")
 TOKEN_PREFIX = "prt_"
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 MAX_NAME = 200  # api_tokens.name and runs.requester are 200 characters

@@ -13,7 +13,9 @@ from service.core.errors import NotFound
 from service.core.folder_files import UnsafeFile, read_tail
 from service.core.schemas import ERROR_RESPONSES, EnvironmentIn, EnvironmentOut
 from service.core.tokens import authenticate
+from service.environments.build_policy import authorize_build
 from service.environments.registry import (
+    InvalidEnvironment,
     create_environment,
     ensure_default_environment,
     get_environment,
@@ -21,6 +23,7 @@ from service.environments.registry import (
     list_environments,
     request_build,
 )
+from service.environments.requirements import RequirementError, normalize
 
 router = APIRouter(prefix="/api/v1/environments", tags=["environments"], responses=ERROR_RESPONSES)
 LOG_TAIL_BYTES = 256 * 1024
@@ -52,8 +55,15 @@ def add_environment(
             session, name=body.name, python=body.python, description=body.description, packages=versions
         )
         return EnvironmentOut.model_validate(env)
-    authenticate(session, token=_bearer(authorization), scope="submit")
+    token = authenticate(session, token=_bearer(authorization), scope="submit")
     assert body.requirements is not None
+    try:
+        normalize(body.requirements)
+    except RequirementError as exc:
+        raise InvalidEnvironment(str(exc), field=exc.field) from None
+    # a build runs the install code of every line it names: who may name what is decided here
+    # (indexed as the client sent them, not as normalize sorts them)
+    authorize_build([line.strip() for line in body.requirements], list(token.scopes), settings)
     env, created = request_build(
         session, requirements=body.requirements, settings=settings, name=body.name, description=body.description
     )

@@ -11,6 +11,7 @@ comes before `.pth` entries), and pip never uninstalls the shared ones (they lie
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from packaging.requirements import Requirement
+
+from service.environments.requirements import local_source_digest
 
 # What every environment shares with the service: torch (pinned) and what jobs/ imports besides it.
 SHARED_DISTRIBUTIONS = ("torch", "submitit", "psutil", "numpy", "packaging")
@@ -91,6 +94,41 @@ def _run(cmd: list[str], log: Path, what: str) -> str:
     return proc.stdout
 
 
+def artifacts_folder(build_folder: Path) -> Path:
+    """Uploaded artifacts: <run folder>/artifacts/<sha256>/<name>.whl (builds are in <run folder>/environments)."""
+    return build_folder.parent.parent / "artifacts"
+
+
+def resolve_line(line: str, root: Path, log: Path) -> str:
+    """What pip installs for a line: local paths checked and hashed here (in the job, never in the API),
+    artifact:<sha256> resolved to its wheel, whose content must have that hash."""
+    if line.startswith("/"):
+        try:
+            digest = local_source_digest(Path(line))
+        except (OSError, ValueError) as exc:
+            raise BuildFailed(f"{line}: {exc}") from None
+        with log.open("a") as fh:
+            fh.write(f"local source {line}: sha256 {digest}\n")
+        return line
+    if line.startswith("artifact:"):
+        sha = line.split(":", 1)[1]
+        wheels = sorted((artifacts_folder(root) / sha).glob("*.whl"))
+        if len(wheels) != 1 or wheels[0].is_symlink():
+            raise BuildFailed(f"{line}: no single uploaded wheel under artifacts/{sha}")
+        if _sha256(wheels[0]) != sha:
+            raise BuildFailed(f"{line}: the wheel's content does not have that sha256")
+        return str(wheels[0])
+    return line
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def build_environment(folder: str, requirements: list[str]) -> dict[str, Any]:
     """Create folder/venv with the shared torch and the requirements; return its python and packages."""
     t0 = time.time()
@@ -108,7 +146,8 @@ def build_environment(folder: str, requirements: list[str]) -> dict[str, Any]:
     constraints = root / "constraints.txt"
     constraints.write_text("".join(f"{p}\n" for p in pins if p.lower().startswith("torch==")))
     pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
-    _run([*pip, "install", "--no-input", "--constraint", str(constraints), *requirements], log, "pip install")
+    installs = [resolve_line(line, root, log) for line in requirements]
+    _run([*pip, "install", "--no-input", "--constraint", str(constraints), *installs], log, "pip install")
     freeze = _run([*pip, "freeze", "--all"], log, "pip freeze")
     versions = json.loads(_run([str(python), "-c", CHECK], log, "importing torch and megatron.core").splitlines()[-1])
     torch_pin = next(p.split("==", 1)[1] for p in pins if p.lower().startswith("torch=="))

@@ -1,15 +1,21 @@
 """Requirement lines a build accepts, and the content hash that lets identical sets share one build.
 
 A line is one of: a PEP 508 requirement (`megatron-core==0.15.3`), an absolute path to a local
-wheel or source directory, or `git+https://…@<commit sha>`. Pip options (`-e`, `--index-url`, …)
-are refused: the build decides how pip runs. A local path is hashed by content, so editing a
-source directory gives a new build instead of silently reusing the old one.
+wheel or source directory (admin tokens only), `git+https://…@<commit sha>`, or `artifact:<sha256>`
+(an uploaded wheel, named by its hash). Pip options (`-e`, `--index-url`, …) are refused: the build
+decides how pip runs. Who may use which kind of line: service/environments/build_policy.py.
+
+A local path is only checked for its shape here: the API never stats, opens or reads it (reading a
+tree into the API's memory to hash it, or saying "not a wheel" about /etc/shadow, was the issue).
+The build job checks and hashes it (`local_source_digest`), so a set with a local path is never
+reused: each request builds afresh and the job logs what it hashed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -18,6 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 RECIPE_VERSION = "1"
 MAX_LINES = 32
 MAX_LINE_LENGTH = 500
+ARTIFACT = re.compile(r"^artifact:[0-9a-f]{64}$")
 GIT_URL = re.compile(r"^git\+https://[A-Za-z0-9._~:/%\-]+@[0-9a-f]{7,40}(#egg=[A-Za-z0-9_.\-]+)?$")
 # Source trees carry caches and build output that do not change what gets installed.
 SKIP_PARTS = {"__pycache__", ".git", "build", "dist", ".eggs"}
@@ -58,15 +65,15 @@ def _check(i: int, line: str) -> str:
         if not GIT_URL.match(line):
             raise RequirementError(i, f"{line!r} is not git+https://…@<7-40 hex commit sha>")
         return line
+    if line.startswith("artifact:"):
+        if not ARTIFACT.match(line):
+            raise RequirementError(i, f"{line!r} is not artifact:<64 hex sha256>")
+        return line
     if line.startswith("/"):
-        path = Path(line)
-        if any(c.isspace() for c in line) or not path.exists():
-            raise RequirementError(i, f"local path {line!r} does not exist (or has whitespace)")
-        if path.is_file() and path.suffix != ".whl":
-            raise RequirementError(i, f"local file {line!r} is not a wheel (.whl)")
-        if path.is_dir() and not any((path / f).is_file() for f in ("pyproject.toml", "setup.py")):
-            raise RequirementError(i, f"local directory {line!r} has no pyproject.toml or setup.py")
-        return str(path.resolve())
+        parts = line.split("/")
+        if any(c.isspace() for c in line) or ".." in parts or "\x00" in line:
+            raise RequirementError(i, f"local path {line!r} must be absolute, without whitespace or '..'")
+        return line
     try:
         req = Requirement(line)
     except InvalidRequirement as exc:
@@ -82,20 +89,39 @@ def _skipped(root: Path, path: Path) -> bool:
     return bool(SKIP_PARTS.intersection(parts)) or any(p.endswith(".egg-info") for p in parts)
 
 
-def _path_digest(path: Path) -> str:
+def _file_digest(path: Path) -> bytes:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):  # streamed: never a whole file in memory
+            h.update(chunk)
+    return h.digest()
+
+
+def local_source_digest(path: Path) -> str:
+    """sha256 of a local wheel or source tree (caches and build output skipped); run inside the build job."""
+    if path.is_file() and path.suffix != ".whl":
+        raise ValueError(f"local file {path} is not a wheel (.whl)")
+    if path.is_dir() and not any((path / f).is_file() for f in ("pyproject.toml", "setup.py")):
+        raise ValueError(f"local directory {path} has no pyproject.toml or setup.py")
+    if not path.exists():
+        raise ValueError(f"local path {path} does not exist")
     h = hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not _skipped(path, p))
     for f in files:
         h.update(str(f.relative_to(path) if f != path else f.name).encode())
-        h.update(hashlib.sha256(f.read_bytes()).digest())
+        h.update(_file_digest(f))
     return h.hexdigest()
 
 
 def content_hash(lines: list[str], *, torch_version: str, python_version: str) -> str:
-    """sha256 of what a build installs: recipe, Python, torch, each line (local paths by content)."""
+    """sha256 of what a build installs: recipe, Python, torch, each line; with a local path, unique per call.
+
+    Local trees are hashed by the build job, not here, so the API cannot tell whether one changed:
+    a set with a local path gets a fresh build every time rather than a stale one.
+    """
     h = hashlib.sha256(f"recipe={RECIPE_VERSION}\npython={python_version}\ntorch={torch_version}\n".encode())
     for line in normalize(lines):
         h.update(line.encode() + b"\n")
         if line.startswith("/"):
-            h.update(_path_digest(Path(line)).encode() + b"\n")
+            h.update(secrets.token_bytes(16))
     return h.hexdigest()

@@ -136,8 +136,8 @@ def exposure_problems(services: dict[str, Any], root: Path) -> list[str]:
             problems.append(f"{name}: connects to Postgres as the superuser {superuser!r}")
     init = [source for target, source in mounts(postgres).items() if target == "/docker-entrypoint-initdb.d"]
     scripts = "".join(f.read_text() for src in init for f in sorted((root / src).glob("*.sh"))) if init else ""
-    if not re.search(r"CREATE ROLE parity LOGIN .*NOSUPERUSER", scripts) or "CREATE SCHEMA parity AUTHORIZATION parity" \
-            not in scripts:
+    owns_schema = "CREATE SCHEMA parity AUTHORIZATION parity" in scripts
+    if not re.search(r"CREATE ROLE parity LOGIN .*NOSUPERUSER", scripts) or not owns_schema:
         problems.append("postgres: no init script creating the non-superuser app role that owns its schema")
     return problems
 

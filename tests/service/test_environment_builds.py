@@ -40,7 +40,8 @@ def test_run_on_a_service_built_environment_matches_run_local_on_that_build(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_PUBLIC_URL=url)
-    token = subprocess.run([*PARITY, "token", "create", "--name", "ci", "--scope", "submit"],
+    # a local source tree is admin-only (service/environments/build_policy.py)
+    token = subprocess.run([*PARITY, "token", "create", "--name", "ci", "--scope", "admin"],
                            env=env, capture_output=True, text=True, check=True).stdout.strip()
     api = start(["serve", "--port", str(port)], env, tmp_path / "api.log")
     scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
@@ -62,10 +63,11 @@ def test_run_on_a_service_built_environment_matches_run_local_on_that_build(
         assert "lr-schedule-mismatch" in run["signatures"], run
         log = httpx.get(f"{url}/api/v1/environments/{run['environment']}/log")
         assert log.status_code == 200 and "Successfully installed megatron-core" in log.text
-        # the same requirement again reuses the build
+        assert "local source " in log.text  # hashed inside the build job, never by the API
+        # the same local tree again is a new build: the API never reads the tree to know it is unchanged
         again = httpx.post(f"{url}/api/v1/environments", json={"requirements": [str(source)]},
                            headers={"Authorization": f"Bearer {token}"})
-        assert again.status_code == 200 and again.json()["id"] == built["id"]
+        assert again.status_code == 201 and again.json()["id"] != built["id"]
     finally:
         stop(scheduler)
         stop(api)

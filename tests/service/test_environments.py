@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.environments.requirements import RequirementError, content_hash, normalize
+from service.environments.requirements import content_hash, local_source_digest, normalize
 
 PY = sys.executable
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3}
@@ -52,7 +52,7 @@ def test_registering_a_python_needs_admin_a_build_needs_submit(client: TestClien
 
 
 def test_identical_requirement_sets_reuse_one_build(client: TestClient, make_token) -> None:
-    headers = make_token("submit")
+    headers = make_token("submit", "build")  # einops is not in PARITY_BUILD_ALLOW: the build scope may install it
     first = client.post("/api/v1/environments", json={"requirements": ["megatron-core==0.15.3", "einops==0.8.1"]},
                         headers=headers)
     assert first.status_code == 201
@@ -79,7 +79,7 @@ def test_identical_requirement_sets_reuse_one_build(client: TestClient, make_tok
         (["megatron-core==0.15.3", "-e /tmp"], "requirements[1]", "pip options"),
         (["megatron-core=0.15.3"], "requirements[0]", "not a valid requirement"),
         (["git+https://github.com/NVIDIA/Megatron-LM@main"], "requirements[0]", "commit sha"),
-        (["/no/such/dir"], "requirements[0]", "does not exist"),
+        (["/no/../etc/shadow"], "requirements[0]", "without whitespace or '..'"),
         (["https://example.com/x.whl"], "requirements[0]", "not a valid requirement"),
         (["megatron-core @ https://example.com/x.whl"], "requirements[0]", "direct URLs"),
     ],
@@ -102,19 +102,22 @@ def test_exactly_one_of_python_or_requirements(client: TestClient, make_token) -
     assert too_many.status_code == 422
 
 
-def test_local_source_is_hashed_by_content(tmp_path: Path) -> None:
+def test_local_source_is_hashed_by_content_in_the_build_job(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "pyproject.toml").write_text("[project]\nname='pkg'\nversion='1'\n")
     (src / "pkg" / "__init__.py").write_text("X = 1\n")
-    before = content_hash([str(src)], torch_version="2.13.0", python_version="3.11")
+    before = local_source_digest(src)
     (src / "pkg" / "__pycache__").mkdir()
     (src / "pkg" / "__pycache__" / "x.pyc").write_bytes(b"cache")
     (src / "pkg.egg-info").mkdir()  # what a pip build leaves in the tree
     (src / "pkg.egg-info" / "PKG-INFO").write_text("Name: pkg\n")
-    assert content_hash([str(src)], torch_version="2.13.0", python_version="3.11") == before
+    assert local_source_digest(src) == before
     (src / "pkg" / "__init__.py").write_text("X = 2\n")
-    assert content_hash([str(src)], torch_version="2.13.0", python_version="3.11") != before
-    assert content_hash([str(src)], torch_version="2.12.0", python_version="3.11") != before
-    with pytest.raises(RequirementError, match="no pyproject.toml"):
-        normalize([str(src / "pkg")])
+    assert local_source_digest(src) != before
+    with pytest.raises(ValueError, match="no pyproject.toml"):
+        local_source_digest(src / "pkg")
+    # the API never reads the tree: a set with a local path is a new build each time
+    first = content_hash([str(src)], torch_version="2.13.0", python_version="3.11")
+    assert content_hash([str(src)], torch_version="2.13.0", python_version="3.11") != first
+    assert normalize([str(tmp_path / "does-not-exist")]) == [str(tmp_path / "does-not-exist")]
