@@ -8,13 +8,13 @@ from pathlib import Path
 
 from jobs.contract import ErrorRecord, PhaseDocument
 from jobs.errors import dedupe_errors, with_rank_errors
-from jobs.layout import RunLayout
+from jobs.run_folder import RunFolder
 
 
 def read_rank_documents(run_folder: Path, phase: str, dp: int, attempt: int = 1) -> list[PhaseDocument]:
     """The result.rank{r}.json documents the ranks of one attempt of a phase wrote (those that exist)."""
     docs = []
-    where = RunLayout(run_folder).attempt(phase, attempt)
+    where = RunFolder(run_folder).attempt(phase, attempt)
     for rank in range(dp):
         path = where.result(rank)
         if path.exists():

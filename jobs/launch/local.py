@@ -16,11 +16,11 @@ from typing import Any, cast
 
 from jobs.contract import ParityResult, PhaseDocument, PhaseName, error_record, phase_document
 from jobs.documents import merge_rank_documents, read_rank_documents
-from jobs.layout import RunLayout
 from jobs.rank.attempt import run_attempt
 from jobs.rank.context import write_json
 from jobs.rank.dist import free_port
 from jobs.rank.entry import run_rank_phase
+from jobs.run_folder import RunFolder
 from jobs.spec import RunSpec
 from jobs.verdict.compare import evaluate
 
@@ -62,7 +62,7 @@ def launch_phase(
     spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
 ) -> PhaseDocument:
     """Submit one phase, one task per rank (dp * tp * pp; resume_dp for a reshard); wait; rank 0's document."""
-    folder = RunLayout(run_folder).attempt(phase, 1).submitit
+    folder = RunFolder(run_folder).attempt(phase, 1).submitit
     t0 = time.perf_counter()
     tasks = spec.phase_dp(phase) * spec.tp * spec.pp
     job, in_time = _submit_and_wait(
@@ -109,7 +109,7 @@ def run_attempt_job(
     spec: RunSpec, run_folder: Path, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
 ) -> tuple[PhaseDocument, PhaseDocument | None]:
     """Isolation "process": one job runs both phases in forked children; (baseline, resumed)."""
-    folder = RunLayout(run_folder).attempt("train_and_save", 1).submitit  # the job of the whole attempt
+    folder = RunFolder(run_folder).attempt("train_and_save", 1).submitit  # the job of the whole attempt
     t0 = time.perf_counter()
     job, in_time = _submit_and_wait(
         spec, folder, executor, 2 * timeout_s, run_attempt, spec.to_dict(), str(run_folder)

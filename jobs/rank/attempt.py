@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from jobs.contract import PhaseDocument, PhaseName, error_record, phase_document
-from jobs.layout import RunLayout
 from jobs.rank.context import write_json
 from jobs.rank.dist import job_master_port
 from jobs.rank.entry import _env_rank, arm_fast_exit, run_rank_phase
+from jobs.run_folder import RunFolder
 from jobs.spec import world_size_of
 
 # Everything a phase imports lazily that is slow to import; pre-importing is pure module loading.
@@ -87,7 +87,7 @@ def run_attempt(
 ) -> dict[str, Any]:
     """The submitit payload under isolation "process": this rank's documents of every phase run.
 
-    `attempts` names each phase's attempt (its folder, `jobs.layout`; 1 when absent); resume loads
+    `attempts` names each phase's attempt (its folder, `jobs.run_folder`; 1 when absent); resume loads
     the checkpoint of train_and_save attempt `checkpoint_attempt` (the one this job saved, if it ran).
     """
     attempts = attempts or {}
@@ -106,7 +106,7 @@ def run_attempt(
         doc["info"]["isolation"] = "process"
         out["phases"][phase] = doc
         # every rank takes the same decision from the same documents, so no rank waits alone
-        peers = wait_for_peers(RunLayout(Path(run_folder)).attempt(phase, attempt).folder, world, PEER_WAIT_S)
+        peers = wait_for_peers(RunFolder(Path(run_folder)).attempt(phase, attempt).folder, world, PEER_WAIT_S)
         if index + 1 < len(phases) and not all(d.get("status") == "ok" for d in peers):
             break
     arm_fast_exit()  # the parent skips its teardown too, once its result is pickled
@@ -118,7 +118,7 @@ def run_child(
     checkpoint_attempt: int = 1,
 ) -> PhaseDocument:
     """Fork a fresh child that runs one phase on this rank; return its document (never raises)."""
-    folder = RunLayout(Path(run_folder)).attempt(phase, attempt).folder
+    folder = RunFolder(Path(run_folder)).attempt(phase, attempt).folder
     folder.mkdir(parents=True, exist_ok=True)
     crash_path = folder / f"crash.rank{rank}.txt"
     sys.stdout.flush()

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobs.contract import ErrorRecord, PhaseDocument, PhaseName, error_record, phase_document
-from jobs.layout import AttemptLayout
+from jobs.run_folder import AttemptFolder
 from jobs.spec import phase_tasks
 from models import Phase, Run
 from models.base import utcnow
@@ -66,7 +66,7 @@ def watched_files(session: Session, *, settings: Settings) -> list[Path]:
         .where(Phase.state.in_((PhaseState.SUBMITTED.value, PhaseState.RUNNING.value)))
     ).tuples().all()
     return [
-        AttemptLayout(Path(folder or ".")).result(rank)
+        AttemptFolder(Path(folder or ".")).result(rank)
         for folder, name, spec in rows
         for rank in range(phase_tasks(spec, name))
     ]
@@ -75,9 +75,9 @@ def watched_files(session: Session, *, settings: Settings) -> list[Path]:
 def _reconcile_one(
     session: Session, phase: Phase, run: Run, status: launcher.JobStatus, settings: Settings, executor: str
 ) -> None:
-    layout = AttemptLayout(Path(phase.folder or "."))
+    attempt_dir = AttemptFolder(Path(phase.folder or "."))
     cancelling = run.cancel_requested or phase.state == PhaseState.CANCELLING
-    doc = None if cancelling else launcher.results_on_disk(layout.folder, phase_tasks(run.spec, phase.name))
+    doc = None if cancelling else launcher.results_on_disk(attempt_dir.folder, phase_tasks(run.spec, phase.name))
     if cancelling:
         _cancel(session, phase, run, status)
     elif doc is not None or status.kind in ("done", "failed"):
@@ -85,7 +85,7 @@ def _reconcile_one(
         _finished(session, phase, run, settings, executor, doc)
     elif status.kind == "infra":
         _infra_failure(session, phase, run, f"job {phase.job_id} ended {status.raw}", settings, executor)
-    elif phase.state == PhaseState.SUBMITTED and (status.kind == "running" or layout.rank_log(0).exists()):
+    elif phase.state == PhaseState.SUBMITTED and (status.kind == "running" or attempt_dir.rank_log(0).exists()):
         move_phase(session, phase, PhaseState.RUNNING, f"{phase.executor} job {phase.job_id} running")
         if run.state == SUBMITTED_STATE[phase.name]:
             transition(session, run, RUNNING_STATE[phase.name], f"{phase.executor} job {phase.job_id} running")
@@ -110,8 +110,8 @@ def _past(since: object, seconds: float) -> bool:
 
 def collect_log_paths(phase: Phase, job: launcher.PhaseJob) -> list[str]:
     """The attempt's own per-rank logs (where a caught traceback lands) first, then submitit's stdout/stderr."""
-    layout = AttemptLayout(Path(phase.folder or "."))
-    own = [layout.rank_log(rank) for rank in range(job.tasks)]
+    attempt_dir = AttemptFolder(Path(phase.folder or "."))
+    own = [attempt_dir.rank_log(rank) for rank in range(job.tasks)]
     return [str(p) for p in own if p.is_file()] + launcher.log_paths(job)
 
 

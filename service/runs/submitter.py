@@ -19,9 +19,9 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from jobs.contract import PhaseName
-from jobs.layout import AttemptLayout, RunLayout
 from jobs.rank.attempt import run_attempt
 from jobs.rank.entry import run_rank_phase
+from jobs.run_folder import AttemptFolder, RunFolder
 from jobs.spec import phase_tasks, spec_isolation
 from models import Environment, Phase, Run
 from models.base import utcnow
@@ -37,9 +37,9 @@ PHASES: tuple[PhaseName, PhaseName] = ("train_and_save", "resume")
 SUBMITTED_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
 
 
-def run_layout(settings: Settings, run_id: int) -> RunLayout:
+def run_folder_of(settings: Settings, run_id: int) -> RunFolder:
     """Where one run's attempts (logs, documents, checkpoints, submitit folders) live."""
-    return RunLayout(settings.resolved_run_folder / f"run-{run_id}")
+    return RunFolder(settings.resolved_run_folder / f"run-{run_id}")
 
 
 def job_name(settings: Settings, phase: Phase) -> str:
@@ -56,10 +56,10 @@ def new_phase(
     session: Session, *, run: Run, name: str, attempt: int, settings: Settings, executor: str, delay_s: float = 0
 ) -> Phase:
     """Add a pending phase row whose attempt folder is fixed now, before any submission."""
-    folder = run_layout(settings, run.id).attempt(name, attempt).folder
+    folder = run_folder_of(settings, run.id).attempt(name, attempt).folder
     phase = Phase(
         run_id=run.id, name=name, attempt=attempt, state=PhaseState.PENDING.value, executor=executor,
-        folder=str(folder), job_folder=str(AttemptLayout(folder).submitit), info={}, log_paths=[],
+        folder=str(folder), job_folder=str(AttemptFolder(folder).submitit), info={}, log_paths=[],
     )
     if delay_s:
         phase.not_before = utcnow() + timedelta(seconds=delay_s)
@@ -174,7 +174,7 @@ def _payload(session: Session, run: Run, phase: Phase, root: Path) -> tuple[Any,
 def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Settings) -> launcher.PhaseJob:
     env = session.get(Environment, run.environment_id)
     assert env is not None
-    function, args = _payload(session, run, phase, run_layout(settings, run.id).root)
+    function, args = _payload(session, run, phase, run_folder_of(settings, run.id).root)
     return launcher.submit_phase(
         executor=phase.executor, folder=folder, python=env.python, tasks=phase_tasks(run.spec, phase.name),
         settings=settings, name=job_name(settings, phase), function=function, args=args,
@@ -184,7 +184,7 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
 
 def launcher_folder(phase: Phase) -> Path:
     """submitit's folder of the job that runs a phase attempt (a forked resume shares its saver's)."""
-    return Path(phase.job_folder) if phase.job_folder else AttemptLayout(Path(phase.folder or "")).submitit
+    return Path(phase.job_folder) if phase.job_folder else AttemptFolder(Path(phase.folder or "")).submitit
 
 
 def job_of(phase: Phase, run: Run) -> launcher.PhaseJob:
