@@ -32,7 +32,7 @@ from jobs.rank.context import write_json
 from jobs.rank.dist import job_master_port
 from jobs.rank.entry import _env_rank, arm_fast_exit, run_rank_phase
 from jobs.run_folder import RunFolder
-from jobs.spec import world_size_of
+from jobs.spec import RunSpec
 
 # Everything a phase imports lazily that is slow to import; pre-importing is pure module loading.
 PRELOAD = (
@@ -93,7 +93,7 @@ def run_attempt(
     attempts = attempts or {}
     if "train_and_save" in phases:
         checkpoint_attempt = attempts.get("train_and_save", 1)
-    rank, world = _env_rank(), world_size_of(spec)  # every rank of the layout: dp * tp * pp
+    rank, world = _env_rank(), RunSpec.from_dict(spec).world_size  # every rank of the layout: dp * tp * pp
     info = preload()
     out: dict[str, Any] = {"isolation": "process", "rank": rank, "phases": {}, "info": info}
     job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getpid())

@@ -19,8 +19,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobs.contract import ErrorRecord, PhaseDocument, PhaseName, error_record, phase_document
+from jobs.protocol import RunPlan
 from jobs.run_folder import AttemptFolder
-from jobs.spec import phase_tasks
 from models import Phase, Run
 from models.base import utcnow
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
@@ -29,7 +29,7 @@ from service.core.settings import Settings
 from service.executors import launcher
 from service.runs import row_guard as guard
 from service.runs.phase_documents import InvalidDocument, rejected_document, validate_phase_document
-from service.runs.submitter import PHASES, SUBMITTED_STATE, isolation, job_of, new_phase, retry_or_give_up
+from service.runs.submitter import PHASES, SUBMITTED_STATE, job_of, new_phase, plan_of, retry_or_give_up
 
 log = logging.getLogger(__name__)
 RUNNING_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
@@ -65,11 +65,7 @@ def watched_files(session: Session, *, settings: Settings) -> list[Path]:
         select(Phase.folder, Phase.name, Run.spec).join(Run, Run.id == Phase.run_id)
         .where(Phase.state.in_((PhaseState.SUBMITTED.value, PhaseState.RUNNING.value)))
     ).tuples().all()
-    return [
-        AttemptFolder(Path(folder or ".")).result(rank)
-        for folder, name, spec in rows
-        for rank in range(phase_tasks(spec, name))
-    ]
+    return [path for folder, name, spec in rows for path in RunPlan.of(spec).result_paths(Path(folder or "."), name)]
 
 
 def _reconcile_one(
@@ -77,7 +73,9 @@ def _reconcile_one(
 ) -> None:
     attempt_dir = AttemptFolder(Path(phase.folder or "."))
     cancelling = run.cancel_requested or phase.state == PhaseState.CANCELLING
-    doc = None if cancelling else launcher.results_on_disk(attempt_dir.folder, phase_tasks(run.spec, phase.name))
+    doc = None
+    if not cancelling and plan_of(run).finished(attempt_dir.folder, phase.name):
+        doc, _ = plan_of(run).collect(attempt_dir.folder, phase.name)
     if cancelling:
         _cancel(session, phase, run, status)
     elif doc is not None or status.kind in ("done", "failed"):
@@ -123,12 +121,13 @@ def _end(session: Session, phase: Phase, run: Run, state: PhaseState, reason: st
 def _finished(
     session: Session, phase: Phase, run: Run, settings: Settings, executor: str, raw: PhaseDocument | None = None,
 ) -> None:
-    error = None
     if raw is None:
-        raw, error = launcher.fetch_result(job_of(phase, run), phase.name)
-    if raw is None:
-        _job_raised(session, phase, run, error)
-        return
+        # the job ended before every rank wrote its document: what the others wrote speaks for the
+        # phase; with none, the ranks' own stderr says why (read as text, never unpickled)
+        raw, refused = plan_of(run).collect(Path(phase.folder or "."), phase.name)
+        if raw is None:
+            _job_raised(session, phase, run, "\n".join([*refused, launcher.failure_text(job_of(phase, run))]).strip())
+            return
     try:
         doc = validate_phase_document(raw)
     except InvalidDocument as exc:
@@ -140,7 +139,7 @@ def _finished(
     phase.save_s, phase.load_s = info.get("save_seconds"), info.get("load_seconds")
     ok = doc["status"] == "ok"
     _end(session, phase, run, PhaseState.SUCCEEDED if ok else PhaseState.FAILED, "" if ok else _doc_error(doc["error"]))
-    if ok and phase.name == PHASES[0] and isolation(run) == "process":
+    if ok and plan_of(run).forks_resume(phase.name):
         _resume_in_same_job(session, phase, run, settings, executor)
     elif ok and phase.name == PHASES[0]:
         new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings, executor=executor)
