@@ -73,14 +73,16 @@ def _reconcile_one(
 ) -> None:
     attempt_dir = AttemptFolder(Path(phase.folder or "."))
     cancelling = run.cancel_requested or phase.state == PhaseState.CANCELLING
-    doc = None
+    doc: PhaseDocument | None = None
+    refused: list[str] = []
     if not cancelling and plan_of(run).finished(attempt_dir.folder, phase.name):
-        doc, _ = plan_of(run).collect(attempt_dir.folder, phase.name)
+        doc, refused = plan_of(run).collect(attempt_dir.folder, phase.name)
     if cancelling:
         _cancel(session, phase, run, status)
-    elif doc is not None or status.kind in ("done", "failed"):
-        # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so
-        _finished(session, phase, run, settings, executor, doc)
+    elif doc is not None or refused or status.kind in ("done", "failed"):
+        # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so; a
+        # document refused as unreadable is the job's answer too (an error), never an infra retry
+        _finished(session, phase, run, settings, executor, doc, refused)
     elif status.kind == "infra":
         _infra_failure(session, phase, run, f"job {phase.job_id} ended {status.raw}", settings, executor)
     elif phase.state == PhaseState.SUBMITTED and (status.kind == "running" or attempt_dir.rank_log(0).exists()):
@@ -120,11 +122,13 @@ def _end(session: Session, phase: Phase, run: Run, state: PhaseState, reason: st
 
 def _finished(
     session: Session, phase: Phase, run: Run, settings: Settings, executor: str, raw: PhaseDocument | None = None,
+    refused: list[str] | None = None,
 ) -> None:
     if raw is None:
         # the job ended before every rank wrote its document: what the others wrote speaks for the
         # phase; with none, the ranks' own stderr says why (read as text, never unpickled)
-        raw, refused = plan_of(run).collect(Path(phase.folder or "."), phase.name)
+        if not refused:
+            raw, refused = plan_of(run).collect(Path(phase.folder or "."), phase.name)
         if raw is None:
             _job_raised(session, phase, run, "\n".join([*refused, launcher.failure_text(job_of(phase, run))]).strip())
             return

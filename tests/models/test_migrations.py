@@ -37,7 +37,7 @@ def test_migration_files_sort_in_their_chain_order() -> None:
         assert rev and prev, path.name
         down[rev.group(1)], files[rev.group(1)] = prev.group(1), path.name
     chain: list[str] = []
-    head = next(r for r in down if r not in set(down.values()))
+    head: str | None = next(r for r in down if r not in set(down.values()))
     while head is not None:
         chain.append(head)
         head = down[head]
