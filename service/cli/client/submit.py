@@ -141,7 +141,7 @@ def report(
             print(step_table(metrics))
     verdict = run_doc.get("verdict")
     print(
-        f"verdict: {verdict or run_doc['state']}"
+        f"verdict: {run_doc.get('verdict_label') or verdict or run_doc['state']}"
         + (f"  signatures: {', '.join(run_doc['signatures'])}" if run_doc["signatures"] else "")
         + (f"  REGRESSION ({run_doc.get('regression_text')})" if run_doc.get("regression") else "")
     )

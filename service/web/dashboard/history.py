@@ -20,7 +20,8 @@ def history(session: Session, config: str, environment: str | None = None, limit
     """The latest `limit` finished runs of a config (oldest first) and their chart series."""
     query = (
         select(Run.id, Run.created_at, Run.finished_at, Run.verdict, Run.regression, Run.max_abs_loss_delta,
-               Run.signatures, Run.labels, Environment.name.label("environment"))
+               Run.signatures, Run.labels, Environment.name.label("environment"),
+               Run.summary["worked_around_by"].label("worked_around_by"), Run.check_key, Run.check_name, Run.track)
         .join(Environment, Environment.id == Run.environment_id)
         .where(Run.config == config, Run.verdict.is_not(None))
         .order_by(Run.created_at.desc(), Run.id.desc())

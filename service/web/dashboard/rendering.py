@@ -13,6 +13,8 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from service.core.verdicts import label_of, run_label
+
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
 
@@ -83,7 +85,8 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, age=age, sci=sci, num=num, duration=duration, pretty=pretty)
+    env.filters.update(when=when, age=age, sci=sci, num=num, duration=duration, pretty=pretty, vlabel=run_label)
+    env.globals["label_of"] = label_of
     return env
 
 
