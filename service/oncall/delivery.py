@@ -36,7 +36,7 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 def slack_body(payload: dict[str, Any]) -> dict[str, Any]:
     """A Slack incoming-webhook message: one line of text with the links Slack renders."""
-    lines = [f"*{payload.get('title', payload.get('event'))}*"]
+    lines = [f"*{payload.get('summary') or payload.get('title', payload.get('event'))}*"]
     reg = payload.get("regression") or {}
     if reg.get("signatures"):
         lines.append("signatures: " + ", ".join(f"`{s}`" for s in reg["signatures"]))

@@ -32,7 +32,8 @@ def configs(_: ReadAccess) -> list[dict[str, Any]]:
 
 @router.get("/healthz")
 def healthz(settings: SettingsDep) -> JSONResponse:
-    """Database, scheduler heartbeat and Slurm reachability; 503 when the database is down."""
+    """Database, scheduler heartbeat and the executor in use (Slurm's reachability, or the local limit);
+    503 when the database is down."""
     body: dict[str, Any] = {}
     try:
         with session_scope() as session:
@@ -50,8 +51,14 @@ def healthz(settings: SettingsDep) -> JSONResponse:
     except Exception as exc:  # any driver error means "down"; the message says which
         body["database"] = {"ok": False, "detail": str(exc).splitlines()[0]}
         body["scheduler"] = {"ok": False, "last_heartbeat": None, "executor": None}
-    reachable, detail = slurm_status()
-    body["slurm"] = {"ok": reachable, "detail": detail, "configured_executor": settings.executor}
+    # only the executor in use: a local scheduler's health is not Slurm's DNS error
+    in_use = body["scheduler"].get("executor") or (settings.executor if settings.executor != "auto" else None)
+    if in_use == "local":
+        body["local"] = {"ok": True, "max_running": settings.local_max_running,
+                         "configured_executor": settings.executor}
+    else:
+        reachable, detail = slurm_status()
+        body["slurm"] = {"ok": reachable, "detail": detail, "configured_executor": settings.executor}
     body["disk"] = retention.disk_usage(settings)
     body["status"] = "ok" if body["database"]["ok"] else "degraded"
     return JSONResponse(body, status_code=200 if body["database"]["ok"] else 503)
