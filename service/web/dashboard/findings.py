@@ -19,13 +19,14 @@ def _close(a: float, b: float, rel: float = 1e-4) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
 
 
-def how_changed(before: Any, after: Any, others: dict[tuple[float, float], str] | None = None) -> str:
+def how_changed(before: Any, after: Any, others: dict[tuple[Any, Any], str] | None = None) -> str:
     """One word (or a few) for how a tensor's fingerprint changed: zeroed, scaled ×k, swapped with X, shifted."""
     if not isinstance(before, dict) or not isinstance(after, dict):
         return "missing after load" if before and not after else "changed"
-    bs, ba, as_, aa = (before.get("sum"), before.get("abs_sum"), after.get("sum"), after.get("abs_sum"))
-    if None in (bs, ba, as_, aa):
+    values = (before.get("sum"), before.get("abs_sum"), after.get("sum"), after.get("abs_sum"))
+    if any(not isinstance(v, (int, float)) for v in values):
         return "changed"
+    bs, ba, as_, aa = (float(v or 0) for v in values)
     if aa == 0 and ba != 0:
         return "zeroed"
     if others and (as_, aa) in others:
@@ -67,7 +68,7 @@ def _ranks(ranks: list[int]) -> str:
 
 def fingerprint_hows(rows: list[dict[str, Any]]) -> dict[str, str]:
     """From fingerprint probe rows ({param, key, rank, before, after}): 'param/key' -> how it changed."""
-    befores: dict[int, dict[tuple[float, float], str]] = defaultdict(dict)
+    befores: dict[int, dict[tuple[Any, Any], str]] = defaultdict(dict)
     for r in rows:
         b = r.get("before")
         if isinstance(b, dict) and b.get("sum") is not None:

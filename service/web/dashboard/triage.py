@@ -132,7 +132,7 @@ def resume_ran(run: Run) -> bool:
     return bool(phases.get("resume")) or any(p.name == "resume" and p.state == "succeeded" for p in run.phases)
 
 
-def failing_phase(run: Run, errors: list[dict[str, Any]]) -> str | None:
+def failing_phase(run: Run, errors: list[Any]) -> str | None:
     """The phase the failure happened in: the error's own phase, its stage (load: resume), else the failed one."""
     for e in errors:
         if e.get("phase"):
