@@ -28,7 +28,7 @@ def test_overview_lists_regressions_first(app_client, seeded):
     assert f'data-run-id="{seeded.regressed}"' in matrix and "is-regression" in matrix
     assert "2 pass" in matrix and "1 queued" in r.text
     # a pass that needed a workaround is its own verdict and says what the workaround hid
-    assert "pass (worked around)" in matrix
+    assert "pass (worked around: restore-adam-step)" in matrix
     assert "passes only with workaround restore-adam-step, which hides adam-step-not-restored" in matrix
 
 
@@ -94,12 +94,12 @@ def test_triage_page(app_client, seeded):
     assert "Optimizer index map points at other params&#39; shards" in r.text
     assert 'href="https://github.com/NVIDIA/Megatron-LM/issues/2777"' in r.text
     assert f'href="/runs/{seeded.good}"' in r.text
-    assert ("parity run-local --config moe-fp32-router --dp 2 --steps 20 --save-step 10 "
+    assert ("parity run-local --environment default --config moe-fp32-router --dp 2 --steps 20 --save-step 10 "
             "--sharding fully_reshardable --seed 1234 --tolerance default") in r.text
     assert "parity submit --config moe-fp32-router" in r.text and "--label commit=ccc333" in r.text
     errored = app_client.get(f"/runs/{seeded.errored}/triage").text
     assert "Checkpoint save crashed" in errored and "around the last traceback" in errored
-    assert "No passing run of moe-fp32-router on mcore-main" in errored
+    assert "This check has never passed on track <code>main</code>" in errored
 
 
 def test_triage_of_a_passing_run_says_so(app_client, seeded):
