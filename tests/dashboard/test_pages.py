@@ -70,7 +70,10 @@ def test_run_page_chart_data(app_client, seeded):
     data = _chart_json(r.text, "run-chart-data")
     assert len(data["steps"]) == STEPS and len(data["abs_delta"]) == STEPS
     assert data["loss_resumed"][:10] == [None] * 10
-    assert [m["kind"] for m in data["markers"]] == ["save", "diverge", "beyond"]
+    assert [m["kind"] for m in data["markers"]] == ["save", "diverge"]
+    assert [m["kind"] for m in data["delta_markers"]] == ["save", "diverge", "beyond"]
+    # the lr lane is marked only where the lr itself differs, not at the loss's divergence
+    assert [m["label"].split(" @")[0] for m in data["lr_markers"]] == ["save", "lr differs"]
     assert sum(v is not None for v in data["lr_mismatch"]) == 2
     assert all(t is None for t in data["tolerance"][:10]) and all(t for t in data["tolerance"][10:])
     assert "decoder.layers.0.self_attention.linear_qkv.weight" in r.text  # misaligned param's shard holder
