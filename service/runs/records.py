@@ -124,6 +124,8 @@ class RunFilter:
     labels: dict[str, str] | None = None
     since: datetime | None = None
     until: datetime | None = None
+    # detector self-test runs: None both, False none (the dashboard's default views), True only them
+    selftest: bool | None = None
 
 
 def filtered_runs(filters: RunFilter) -> Select[tuple[Run]]:
@@ -149,6 +151,11 @@ def filtered_runs(filters: RunFilter) -> Select[tuple[Run]]:
         query = query.where(Run.created_at >= filters.since)
     if filters.until:
         query = query.where(Run.created_at < filters.until)
+    if filters.selftest is not None:
+        from service.selftest.batch import LABEL as SELFTEST_LABEL
+
+        marked = Run.labels.has_key(SELFTEST_LABEL)
+        query = query.where(marked if filters.selftest else ~marked)
     return query
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -113,8 +114,14 @@ def test_triage_of_a_passing_run_says_so(app_client, seeded):
 def test_config_history(app_client, seeded):
     r = app_client.get("/configs/moe-fp32-router")
     assert r.status_code == 200
+    # one lane per check × track, and the trend of one lane only (never a mix of checks or tracks)
+    assert r.text.count("<tr", r.text.index('id="lanes"'), r.text.index('id="verdict-strip"')) == 3
     chart = _chart_json(r.text, "history-data")
-    assert len(chart["x"]) == 4 and chart["x"] == sorted(chart["x"])
+    assert chart["ids"] == [seeded.errored]  # default: the lane with the newest run
+    other = re.search(r'href="(/configs/moe-fp32-router\?check=[0-9a-f]+&amp;track=main)">chart this', r.text)
+    assert other
+    chart = _chart_json(app_client.get(html.unescape(other.group(1))).text, "history-data")
+    assert len(chart["x"]) == 3 and chart["x"] == sorted(chart["x"])
     assert sum(v is not None for v in chart["fail"]) == 1
     only_main = _chart_json(app_client.get("/configs/moe-fp32-router?environment=mcore-main").text, "history-data")
     assert only_main["ids"] == [seeded.errored]

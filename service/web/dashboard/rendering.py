@@ -39,6 +39,17 @@ def when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
 
 
+def short_when(value: datetime | None) -> str:
+    """A timestamp on one line of a list: month-day hour:minute UTC (the full one is in the title)."""
+    return value.astimezone(UTC).strftime("%m-%d %H:%M") if value else "—"
+
+
+def check_short(check_name: str | None, config: str = "") -> str:
+    """A check's name without its config (already in the Config column): what sets this check apart."""
+    rest = (check_name or "").removeprefix(config).strip()
+    return rest or "defaults"
+
+
 def age(value: datetime | None, now: datetime | None = None) -> str:
     """How long ago a timestamp was, in the largest sensible unit."""
     if value is None:
@@ -85,7 +96,8 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, age=age, sci=sci, num=num, duration=duration, pretty=pretty, vlabel=run_label)
+    env.filters.update(when=when, age=age, sci=sci, num=num, duration=duration, pretty=pretty, vlabel=run_label,
+                       short_when=short_when, check_short=check_short)
     env.globals["label_of"] = label_of
     return env
 
