@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+import sys
 import threading
 import time
 
@@ -17,6 +18,7 @@ import httpx
 
 from service.cli.client.submit import TERMINAL, report
 from service.cli.common import load_settings, ready_database
+from service.web.dashboard.findings import explain_crash
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--save-step", type=int, default=10)
-    p.add_argument("--keep-serving", action="store_true", help="keep the dashboard up after the verdicts")
+    p.add_argument("--keep-serving", action="store_true",
+                   help="keep the dashboard up after the verdicts until Ctrl-C (the default on a terminal)")
+    p.add_argument("--exit", action="store_true", help="exit after the verdicts, even on a terminal")
     p.set_defaults(func=run)
 
 
@@ -77,10 +81,17 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(1)
                 doc = c.get(f"/api/v1/runs/{doc['id']}").json()
             codes.append(report(c, doc, timed_out=False, junit=None))
+            why = explain_crash(doc.get("error_message"))  # the bare AssertionError of the known-bad save
+            if why:
+                print(f"why: {why}")
             print(f"dashboard: {doc['links']['dashboard']}")
-    print(f"\noverview: {settings.base_url}/  (browse later with `parity serve`)")
-    if args.keep_serving:
-        print("serving until Ctrl-C", flush=True)
+    print(f"\noverview: {settings.base_url}/")
+    keep = args.keep_serving or (sys.stdin.isatty() and not args.exit)
+    if not keep:
+        print("the demo's server stops now, and these URLs with it: `parity demo --keep-serving` keeps them up, "
+              "or browse the same database later with `parity serve`", flush=True)
+    else:
+        print("serving the dashboard until Ctrl-C", flush=True)
         try:
             while True:
                 time.sleep(3600)
