@@ -161,5 +161,5 @@ def test_a_pass_that_needed_a_workaround_says_what_it_hid(client: TestClient, ma
                    "worked_around_by": {"restore-adam-step": ["adam-step-not-restored"]}}
     db_session.flush()
     got = client.get(f"/api/v1/runs/{run_id}").json()
-    assert got["verdict"] == "pass" and got["verdict_label"] == "pass (worked around)"
+    assert got["verdict"] == "pass" and got["verdict_label"] == "pass (worked around: restore-adam-step)"
     assert got["worked_around_by"] == {"restore-adam-step": ["adam-step-not-restored"]}
