@@ -99,8 +99,9 @@ def sentence(title: str, evidence: Any, hows: dict[str, str]) -> str | None:
     for how, group in by_how.items():
         parts.append(f"{_names(group)} {'is' if len(group) == 1 else 'are'} {how}" if how else _names(group))
     what = "; ".join(parts)
-    noun = "tensor" if count == 1 else "tensors"
-    return f"{title}: {count} {noun} affected{_ranks(ranks)} — {what}."
+    noun = "tensor" if len(names) == 1 else "tensors"
+    more = f" ({count} differences in all)" if count > len(names) else ""
+    return f"{title}: {len(names)} {noun}{_ranks(ranks)}{more} — {what}."
 
 
 SIZE_ASSERT = re.compile(r"\(torch\.Size\(\[([\d, ]*)\]\), (\d+), (\d+)\)")
