@@ -32,12 +32,21 @@ DEFAULT_ENVIRONMENT = "default"
 SAFE_PYTHON = re.compile(r"^/[A-Za-z0-9._+\-/]{1,999}$")
 INSPECT_TIMEOUT_S = 180
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+# The pip freeze is taken before torch is imported: importing it puts setuptools' vendored packages on
+# sys.path, which would show as a difference between two identical environments. First one on the path
+# wins, as for an import.
+FREEZE = (
+    "f = {}\n"
+    "for d in md.distributions():\n"
+    "    n = d.metadata['Name']\n"
+    "    if n and '_vendor' not in str(d.locate_file('')):\n"
+    "        f.setdefault(n.lower(), d.version)\n"
+    "freeze = sorted('%s==%s' % kv for kv in f.items())\n"
+)
 INSPECT = (
-    "import json, sys, importlib.metadata as md, torch, megatron.core; "
+    "import json, sys, importlib.metadata as md\n" + FREEZE + "import torch, megatron.core\n"
     "print(json.dumps({'torch': torch.__version__, 'megatron_core': megatron.core.__version__, "
-    "'python_version': '%d.%d.%d' % sys.version_info[:3], "
-    "'freeze': sorted({'%s==%s' % (d.metadata['Name'], d.version) for d in md.distributions() "
-    "if d.metadata['Name']})}))"
+    "'python_version': '%d.%d.%d' % sys.version_info[:3], 'freeze': freeze}))"
 )
 # Builds move forward only; a failed or pruned build is built again when someone asks for it.
 ENV_TRANSITIONS = {
@@ -204,9 +213,11 @@ def use_environment(env: Environment) -> Environment:
 
 def own_python() -> dict[str, Any]:
     """The service's own Python described without importing torch: versions and pip freeze (metadata only)."""
-    from importlib import metadata
+    from importlib import metadata as md
 
-    freeze = sorted({f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]})
+    scope: dict[str, Any] = {"md": md}
+    exec(FREEZE, scope)  # the same freeze as a registered environment's (INSPECT)
+    freeze: list[str] = scope["freeze"]
     versions = {n.lower(): v for n, _, v in (line.partition("==") for line in freeze)}
     out: dict[str, Any] = {"megatron_core": versions.get("megatron-core"), "torch": versions.get("torch"),
                            "freeze": freeze}

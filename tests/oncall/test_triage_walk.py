@@ -108,12 +108,16 @@ def test_notification_to_triage_to_a_repro_that_reproduces(committed_db: str, tm
         env_rows = page.locator("#env-diff tr.changed").all_inner_texts()
         assert any("environment" in r and "default" in r and "mcore-next" in r for r in env_rows), env_rows
         assert "track main" in page.locator("#compared").inner_text()
+        # same interpreter underneath: no invented package differences
+        assert "same pip freeze" in page.locator("#freeze-diff").inner_text()
         findings = page.locator("p.finding").all_inner_texts()
         assert findings, "no finding sentence"
         # the sentence names the tensors (dotted parameter names) and the ranks, and how they changed
         assert any(re.search(r"\b\w+(\.\w+)+(/\w+)?\b", f) and "rank" in f for f in findings), findings
         assert any("scaled ×1.001" in f for f in findings), findings
         _shot(page, "triage")
+        if SCREENS.parent.exists():
+            page.screenshot(path=str(SCREENS / "triage-top.png"))
 
         # 3. the repro, pasted as printed: the same verdict and signatures
         command = page.locator("#cmd-local").inner_text().strip()
@@ -135,6 +139,8 @@ def test_notification_to_triage_to_a_repro_that_reproduces(committed_db: str, tm
         legend = page.locator("#chart-loss .u-legend").inner_text()
         assert "--" not in legend, legend  # a resting legend shows the last step's values
         _shot(page, "failing-run")
+        if SCREENS.parent.exists():  # the charts at the top, at screen size
+            page.screenshot(path=str(SCREENS / "failing-run-top.png"))
         page.goto("/")
         _shot(page, "overview")
         page.goto("/runs")

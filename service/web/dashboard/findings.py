@@ -116,3 +116,25 @@ def explain_crash(message: str | None) -> str | None:
     return (f"The save checks that each optimizer-state shard fits its parameter and found a tensor of shape "
             f"[{shape}] at offset {offset} where {expected} elements belonged: the optimizer state sits on the "
             f"wrong parameter (a misaligned index), so the checkpoint was never written and the resume never ran.")
+
+
+def fingerprint_summary(rows: list[dict[str, Any]]) -> list[str]:
+    """One sentence per way the fingerprint rows changed: which state (exp_avg, param, …) of how many
+    parameters, on which ranks, e.g. "exp_avg, exp_avg_sq of 17 parameters on rank 0 are scaled ×1.001"."""
+    hows = fingerprint_hows(rows)
+    groups: dict[str, dict[str, Any]] = defaultdict(lambda: {"keys": set(), "params": set(), "ranks": set()})
+    for r in rows:
+        how = hows.get(f"{r.get('param')}/{r.get('key')}", "changed")
+        how = "swapped with another tensor" if how.startswith("swapped") else how
+        g = groups[how]
+        g["keys"].add(str(r.get("key")))
+        g["params"].add(str(r.get("param")))
+        if isinstance(r.get("rank"), int):
+            g["ranks"].add(r["rank"])
+    out = []
+    for how, g in sorted(groups.items(), key=lambda item: -len(item[1]["params"])):
+        n = len(g["params"])
+        params = f"{n} parameter{'s' if n != 1 else ''}" if n > 2 else " and ".join(sorted(g["params"]))
+        out.append(f"{', '.join(sorted(g['keys']))} of {params}{_ranks(sorted(g['ranks']))} "
+                   f"{'is' if n == 1 else 'are'} {how}.")
+    return out

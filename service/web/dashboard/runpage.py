@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, selectinload
 from jobs.spec import RESHARD_TOLERANCE
 from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from models import ProbeFinding, Run, RunEvent, StepMetric
+from service.web.dashboard.findings import fingerprint_summary
 from service.web.dashboard.logs import link_path, listed_logs
 from service.web.dashboard.rendering import PageError
 
@@ -125,7 +126,9 @@ def probe_sections(session: Session, run_id: int) -> dict[str, Any]:
         if f.param_name and f.probe.endswith("fingerprints"):
             fingerprints.setdefault(f.param_name, []).append(f)
     others = [f for f in findings if f.param_name and f.probe != "index_map" and not f.probe.endswith("fingerprints")]
-    return {"summaries": summaries, "misaligned": misaligned, "fingerprints": fingerprints, "others": others}
+    flat = [{"param": param, **(f.detail or {})} for param, found in fingerprints.items() for f in found]
+    return {"summaries": summaries, "misaligned": misaligned, "fingerprints": fingerprints, "others": others,
+            "fingerprint_sentences": fingerprint_summary(flat), "fingerprint_rows": len(flat)}
 
 
 def events_of(session: Session, run_id: int) -> list[RunEvent]:

@@ -149,7 +149,13 @@ def failure_logs(run: Run, run_folder: Path, phase_name: str | None = None) -> l
     """Excerpts from the failing phase (else the failed phases, else the last). -> (phase, id, excerpt)."""
     chosen = [p for p in run.phases if p.name == phase_name] if phase_name else []
     chosen = chosen or [p for p in run.phases if p.state in ("failed", "infra_failed")] or run.phases[-1:]
-    return [(p.name, p.id, e) for p in chosen for e in excerpts(p, run_folder)]
+    # with process isolation one job serves both phases: head each excerpt by the phase its file is from
+    return [(_phase_of(e.path, p.name), p.id, e) for p in chosen for e in excerpts(p, run_folder)]
+
+
+def _phase_of(path: str, default: str) -> str:
+    parts = Path(path).parts
+    return next((name for name in ("train_and_save", "resume", "uninterrupted") if name in parts), default)
 
 
 def triage(session: Any, run_id: int, *, run_folder: Path, base_url: str) -> dict[str, Any]:
