@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.core.db import session_scope
+    from service.core.links import record_serving
     from service.core.tokens import create_token
     from service.scheduler.loop import decide_executor, run_forever
     from service.web.app import create_app
@@ -59,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     # no detector-health batch here: the demo's two runs must not queue behind it
     settings = settings.model_copy(update={"api_port": port, "public_url": settings.public_url
                                            or f"http://127.0.0.1:{port}", "selftest_interval_hours": 0})
+    # the scheduler's notifications read the process-wide settings: they find the demo's port here
+    record_serving(settings, "127.0.0.1", port)
     server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     stop = threading.Event()
