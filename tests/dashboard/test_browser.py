@@ -154,3 +154,27 @@ def test_queued_run_without_metrics_renders_cleanly(page, server, seeded):
     _open(page, f"/runs/{seeded.queued}", "run-queued")
     assert page.evaluate("() => Object.keys(window.parityCharts)") == []
     assert page.locator("#chart-loss .nojs").is_visible()
+
+
+def test_a_crashed_save_says_the_resume_never_ran(page, server, seeded, database_url):
+    # last in this module: it adds the golden known-bad run (Bug A: the save asserts) to the seeded rows
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from models import Environment
+    from tests.dashboard.seed import golden_run
+
+    engine = create_engine(database_url)
+    with Session(engine) as session:
+        env = Environment(name="golden", python="/usr/bin/python3", packages={})
+        session.add(env)
+        session.flush()
+        run_id = golden_run(session, env, "bad").id
+        session.commit()
+    engine.dispose()
+    _open(page, f"/runs/{run_id}/triage", "triage-bug-a")
+    notice = page.locator("#resume-never-ran").inner_text()
+    assert "The resume never ran" in notice and "wrong parameter" in notice and "131072" in notice
+    _open(page, f"/runs/{run_id}", "run-bug-a")
+    assert "the resume never ran" in page.locator("#first-divergent").inner_text()
+    assert page.locator("#no-delta").is_visible() and page.locator("#chart-delta").count() == 0

@@ -34,3 +34,12 @@ def test_the_known_bad_save_crash_is_explained() -> None:
     why = explain_crash("AssertionError: (torch.Size([512]), 0, 131072)")
     assert why and "[512]" in why and "131072" in why and "resume never ran" in why
     assert explain_crash("OSError: disk full") is None
+
+
+def test_swaps_are_one_kind_with_one_example() -> None:
+    rows = [{"rank": 0, "param": f"p{i}", "key": "exp_avg", "before": fp(float(i + 1), float(i + 1)),
+             "after": fp(float((i + 1) % 6 + 1), float((i + 1) % 6 + 1))} for i in range(6)]
+    evidence = {"misaligned_total": 6, "per_rank": [{"rank": 0, "misaligned": [{"param": f"p{i}"} for i in range(6)]}]}
+    text = sentence("Index", evidence, fingerprint_hows(rows)) or ""
+    assert text.count("swapped") == 1 and "and 2 more are swapped with another tensor's state" in text
+    assert "(e.g. p0 holds p1/exp_avg's values)" in text and len(text) < 300

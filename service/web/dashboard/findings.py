@@ -91,13 +91,21 @@ def sentence(title: str, evidence: Any, hows: dict[str, str]) -> str | None:
     total = evidence.get("count") or evidence.get("misaligned_total") if isinstance(evidence, dict) else None
     count = max(int(total or 0), len(names))
     by_how: dict[str, list[str]] = defaultdict(list)
+    example: dict[str, str] = {}
     for n in names:
         # a restore finding names "param/exp_avg"; a fingerprint row names the param and key
         how = hows.get(n) or next((h for k, h in hows.items() if k.startswith(n + "/") or n.startswith(k)), None)
+        if how and how.startswith("swapped with "):  # one kind, one example: not a swap partner per tensor
+            example.setdefault("swapped", f"{n} holds {how.removeprefix('swapped with ')}'s values")
+            how = "swapped with another tensor's state"
         by_how[how or ""].append(n)
     parts = []
-    for how, group in by_how.items():
-        parts.append(f"{_names(group)} {'is' if len(group) == 1 else 'are'} {how}" if how else _names(group))
+    for how, group in sorted(by_how.items(), key=lambda item: -len(item[1])):
+        verb = "is" if len(group) == 1 else "are"
+        text = f"{_names(group)} {verb} {how}" if how else _names(group)
+        if how.startswith("swapped") and "swapped" in example:
+            text += f" (e.g. {example['swapped']})"
+        parts.append(text)
     what = "; ".join(parts)
     noun = "tensor" if len(names) == 1 else "tensors"
     more = f" ({count} differences in all)" if count > len(names) else ""
