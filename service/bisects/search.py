@@ -23,6 +23,7 @@ from service.core.checks import check_key, check_name
 from service.core.errors import InvalidSpec, NotFound
 from service.core.links import bisect_urls, run_url
 from service.core.settings import Settings
+from service.core.verdicts import run_label
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
     ensure_default_environment,
@@ -135,8 +136,8 @@ def advance(session: Session, bisect_id: str, *, settings: Settings, caps: Caps 
 def _cell(run: Run | None, base: str, reused: bool) -> dict[str, Any] | None:
     if run is None:
         return None
-    return {"run_id": run.id, "state": run.state, "verdict": run.verdict, "signatures": list(run.signatures or []),
-            "reused": reused, "link": run_url(base, run.id)}
+    return {"run_id": run.id, "state": run.state, "verdict": run.verdict, "label": run_label(run),
+            "signatures": list(run.signatures or []), "reused": reused, "link": run_url(base, run.id)}
 
 
 def describe(session: Session, row: Bisect, base: str) -> dict[str, Any]:
