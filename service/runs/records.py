@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 
 from jobs.spec import RunSpec, SpecError
 from models import Environment, Run, RunEvent
-from service.core.checks import identify
+from service.core.checks import SELFTEST_LABEL, identify
 from service.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
 from service.core.run_state import TERMINAL, RunState, transition
 from service.runs.admission import Caps, admitted, check_caps  # noqa: F401  (Caps: re-exported for the API and sweeps)
@@ -152,8 +152,6 @@ def filtered_runs(filters: RunFilter) -> Select[tuple[Run]]:
     if filters.until:
         query = query.where(Run.created_at < filters.until)
     if filters.selftest is not None:
-        from service.selftest.batch import LABEL as SELFTEST_LABEL
-
         marked = Run.labels.has_key(SELFTEST_LABEL)
         query = query.where(marked if filters.selftest else ~marked)
     return query

@@ -25,12 +25,12 @@ from jobs.rank.entry import run_rank_phase
 from jobs.spec import phase_tasks, spec_isolation
 from models import Environment, Phase, Run
 from models.base import utcnow
+from service.core.checks import SELFTEST_LABEL
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
 from service.executors import launcher, slurm_jobs
 from service.oncall.notification_events import infra_error_streak
-from service.selftest.batch import LABEL as SELFTEST_LABEL
 
 log = logging.getLogger(__name__)
 # The phases the service runs, in order (the benchmark's "uninterrupted" phase is not one of them).
