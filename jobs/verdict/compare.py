@@ -193,10 +193,15 @@ def _error_verdict(
     return ("fail" if explained else "error"), names, []
 
 
-def verdict_label(verdict: Verdict, worked_around: list[SignatureId]) -> str:
-    """The verdict as the matrix shows it: a pass that needed a workaround to hide a finding is
-    `pass (worked around)`, never a plain pass."""
-    return "pass (worked around)" if verdict == "pass" and worked_around else verdict
+def verdict_label(verdict: str | None, by: dict[str, Any] | list[Any] | None) -> str | None:
+    """The one label of a verdict, everywhere (CLI, JUnit, lists, badges, grids, notifications): a pass
+    that needed a workaround to hide a finding is `pass (worked around: <workarounds>)`, never a plain pass.
+
+    `by` is `worked_around_by` ({workaround: [signatures]}); a bare list of hidden signatures (older
+    summaries) gives `pass (worked around)`."""
+    if verdict != "pass" or not by:
+        return verdict
+    return f"pass (worked around: {', '.join(sorted(by))})" if isinstance(by, dict) else "pass (worked around)"
 
 
 def _reshard_fields(spec: RunSpec, profile: ToleranceProfile, final: dict[str, Any]) -> dict[str, Any]:
@@ -278,7 +283,7 @@ def evaluate(
         spec.to_dict(),
         errors=errors,
         signatures=signatures,
-        verdict_label=verdict_label(verdict, worked_around),
+        verdict_label=str(verdict_label(verdict, by or worked_around)),
         advisories=advisories,
         worked_around=worked_around,
         worked_around_by=by,

@@ -21,8 +21,9 @@ from models import Bisect, Environment, Run
 from models.base import utcnow
 from service.core.checks import check_key, check_name
 from service.core.errors import InvalidSpec, NotFound
-from service.core.links import run_url
+from service.core.links import bisect_urls, run_url
 from service.core.settings import Settings
+from service.core.verdicts import run_label
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
     ensure_default_environment,
@@ -144,8 +145,8 @@ def advance(session: Session, bisect_id: str, *, settings: Settings, caps: Caps 
 def _cell(run: Run | None, base: str, reused: bool) -> dict[str, Any] | None:
     if run is None:
         return None
-    return {"run_id": run.id, "state": run.state, "verdict": run.verdict, "signatures": list(run.signatures or []),
-            "reused": reused, "link": run_url(base, run.id)}
+    return {"run_id": run.id, "state": run.state, "verdict": run.verdict, "label": run_label(run),
+            "signatures": list(run.signatures or []), "reused": reused, "link": run_url(base, run.id)}
 
 
 def describe(session: Session, row: Bisect, base: str) -> dict[str, Any]:
@@ -184,7 +185,7 @@ def describe(session: Session, row: Bisect, base: str) -> dict[str, Any]:
         "runs_reused": sum(1 for r in rows if r["tested"] and r["run"] is not None and r["run"]["reused"]),
         "environments": rows, "created_at": row.created_at.isoformat(),
         "finished_at": row.finished_at.isoformat() if row.finished_at else None,
-        "links": {"self": f"{base}/api/v1/bisects/{row.id}", "dashboard": f"{base}/bisects/{row.id}",
+        "links": {**bisect_urls(base, row.id),
                   "first_bad_run": (first_bad["run"] or {}).get("link") if first_bad else None,
                   "last_good_run": (last_good["run"] or {}).get("link") if last_good else None},
     }

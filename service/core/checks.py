@@ -18,6 +18,9 @@ from models import Environment, Run
 
 KEY_LENGTH = 16
 DEFAULT_BASE_TRACK = "main"
+# the label marking detector-health self-test runs (service/selftest/batch.py): they fail on purpose, so
+# every default view leaves them out and the scheduler never starts them ahead of a user's run
+SELFTEST_LABEL = "selftest"
 # always shown in the readable form, in this order; every other field only when it is not its default
 HEADLINE = ("dp", "steps", "save_step")
 

@@ -1,23 +1,86 @@
-"""Every link the service emits starts here: PARITY_PUBLIC_URL, else the request's own host."""
+"""Every link the service emits starts here: PARITY_PUBLIC_URL, else the address `parity serve` listens on.
+
+`parity serve` records the address it really listens on in the run folder (which the dashboard, the
+scheduler and the jobs already share), so the scheduler's notifications link to the right port even
+when the server was started with `--port`. The request's own host is used only when neither is known.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import socket
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from service.core.settings import Settings, get_settings
 
+log = logging.getLogger(__name__)
+SERVE_RECORD = ".parity-serve.json"
+
+
+def serve_record_path(settings: Settings) -> Path:
+    """Where `parity serve` records the base URL it listens on."""
+    return settings.resolved_run_folder / SERVE_RECORD
+
+
+def listening_url(host: str, port: int) -> str:
+    """The URL people reach a server bound to host:port by (a wildcard bind is named by this host's name)."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def record_serving(settings: Settings, host: str, port: int) -> str:
+    """Record the address `parity serve` listens on; warn when links then rest on it alone. -> the URL."""
+    url = listening_url(host, port)
+    path = serve_record_path(settings)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "host": socket.gethostname()}))
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("cannot record the serving address in %s (%s): notifications will link to %s",
+                    path, exc, settings.base_url)
+    if not settings.public_url:
+        log.warning("PARITY_PUBLIC_URL is not set: links (notifications, JUnit, the API) use %s, the address "
+                    "this server listens on; set PARITY_PUBLIC_URL to the URL people reach it by", url)
+    return url
+
+
+def recorded_url(settings: Settings) -> str | None:
+    """The base URL the last `parity serve` recorded, if any."""
+    try:
+        url = json.loads(serve_record_path(settings).read_text()).get("url")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(url).rstrip("/") if url else None
+
 
 def public_base(settings: Settings, request: Request | None = None) -> str:
-    """The base URL for links: the configured public URL, else the host the request came to."""
+    """The base URL for links: PARITY_PUBLIC_URL, else the address `parity serve` listens on, else the
+    request's host, else PARITY_API_HOST:PARITY_API_PORT."""
     if settings.public_url:
         return settings.public_url.rstrip("/")
+    recorded = recorded_url(settings)
+    if recorded:
+        return recorded
     if request is not None:
         # behind a proxy, uvicorn's --proxy-headers makes this the client-facing host
         return str(request.base_url).rstrip("/")
-    # no request (the scheduler's notifications): the address `parity serve` listens on
     return settings.base_url
+
+
+def warn_if_unknown(settings: Settings, who: str) -> None:
+    """At start-up: say so when links can only guess (no public URL, no recorded serving address)."""
+    if not settings.public_url and recorded_url(settings) is None:
+        log.warning("%s: neither PARITY_PUBLIC_URL nor a running `parity serve` is known (looked in %s): "
+                    "links will point at %s, which may not be where the dashboard is",
+                    who, serve_record_path(settings), settings.base_url)
 
 
 def _base(request: Request) -> str:
@@ -35,3 +98,13 @@ def run_url(base: str, run_id: int, page: str = "") -> str:
 def regression_url(base: str, regression_id: int) -> str:
     """Dashboard link of a regression."""
     return f"{base}/regressions/{regression_id}"
+
+
+def sweep_urls(base: str, sweep_id: str) -> dict[str, str]:
+    """API and dashboard links of a sweep."""
+    return {"self": f"{base}/api/v1/sweeps/{sweep_id}", "dashboard": f"{base}/sweeps/{sweep_id}"}
+
+
+def bisect_urls(base: str, bisect_id: str) -> dict[str, str]:
+    """API and dashboard links of a bisect."""
+    return {"self": f"{base}/api/v1/bisects/{bisect_id}", "dashboard": f"{base}/bisects/{bisect_id}"}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
@@ -31,9 +32,21 @@ DEFAULT_ENVIRONMENT = "default"
 SAFE_PYTHON = re.compile(r"^/[A-Za-z0-9._+\-/]{1,999}$")
 INSPECT_TIMEOUT_S = 180
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+# The pip freeze is taken before torch is imported: importing it puts setuptools' vendored packages on
+# sys.path, which would show as a difference between two identical environments. First one on the path
+# wins, as for an import.
+FREEZE = (
+    "f = {}\n"
+    "for d in md.distributions():\n"
+    "    n = d.metadata['Name']\n"
+    "    if n and '_vendor' not in str(d.locate_file('')):\n"
+    "        f.setdefault(n.lower(), d.version)\n"
+    "freeze = sorted('%s==%s' % kv for kv in f.items())\n"
+)
 INSPECT = (
-    "import json, torch, megatron.core; "
-    "print(json.dumps({'torch': torch.__version__, 'megatron_core': megatron.core.__version__}))"
+    "import json, sys, importlib.metadata as md\n" + FREEZE + "import torch, megatron.core\n"
+    "print(json.dumps({'torch': torch.__version__, 'megatron_core': megatron.core.__version__, "
+    "'python_version': '%d.%d.%d' % sys.version_info[:3], 'freeze': freeze}))"
 )
 # Builds move forward only; a failed or pruned build is built again when someone asks for it.
 ENV_TRANSITIONS = {
@@ -71,8 +84,8 @@ def check_python_path(python: str) -> str:
     return python
 
 
-def inspect_python(python: str) -> dict[str, str]:
-    """Run python once: it must import torch and megatron.core; return their versions."""
+def inspect_python(python: str) -> dict[str, Any]:
+    """Run python once: it must import torch and megatron.core; return their versions and its pip freeze."""
     check_python_path(python)
     try:
         proc = subprocess.run(
@@ -114,14 +127,20 @@ def ensure_default_environment(session: Session, *, settings: Settings) -> Envir
     if env is None:
         # Two first requests race to create it: ON CONFLICT makes the loser wait for the winner's
         # commit and then read its row (a plain INSERT was a UniqueViolation, a 500, for the loser).
+        own = {} if settings.job_python else own_python()  # another python is inspected by nobody here
         session.execute(
             insert(Environment).values(
                 name=DEFAULT_ENVIRONMENT, python=settings.job_python or sys.executable,
-                description="The Python the service itself runs with", packages={},
+                description="The Python the service itself runs with", packages=own.get("packages", {}),
+                megatron_core=own.get("megatron_core"), torch=own.get("torch"), freeze=own.get("freeze", []),
             ).on_conflict_do_nothing(index_elements=["name"])
         )
         env = session.scalar(query.execution_options(populate_existing=True))
         assert env is not None
+    if env.megatron_core is None and not settings.job_python and env.python == sys.executable:
+        own = own_python()  # a row made before versions were recorded showed Megatron-Core "?"
+        env.megatron_core, env.torch, env.freeze = own["megatron_core"], own["torch"], own["freeze"]
+        env.packages = {**(env.packages or {}), **own["packages"]}
     return env
 
 
@@ -131,13 +150,15 @@ def _unique_name(session: Session, name: str) -> None:
 
 
 def create_environment(
-    session: Session, *, name: str, python: str, description: str = "", packages: dict[str, str] | None = None
+    session: Session, *, name: str, python: str, description: str = "", packages: dict[str, Any] | None = None
 ) -> Environment:
     """Register a hand-made environment (path checked; call inspect_python first for its versions)."""
     _unique_name(session, name)
+    packages = dict(packages or {})
+    freeze = list(packages.pop("freeze", None) or [])  # kept apart: triage diffs it between two runs
     env = Environment(
-        name=name, python=check_python_path(python), description=description, packages=dict(packages or {}),
-        megatron_core=(packages or {}).get("megatron_core"), torch=(packages or {}).get("torch"),
+        name=name, python=check_python_path(python), description=description, packages=packages,
+        megatron_core=packages.get("megatron_core"), torch=packages.get("torch"), freeze=freeze,
     )
     session.add(env)
     session.flush()
@@ -198,6 +219,21 @@ def use_environment(env: Environment) -> Environment:
     if env.last_used_at is None or now - env.last_used_at > LAST_USED_RESOLUTION:
         env.last_used_at = now
     return env
+
+
+def own_python() -> dict[str, Any]:
+    """The service's own Python described without importing torch: versions and pip freeze (metadata only)."""
+    from importlib import metadata as md
+
+    scope: dict[str, Any] = {"md": md}
+    exec(FREEZE, scope)  # the same freeze as a registered environment's (INSPECT)
+    freeze: list[str] = scope["freeze"]
+    versions = {n.lower(): v for n, _, v in (line.partition("==") for line in freeze)}
+    out: dict[str, Any] = {"megatron_core": versions.get("megatron-core"), "torch": versions.get("torch"),
+                           "freeze": freeze}
+    out["packages"] = {k: v for k, v in (("megatron_core", out["megatron_core"]), ("torch", out["torch"]),
+                                         ("python_version", ".".join(map(str, sys.version_info[:3])))) if v}
+    return out
 
 
 def _service_torch() -> str:

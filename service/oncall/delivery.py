@@ -60,7 +60,7 @@ def slack_body(payload: dict[str, Any]) -> dict[str, Any]:
     Every piece of text a client could have chosen (title and track come from labels, owner and note
     from whoever acknowledged) is escaped; only the two links the service builds are markup.
     """
-    lines = [f"*{mrkdwn(payload.get('title', payload.get('event')))}*"]
+    lines = [f"*{mrkdwn(payload.get('summary') or payload.get('title', payload.get('event')))}*"]
     reg = payload.get("regression") or {}
     if reg.get("signatures"):
         lines.append("signatures: " + ", ".join(f"`{mrkdwn(s)}`" for s in reg["signatures"]))

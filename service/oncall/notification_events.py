@@ -9,10 +9,11 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from models import NotificationChannel, OutboxMessage, Regression, Run
+from models import Environment, NotificationChannel, OutboxMessage, Regression, Run
 from models.base import utcnow
 from service.core.links import public_base, regression_url, run_url
 from service.core.settings import get_settings
+from service.core.verdicts import label_of
 
 EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors")
 TITLES = {
@@ -37,13 +38,54 @@ def enqueue(session: Session, event: str, dedup_key: str, payload: dict[str, Any
     return len(session.execute(stmt).all())
 
 
+def run_facts(session: Session, run: Run | None) -> dict[str, Any]:
+    """What a reader of a notification needs without opening it: environment, commit, verdict, first
+    divergent step, cause (the first signature with its title)."""
+    if run is None:
+        return {}
+    from jobs.verdict.signatures import SIGNATURES
+
+    env = session.get(Environment, run.environment_id)
+    cause = next(iter(run.signatures or []), None)
+    sig = SIGNATURES.get(cause) if cause else None  # type: ignore[call-overload]
+    return {
+        "environment": env.name if env else None,
+        "megatron_core": (run.summary or {}).get("packages", {}).get("megatron_core") or (env.megatron_core if env
+                                                                                          else None),
+        "commit": (run.labels or {}).get("commit"),
+        "verdict": label_of(run.verdict, run.summary),
+        "first_divergent_step": run.first_divergent_step,
+        "cause": f"{sig.title} ({cause})" if sig else cause or (run.error_message or "")[:200] or None,
+    }
+
+
+def summary_line(event: str, reg: Regression, facts: dict[str, Any]) -> str:
+    """One line saying what happened: check, track, environment, commit, verdict, cause, first divergent step."""
+    where = f"{reg.check_name} on {reg.track}"
+    if facts.get("environment"):
+        where += f" (environment {facts['environment']}" + (f", commit {facts['commit']}" if facts.get("commit")
+                                                             else "") + ")"
+    if event != "regression.opened":
+        return f"{TITLES[event]}: {where}"
+    parts = [f"{facts.get('verdict') or 'fail'}"]
+    if facts.get("cause"):
+        parts.append(f"cause: {facts['cause']}")
+    if facts.get("first_divergent_step") is not None:
+        parts.append(f"first divergent step {facts['first_divergent_step']}")
+    against = f" against {reg.compared_track}" if reg.compared_track and reg.compared_track != reg.track else ""
+    return f"Regression{against}: {where} — " + "; ".join(parts)
+
+
 def regression_event(session: Session, reg: Regression, event: str, run: Run | None) -> None:
-    """Enqueue one message about a regression, with its triage link."""
+    """Enqueue one message about a regression, with its triage link and a one-line summary."""
     base = public_base(get_settings())
     trigger = run.id if run is not None else reg.latest_failing_run_id
+    facts = run_facts(session, run if run is not None else session.get(Run, trigger) if trigger else None)
     payload = {
         "event": event,
         "title": f"{TITLES[event]}: {reg.check_name} on {reg.track}",
+        "summary": summary_line(event, reg, facts),
+        **facts,
         "regression": {
             "id": reg.id, "state": reg.state, "check_key": reg.check_key, "check": reg.check_name,
             "config": reg.config, "track": reg.track, "compared_track": reg.compared_track,

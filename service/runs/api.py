@@ -28,6 +28,7 @@ from service.core.schemas import (
     StepMetricOut,
 )
 from service.core.settings import Settings
+from service.core.verdicts import label_of
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
     ensure_default_environment,
@@ -72,7 +73,7 @@ def run_out(run: Run, base: str, *, with_phases: bool = False) -> RunOut:
                   known_failures=list((run.summary or {}).get("known_failures") or []),
                   fixed_known=list((run.summary or {}).get("known_fixed") or []))
     summary = run.summary or {}
-    fields.update(verdict_label=summary.get("verdict_label", run.verdict),
+    fields.update(verdict_label=label_of(run.verdict, summary),
                   worked_around=list(summary.get("worked_around") or []),
                   worked_around_by=dict(summary.get("worked_around_by") or {}))
     if with_phases:

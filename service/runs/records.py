@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 
 from jobs.spec import RunSpec, SpecError
 from models import Environment, Run, RunEvent
-from service.core.checks import identify
+from service.core.checks import SELFTEST_LABEL, identify
 from service.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
 from service.core.run_state import TERMINAL, RunState, transition
 from service.runs.admission import Caps, admitted, check_caps
@@ -124,6 +124,8 @@ class RunFilter:
     labels: dict[str, str] | None = None
     since: datetime | None = None
     until: datetime | None = None
+    # detector self-test runs: None both, False none (the dashboard's default views), True only them
+    selftest: bool | None = None
 
 
 def filtered_runs(filters: RunFilter) -> Select[tuple[Run]]:
@@ -149,6 +151,9 @@ def filtered_runs(filters: RunFilter) -> Select[tuple[Run]]:
         query = query.where(Run.created_at >= filters.since)
     if filters.until:
         query = query.where(Run.created_at < filters.until)
+    if filters.selftest is not None:
+        marked = Run.labels.has_key(SELFTEST_LABEL)
+        query = query.where(marked if filters.selftest else ~marked)
     return query
 
 

@@ -23,6 +23,7 @@ from jobs.protocol import PHASES, Payload, RunPlan
 from jobs.run_folder import AttemptFolder, RunFolder
 from models import Environment, Phase, Run
 from models.base import utcnow
+from service.core.checks import SELFTEST_LABEL
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
@@ -85,12 +86,17 @@ def retry_or_give_up(
     infra_error_streak(session, run, settings.notify_infra_errors_after)
 
 
+# the detector-health batch never goes ahead of a user's run (false sorts first)
+SELFTEST_LAST = Run.labels.has_key(SELFTEST_LABEL).asc()
+
+
 def claim_queued(session: Session, *, settings: Settings, executor: str, limit: int = 20) -> int:
     """Turn up to `limit` queued runs into pending train_and_save phases. Returns how many."""
     # A run waits in the queue while the environment it names is still being built.
     runs = session.scalars(
         select(Run).join(Environment, Run.environment_id == Environment.id)
-        .where(Run.state == RunState.QUEUED.value, Environment.state == "ready").order_by(Run.id).limit(limit)
+        .where(Run.state == RunState.QUEUED.value, Environment.state == "ready")
+        .order_by(SELFTEST_LAST, Run.id).limit(limit)
         .with_for_update(of=Run, skip_locked=True)
     ).all()
     for run in runs:
@@ -110,9 +116,9 @@ def next_pending(session: Session) -> Phase | None:
     """The oldest pending phase whose time has come, row-locked (skipping ones another replica holds)."""
     now = utcnow()
     return session.scalar(
-        select(Phase).where(Phase.state == PhaseState.PENDING.value,
-                            or_(Phase.not_before.is_(None), Phase.not_before <= now))
-        .order_by(Phase.id).limit(1).with_for_update(skip_locked=True)
+        select(Phase).join(Run, Run.id == Phase.run_id)
+        .where(Phase.state == PhaseState.PENDING.value, or_(Phase.not_before.is_(None), Phase.not_before <= now))
+        .order_by(SELFTEST_LAST, Phase.id).limit(1).with_for_update(of=Phase, skip_locked=True)
     )
 
 

@@ -16,12 +16,13 @@ from sqlalchemy.orm import Session
 from jobs.selftest.catalogue import expectation, health_specs, judge
 from jobs.spec import RunSpec
 from models import Run
+from service.core.checks import SELFTEST_LABEL
 from service.core.run_state import IN_FLIGHT, RunState
 from service.core.settings import Settings
 from service.environments.registry import ensure_default_environment
 from service.runs.records import create_run
 
-LABEL = "selftest"
+LABEL = SELFTEST_LABEL
 VALUE = "detector-health"
 LOCK_ID = 0x5E1F7E57  # one enqueuer at a time across scheduler replicas
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.core.deps import ReadAccess, SessionDep, SettingsDep, SubmitToken
 from service.core.limits import MAX_LABELS
+from service.core.links import BaseUrl, sweep_urls
 from service.core.schemas import ERROR_RESPONSES, ClientLabels
 from service.runs.api import caps
 from service.sweeps import grid as sweeps
@@ -38,7 +39,7 @@ class SweepCreate(BaseModel):
 
 @router.post("", status_code=202)
 def create_sweep(
-    body: SweepCreate, session: SessionDep, settings: SettingsDep, token: SubmitToken,
+    body: SweepCreate, session: SessionDep, settings: SettingsDep, token: SubmitToken, base: BaseUrl,
 ) -> dict[str, Any]:
     """Queue every run of the sweep; the answer is its grid (every cell queued)."""
     sweep_id, _ = sweeps.create_sweep(
@@ -48,8 +49,7 @@ def create_sweep(
     )
     session.flush()
     grid = sweeps.sweep_grid(session, sweep_id=sweep_id)
-    grid["links"] = {"self": f"{settings.base_url}/api/v1/sweeps/{sweep_id}",
-                     "dashboard": f"{settings.base_url}/sweeps/{sweep_id}"}
+    grid["links"] = sweep_urls(base, sweep_id)
     return grid
 
 

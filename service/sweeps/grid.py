@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, selectinload
 from models import Run
 from service.core.errors import InvalidSpec, NotFound
 from service.core.settings import Settings
+from service.core.verdicts import run_label
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
     ensure_default_environment,
@@ -84,7 +85,8 @@ def sweep_grid(session: Session, *, sweep_id: str) -> dict[str, Any]:
             "variation": r.labels.get("variation", "base"), "cells": {},
         })
         row["cells"][r.config] = {
-            "run_id": r.id, "state": r.state, "verdict": r.verdict, "signatures": list(r.signatures or []),
+            "run_id": r.id, "state": r.state, "verdict": r.verdict, "label": run_label(r),
+            "signatures": list(r.signatures or []),
             "error_message": (r.error_message or "")[:300] or None,
         }
     finished = sum(1 for r in runs if r.finished_at is not None)

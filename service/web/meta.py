@@ -38,10 +38,9 @@ def livez() -> dict[str, str]:
 
 @router.get("/healthz")
 def healthz(settings: SettingsDep, _: ReadAccess) -> JSONResponse:
-    """Database, scheduler heartbeat and Slurm reachability; 503 when the database is down.
-
-    It names the run folder, the Postgres version and the executor: a read token is needed when
-    reads require one (GET /api/v1/livez stays open).
+    """Database, scheduler heartbeat and the executor in use (Slurm's reachability, or the local limit);
+    503 when the database is down. Behind the read token when reads require one (GET /api/v1/livez
+    stays open).
     """
     body: dict[str, Any] = {}
     try:
@@ -60,8 +59,14 @@ def healthz(settings: SettingsDep, _: ReadAccess) -> JSONResponse:
     except Exception as exc:  # any driver error means "down"; the message says which
         body["database"] = {"ok": False, "detail": str(exc).splitlines()[0]}
         body["scheduler"] = {"ok": False, "last_heartbeat": None, "executor": None}
-    reachable, detail = slurm_status()
-    body["slurm"] = {"ok": reachable, "detail": detail, "configured_executor": settings.executor}
+    # only the executor in use: a local scheduler's health is not Slurm's DNS error
+    in_use = body["scheduler"].get("executor") or (settings.executor if settings.executor != "auto" else None)
+    if in_use == "local":
+        body["local"] = {"ok": True, "max_running": settings.local_max_running,
+                         "configured_executor": settings.executor}
+    else:
+        reachable, detail = slurm_status()
+        body["slurm"] = {"ok": reachable, "detail": detail, "configured_executor": settings.executor}
     body["disk"] = retention.disk_usage(settings)
     body["status"] = "ok" if body["database"]["ok"] else "degraded"
     return JSONResponse(body, status_code=200 if body["database"]["ok"] else 503)

@@ -79,7 +79,13 @@ def test_run_page_charts(page, server, seeded):
     assert page.locator("#steps tr.divergent").count() == 1
     assert page.locator("#steps tr.mismatch").count() == 2
     assert page.locator("#misaligned tbody tr").count() == 2
-    assert "exp_avg" in page.locator("#fingerprints").inner_text()
+    assert "exp_avg" in (page.locator("#fingerprints").text_content() or "")  # raw rows, folded
+    assert page.locator("#fingerprint-findings li").count() >= 1  # … under sentences
+    # integer step ticks, real labels on the log axis
+    steps = page.evaluate("() => window.parityCharts['chart-loss'].axes[0]._values")
+    assert steps and all(v is None or v.isdigit() for v in steps), steps
+    logs = [v for v in page.evaluate("() => window.parityCharts['chart-delta'].axes[1]._values") if v]
+    assert any(v != "0" for v in logs) and logs.count("0") <= 1, logs
     assert "9102" in page.locator("#phase-table").inner_text()
     _follow_links(page, server, set())
 
@@ -102,8 +108,9 @@ def test_triage_page(page, server, seeded):
 def test_config_history_chart(page, server, seeded):
     _open(page, "/configs/moe-fp32-router", "config")
     page.wait_for_function("() => window.parityCharts && window.parityCharts['chart-history']")
-    assert page.evaluate(CHART_POINTS) == {"chart-history": 4}
-    assert page.locator("#verdict-strip a").count() == 4
+    # one check on one track per trend: the lane with the newest run (one errored run) by default
+    assert page.evaluate(CHART_POINTS) == {"chart-history": 1}
+    assert page.locator("#verdict-strip a").count() == 1 and page.locator("#lanes tbody tr").count() == 2
     _follow_links(page, server, set())
 
 
@@ -147,3 +154,27 @@ def test_queued_run_without_metrics_renders_cleanly(page, server, seeded):
     _open(page, f"/runs/{seeded.queued}", "run-queued")
     assert page.evaluate("() => Object.keys(window.parityCharts)") == []
     assert page.locator("#chart-loss .nojs").is_visible()
+
+
+def test_a_crashed_save_says_the_resume_never_ran(page, server, seeded, database_url):
+    # last in this module: it adds the golden known-bad run (Bug A: the save asserts) to the seeded rows
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from models import Environment
+    from tests.dashboard.seed import golden_run
+
+    engine = create_engine(database_url)
+    with Session(engine) as session:
+        env = Environment(name="golden", python="/usr/bin/python3", packages={})
+        session.add(env)
+        session.flush()
+        run_id = golden_run(session, env, "bad").id
+        session.commit()
+    engine.dispose()
+    _open(page, f"/runs/{run_id}/triage", "triage-bug-a")
+    notice = page.locator("#resume-never-ran").inner_text()
+    assert "The resume never ran" in notice and "wrong parameter" in notice and "131072" in notice
+    _open(page, f"/runs/{run_id}", "run-bug-a")
+    assert "the resume never ran" in page.locator("#first-divergent").inner_text()
+    assert page.locator("#no-delta").is_visible() and page.locator("#chart-delta").count() == 0

@@ -26,6 +26,10 @@ def test_known_bad_run_page_and_triage_show_bug_a(client, db_session: Session) -
     assert "Optimizer index map points at other params&#39; shards" in triage.text
     assert "<strong>save</strong>: <code>AssertionError</code>: (torch.Size([512]), 0, 131072)" in triage.text
     assert "misaligned_total" in triage.text  # the evidence block, from the real probe
+    # a crashed save is not a clean comparison: the resume never ran, and the bare assertion is explained
+    assert 'id="resume-never-ran"' in triage.text and "wrong parameter" in triage.text
+    assert "the resume never ran: nothing was compared" in page.text and 'id="no-delta"' in page.text
+    assert "none (bit-exact)" not in page.text
 
 
 def test_known_good_run_page_shows_a_bit_identical_resume(client, db_session: Session) -> None:

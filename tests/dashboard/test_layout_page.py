@@ -45,4 +45,5 @@ def test_run_page_of_a_dp_only_run_shows_the_default_layout(app_client, seeded: 
 
 def test_reproduce_commands_carry_the_layout() -> None:
     assert "--tp 2" in local_command(spec(tp=2)) and "--ep 2" in local_command(spec(ep=2))
-    assert "--tp" not in local_command(spec()) and "--ep" not in local_command(spec())
+    # every field spelled out, defaults included: a default changing later cannot change the repro
+    assert "--tp 1" in local_command(spec()) and "--ep 1" in local_command(spec())

@@ -74,9 +74,10 @@ def test_read_tail_drops_the_partial_first_line(tmp_path: Path):
 def test_local_command_quotes_and_repeats_workarounds():
     spec = {"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10, "sharding": "dp_reshardable",
             "seed": 1, "tolerance": "exact", "workarounds": ["realign-param-index", "restore-adam-step"]}
-    assert local_command(spec) == (
-        "parity run-local --config moe-fp32-router --dp 2 --steps 20 --save-step 10 --sharding dp_reshardable "
-        "--seed 1 --tolerance exact --workaround realign-param-index --workaround restore-adam-step"
+    assert local_command(spec, environment="mcore next") == (
+        "parity run-local --environment 'mcore next' --config moe-fp32-router --dp 2 --steps 20 --save-step 10 "
+        "--sharding dp_reshardable --seed 1 --tolerance exact --workaround realign-param-index "
+        "--workaround restore-adam-step --isolation process --nodes 1 --tp 1 --pp 1 --ep 1"
     )
 
 

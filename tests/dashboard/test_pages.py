@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -28,7 +29,7 @@ def test_overview_lists_regressions_first(app_client, seeded):
     assert f'data-run-id="{seeded.regressed}"' in matrix and "is-regression" in matrix
     assert "2 pass" in matrix and "1 queued" in r.text
     # a pass that needed a workaround is its own verdict and says what the workaround hid
-    assert "pass (worked around)" in matrix
+    assert "pass (worked around: restore-adam-step)" in matrix
     assert "passes only with workaround restore-adam-step, which hides adam-step-not-restored" in matrix
 
 
@@ -70,7 +71,10 @@ def test_run_page_chart_data(app_client, seeded):
     data = _chart_json(r.text, "run-chart-data")
     assert len(data["steps"]) == STEPS and len(data["abs_delta"]) == STEPS
     assert data["loss_resumed"][:10] == [None] * 10
-    assert [m["kind"] for m in data["markers"]] == ["save", "diverge", "beyond"]
+    assert [m["kind"] for m in data["markers"]] == ["save", "diverge"]
+    assert [m["kind"] for m in data["delta_markers"]] == ["save", "diverge", "beyond"]
+    # the lr lane is marked only where the lr itself differs, not at the loss's divergence
+    assert [m["label"].split(" @")[0] for m in data["lr_markers"]] == ["save", "lr differs"]
     assert sum(v is not None for v in data["lr_mismatch"]) == 2
     assert all(t is None for t in data["tolerance"][:10]) and all(t for t in data["tolerance"][10:])
     assert "decoder.layers.0.self_attention.linear_qkv.weight" in r.text  # misaligned param's shard holder
@@ -94,12 +98,12 @@ def test_triage_page(app_client, seeded):
     assert "Optimizer index map points at other params&#39; shards" in r.text
     assert 'href="https://github.com/NVIDIA/Megatron-LM/issues/2777"' in r.text
     assert f'href="/runs/{seeded.good}"' in r.text
-    assert ("parity run-local --config moe-fp32-router --dp 2 --steps 20 --save-step 10 "
+    assert ("parity run-local --environment default --config moe-fp32-router --dp 2 --steps 20 --save-step 10 "
             "--sharding fully_reshardable --seed 1234 --tolerance default") in r.text
     assert "parity submit --config moe-fp32-router" in r.text and "--label commit=ccc333" in r.text
     errored = app_client.get(f"/runs/{seeded.errored}/triage").text
     assert "Checkpoint save crashed" in errored and "around the last traceback" in errored
-    assert "No passing run of moe-fp32-router on mcore-main" in errored
+    assert "This check has never passed on track <code>main</code>" in errored
 
 
 def test_triage_of_a_passing_run_says_so(app_client, seeded):
@@ -110,8 +114,14 @@ def test_triage_of_a_passing_run_says_so(app_client, seeded):
 def test_config_history(app_client, seeded):
     r = app_client.get("/configs/moe-fp32-router")
     assert r.status_code == 200
+    # one lane per check × track, and the trend of one lane only (never a mix of checks or tracks)
+    assert r.text.count("<tr", r.text.index('id="lanes"'), r.text.index('id="verdict-strip"')) == 3
     chart = _chart_json(r.text, "history-data")
-    assert len(chart["x"]) == 4 and chart["x"] == sorted(chart["x"])
+    assert chart["ids"] == [seeded.errored]  # default: the lane with the newest run
+    other = re.search(r'href="(/configs/moe-fp32-router\?check=[0-9a-f]+&amp;track=main)">chart this', r.text)
+    assert other
+    chart = _chart_json(app_client.get(html.unescape(other.group(1))).text, "history-data")
+    assert len(chart["x"]) == 3 and chart["x"] == sorted(chart["x"])
     assert sum(v is not None for v in chart["fail"]) == 1
     only_main = _chart_json(app_client.get("/configs/moe-fp32-router?environment=mcore-main").text, "history-data")
     assert only_main["ids"] == [seeded.errored]

@@ -62,7 +62,7 @@ def test_every_state_signature_fires_with_names(fast: dict, dp: int) -> None:
 def test_known_good_with_dropout_is_bit_identical_and_says_what_the_workaround_hid(fast: dict, dp: int) -> None:
     r = _result(fast["folder"], dp, 0)
     assert r["verdict"] == "pass" and r["signatures"] == [] and r["first_divergent_step"] is None
-    assert r["verdict_label"] == "pass (worked around)"
+    assert r["verdict_label"].startswith("pass (worked around: ")
     assert r["worked_around_by"] == {"restore-adam-step": ["adam-step-not-restored"]}
     rows = [s for s in r["steps"] if s["resumed_phase"]]
     assert all(s["grad_norm_baseline"] == s["grad_norm_resumed"] for s in rows)

@@ -17,7 +17,7 @@ def test_demo_on_embedded_defaults_ends_in_verdicts(tmp_path: Path) -> None:
     env.update(PARITY_DATA_DIR=str(tmp_path / "data"), PARITY_EXECUTOR="local", PARITY_API_PORT="0")
     done = subprocess.run(
         [sys.executable, "-m", "service.cli.main", "demo", "--steps", "8", "--save-step", "4"],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,  # not a terminal: exits
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
@@ -25,4 +25,7 @@ def test_demo_on_embedded_defaults_ends_in_verdicts(tmp_path: Path) -> None:
     assert "verdict: fail" in out and "optimizer-index-misalignment" in out
     assert "REGRESSION" not in out  # with and without workarounds are two checks: never compared
     assert "/runs/2/triage" in out and "dashboard: http://127.0.0.1:" in out
+    assert "verdict: pass (worked around: " in out  # the one label, also here
+    assert "why: " in out and "the resume never ran" in out  # the known-bad crash, in a sentence
+    assert "these URLs with it" in out  # says the dashboard ends with the demo
     assert (tmp_path / "data" / "pgdata" / "PG_VERSION").exists()  # the embedded server was used

@@ -268,3 +268,19 @@ def _queued_again(session: Session, run: Run) -> Run:
     again, _ = create_run(session, spec=RunSpec.from_dict(run.spec), environment=env, labels={"n": "2"},
                           requester="test")
     return again
+
+
+def test_the_self_test_batch_never_goes_ahead_of_a_user_run(db_session: Session, settings: Settings) -> None:
+    # the batch was queued first (the service was idle); a user's run arrives after it and is claimed first
+    env = Environment(name="env-order", python="/usr/bin/python3", packages={})
+    db_session.add(env)
+    db_session.flush()
+    spec = RunSpec.from_dict({**expected("good")["spec"], "isolation": "job"})
+    batch, _ = create_run(db_session, spec=spec, environment=env, labels={"selftest": "1"}, requester="detector")
+    user, _ = create_run(db_session, spec=spec, environment=env, labels={"branch": "main"}, requester="ci")
+    assert batch.id < user.id
+    claim_queued(db_session, settings=settings, executor="local", limit=1)
+    assert (user.state, batch.state) == ("train_submitted", "queued")
+    claim_queued(db_session, settings=settings, executor="local", limit=1)
+    first = next_pending(db_session)
+    assert first is not None and first.run_id == user.id  # its phase starts first too

@@ -58,7 +58,8 @@ def report(doc: dict[str, Any]) -> str:
     for e in doc["environments"]:
         run = e["run"]
         what = "—" if run is None else (
-            f"{run['verdict'] or run['state']}  {run['link']}" + ("  (stored verdict reused)" if run["reused"] else ""))
+            f"{run.get('label') or run['verdict'] or run['state']}  {run['link']}"
+            + ("  (stored verdict reused)" if run["reused"] else ""))
         mark = "  <- first bad" if e["first_bad"] else ""
         lines.append(f"  {e['index']:>2} {e['environment']:<28} {e['role']:<8} {what}{mark}")
     if doc["state"] == "found":

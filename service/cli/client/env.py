@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from service.cli.common import load_settings
+from service.cli.common import load_settings, service_target
 
 WAIT_STATES = ("pending", "building")
 
@@ -51,9 +51,7 @@ def _client_args(p: argparse.ArgumentParser) -> None:
 
 def client(args: argparse.Namespace) -> httpx.Client:
     """An HTTP client for the service named by --url/--token or the settings."""
-    settings = load_settings()
-    url = (args.url or settings.service_url or settings.base_url).rstrip("/")
-    token = args.token or settings.token
+    url, token = service_target(args, str(getattr(args, "command", "env")))
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=300)
 
 

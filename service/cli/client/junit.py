@@ -13,7 +13,8 @@ def junit_xml(run: dict[str, Any], *, timed_out: bool, strict: bool = False) -> 
     case = ET.SubElement(suite, "testcase", classname="parity", name=name)
     verdict = run.get("verdict")
     text = (
-        f"run {run['id']}: state {run['state']}, verdict {verdict}, signatures {', '.join(run['signatures']) or '-'},"
+        f"run {run['id']}: state {run['state']}, verdict {run.get('verdict_label') or verdict},"
+        f" signatures {', '.join(run['signatures']) or '-'},"
         f" first divergent step {run.get('first_divergent_step')}"
         + (f", {run['regression_text']}" if run.get("regression_text") else "")
         + f"\ntriage: {run['links']['triage']}"

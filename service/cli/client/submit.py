@@ -12,7 +12,7 @@ import httpx
 
 from service.cli.client.junit import junit_xml
 from service.cli.client.shape_arg import add_shape_argument, parse_shape
-from service.cli.common import load_settings
+from service.cli.common import service_target
 
 TERMINAL = {"passed", "failed", "error", "cancelled"}
 
@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ep", type=int, help="expert-parallel size (default 1; MoE configs, must divide dp)")
     p.add_argument("--resume-dp", type=int, help="resume at this DP size instead of --dp (same global batch)")
     p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
+    p.add_argument("--mutant", action="append", default=[], help=argparse.SUPPRESS)  # self-test runs only
     p.add_argument("--environment", default="default")
     p.add_argument("--requirement", "-r", action="append", default=[],
                    help="build (or reuse) an environment from these requirement lines and run on it (repeatable)")
@@ -56,6 +57,8 @@ def build_body(args: argparse.Namespace) -> dict[str, Any]:
             spec[key] = getattr(args, key)
     if args.workaround:
         spec["workarounds"] = args.workaround
+    if getattr(args, "mutant", None):
+        spec["mutants"] = args.mutant
     if getattr(args, "nodes", None) is not None:  # multi-node
         spec["nodes"] = args.nodes
     if getattr(args, "shape", None):
@@ -91,9 +94,7 @@ def poll_interval(waited_s: float) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = load_settings()
-    url = (args.url or settings.service_url or settings.base_url).rstrip("/")
-    token = args.token or settings.token
+    url, token = service_target(args, "submit")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if args.idempotency_key:
         headers["Idempotency-Key"] = args.idempotency_key
@@ -168,7 +169,7 @@ def report(
             print(step_table(metrics))
     verdict = run_doc.get("verdict")
     print(
-        f"verdict: {verdict or run_doc['state']}"
+        f"verdict: {run_doc.get('verdict_label') or verdict or run_doc['state']}"
         + (f"  signatures: {', '.join(run_doc['signatures'])}" if run_doc["signatures"] else "")
         + (f"  REGRESSION ({run_doc.get('regression_text')})" if run_doc.get("regression") else "")
     )

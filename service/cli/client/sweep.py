@@ -39,7 +39,7 @@ def grid_table(grid: dict[str, Any]) -> str:
         cells = []
         for config in grid["configs"]:
             c = row["cells"].get(config)
-            text = "—" if c is None else (c["verdict"] or c["state"]) + (
+            text = "—" if c is None else (c.get("label") or c["verdict"] or c["state"]) + (
                 f": {', '.join(c['signatures'])}" if c and c["signatures"] else "")
             cells.append(text)
         lines.append(f"| {row['environment']} | {row['megatron_core'] or '?'} | {row['variation']} | "
@@ -57,7 +57,7 @@ def release_cell(cell: dict[str, Any] | None) -> str:
         message = str(cell.get("error_message") or "").removeprefix("UnsupportedByBuild: ")
         option, _, missing = message.partition(" is not supported by this build")
         return f"unsupported: {option}" + (f" ({missing.partition('): ')[2]})" if "): " in missing else "")
-    verdict = cell["verdict"] or cell["state"]
+    verdict = cell.get("label") or cell["verdict"] or cell["state"]
     return f"**{verdict}**" + (f": {', '.join(signatures)}" if signatures else "")
 
 

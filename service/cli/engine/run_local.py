@@ -8,6 +8,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from jobs.contract import Verdict
 
@@ -16,7 +17,15 @@ EXIT: dict[Verdict, int] = {"pass": 0, "fail": 1, "error": 2}
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `run-local` subcommand."""
-    from jobs.spec import DEFAULT_ISOLATION, DEFAULT_SHARDING, ISOLATION_MODES, SHARDING_TYPES, TOLERANCES, WORKAROUNDS
+    from jobs.spec import (
+        DEFAULT_ISOLATION,
+        DEFAULT_NODES,
+        DEFAULT_SHARDING,
+        ISOLATION_MODES,
+        SHARDING_TYPES,
+        TOLERANCES,
+        WORKAROUNDS,
+    )
     from jobs.tolerance import DEFAULT_TOLERANCE
 
     p = subparsers.add_parser(
@@ -52,11 +61,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_shape_argument(p)
     p.add_argument("--resume-dp", type=int, default=None,
                    help="resume at this DP size instead of --dp (same global batch; its own job)")
+    p.add_argument("--nodes", type=int, default=DEFAULT_NODES,
+                   help="Slurm nodes of the original run (recorded in the spec; locally every rank runs here)")
+    p.add_argument("--mutant", action="append", default=[], dest="mutants",
+                   help="inject a catalogued resume bug (the detector self-test; see `parity selftest`)")
     p.add_argument("--run-folder", type=Path, default=None,
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
-    p.add_argument("--python", help="run the phases with this Python (e.g. a built environment's venv/bin/python)")
+    build = p.add_mutually_exclusive_group()
+    build.add_argument("--python", help="run the phases with this Python (e.g. a built environment's venv/bin/python)")
+    build.add_argument("--environment",
+                       help="run the phases with this service environment's Python (asked of PARITY_SERVICE_URL)")
+    p.add_argument("--url", help="service URL for --environment (default PARITY_SERVICE_URL)")
+    p.add_argument("--token", help="bearer token for --environment (default PARITY_TOKEN)")
     p.set_defaults(func=handle)
 
 
@@ -66,31 +84,17 @@ def handle(args: argparse.Namespace) -> int:
     from service.cli.client.shape_arg import parse_shape
 
     try:
-        spec = RunSpec(
-            config=args.config,
-            dp=args.dp,
-            steps=args.steps,
-            save_step=args.save_step,
-            sharding=args.sharding,
-            seed=args.seed,
-            tolerance=args.tolerance,
-            workarounds=tuple(args.workarounds),
-            isolation=args.isolation,
-            tp=args.tp,
-            pp=args.pp,
-            ep=args.ep,
-            shape=parse_shape(args.shape),
-            resume_dp=args.resume_dp,
-        )
+        spec = RunSpec(**spec_values(args, parse_shape(args.shape)))
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)
         return 2
+    python = args.python or (resolve_environment(args) if args.environment else None)
     from jobs.launch.local import format_step_table, run_parity
 
     folder = args.run_folder or Path(tempfile.mkdtemp(prefix="parity-run-"))
     print(f"parity run-local: run folder {folder}", file=sys.stderr)
     try:
-        result = run_parity(spec, folder, executor=_executor_for(args.python) if args.python else None)
+        result = run_parity(spec, folder, executor=_executor_for(python) if python else None)
     finally:
         # a temporary folder holds a checkpoint per run: gone unless asked for; a named one is the user's
         if args.run_folder is None and not args.keep:
@@ -101,6 +105,38 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(format_step_table(result))
     return EXIT.get(result["verdict"], 2)
+
+
+def spec_values(args: argparse.Namespace, shape: dict[str, Any]) -> dict[str, Any]:
+    """RunSpec's fields from the options, one option per field (a field without one is a test failure)."""
+    from dataclasses import fields
+
+    from jobs.spec import RunSpec
+
+    values = {f.name: getattr(args, f.name) for f in fields(RunSpec) if hasattr(args, f.name)}
+    values["shape"] = shape
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+
+
+def resolve_environment(args: argparse.Namespace) -> str:
+    """The Python of the service environment named by --environment (GET /api/v1/environments/NAME)."""
+    import httpx
+
+    from service.cli.common import service_target
+
+    url, token = service_target(args, "run-local")
+    try:
+        resp = httpx.get(f"{url}/api/v1/environments/{args.environment}", timeout=30,
+                         headers={"Authorization": f"Bearer {token}"} if token else {})
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"parity run-local: cannot ask {url} for environment {args.environment!r}: {exc}") from None
+    if resp.status_code != 200:
+        raise SystemExit(f"parity run-local: environment {args.environment!r}: {resp.status_code} {resp.text[:300]}")
+    env = resp.json()
+    if env.get("state", "ready") != "ready":
+        raise SystemExit(f"parity run-local: environment {args.environment!r} is {env['state']}, not ready")
+    print(f"parity run-local: environment {args.environment} -> {env['python']}", file=sys.stderr)
+    return str(env["python"])
 
 
 def _executor_for(python: str):  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+import sys
 import threading
 import time
 
@@ -17,6 +18,7 @@ import httpx
 
 from service.cli.client.submit import TERMINAL, report
 from service.cli.common import load_settings, ready_database
+from service.web.dashboard.findings import explain_crash
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--save-step", type=int, default=10)
-    p.add_argument("--keep-serving", action="store_true", help="keep the dashboard up after the verdicts")
+    p.add_argument("--keep-serving", action="store_true",
+                   help="keep the dashboard up after the verdicts until Ctrl-C (the default on a terminal)")
+    p.add_argument("--exit", action="store_true", help="exit after the verdicts, even on a terminal")
     p.set_defaults(func=run)
 
 
@@ -43,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.core.db import session_scope
+    from service.core.links import record_serving
     from service.core.tokens import create_token
     from service.scheduler.loop import decide_executor, run_forever
     from service.web.app import create_app
@@ -55,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     # no detector-health batch here: the demo's two runs must not queue behind it
     settings = settings.model_copy(update={"api_port": port, "public_url": settings.public_url
                                            or f"http://127.0.0.1:{port}", "selftest_interval_hours": 0})
+    # the scheduler's notifications read the process-wide settings: they find the demo's port here
+    record_serving(settings, "127.0.0.1", port)
     server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     stop = threading.Event()
@@ -77,10 +84,17 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(1)
                 doc = c.get(f"/api/v1/runs/{doc['id']}").json()
             codes.append(report(c, doc, timed_out=False, junit=None))
+            why = explain_crash(doc.get("error_message"))  # the bare AssertionError of the known-bad save
+            if why:
+                print(f"why: {why}")
             print(f"dashboard: {doc['links']['dashboard']}")
-    print(f"\noverview: {settings.base_url}/  (browse later with `parity serve`)")
-    if args.keep_serving:
-        print("serving until Ctrl-C", flush=True)
+    print(f"\noverview: {settings.base_url}/")
+    keep = args.keep_serving or (sys.stdin.isatty() and not args.exit)
+    if not keep:
+        print("the demo's server stops now, and these URLs with it: `parity demo --keep-serving` keeps them up, "
+              "or browse the same database later with `parity serve`", flush=True)
+    else:
+        print("serving the dashboard until Ctrl-C", flush=True)
         try:
             while True:
                 time.sleep(3600)

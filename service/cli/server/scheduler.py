@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from service.core.links import warn_if_unknown
     from service.scheduler.loop import decide_executor, heartbeat, replica_name, run_forever, tick
 
     settings = load_settings()
@@ -27,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     ready_database(migrate=args.migrate or not settings.database_url)
     executor = decide_executor(settings)  # once: `auto` never flips to local processes later
     print(f"scheduler: executor {executor}, run folder {settings.resolved_run_folder}", flush=True)
+    warn_if_unknown(settings, "scheduler")
     if args.once:
         heartbeat(replica_name(), executor)
         print(tick(settings, executor=executor))

@@ -34,11 +34,14 @@ def server_options(settings: Settings, **options: Any) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from service.core.links import record_serving
     from service.web.app import create_app
 
     settings = load_settings()
     ready_database(migrate=args.migrate or not settings.database_url)
     host, port = args.host or settings.api_host, args.port or settings.api_port
+    # links in notifications (written by the scheduler, which never sees a request) use this address
+    record_serving(settings, host, port)
     # one set of server options whatever the worker count, so a benchmark of 1 and of N compares like with like
     options = server_options(settings, host=host, port=port, access_log=args.access_log)
     if args.workers > 1:

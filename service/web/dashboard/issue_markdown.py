@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.core.links import run_url
+from service.core.verdicts import label_of
 from service.web.dashboard.triage import packages
 
 
@@ -25,7 +26,7 @@ def issue_markdown(ctx: dict[str, Any], base_url: str) -> str:
     run, good = ctx["run"], ctx.get("good")
     build = packages(run).get("megatron-core") or "unknown"
     lines = [
-        f"## Resume parity {run.verdict or run.state}: {run.check_name} on {run.track}",
+        f"## Resume parity {label_of(run.verdict, run.summary) or run.state}: {run.check_name} on {run.track}",
         "",
         f"- Run: [#{run.id}]({run_url(base_url, run.id)}) · [triage]({run_url(base_url, run.id, 'triage')})",
         f"- Check: `{run.check_key}` ({run.check_name})",
@@ -45,16 +46,28 @@ def issue_markdown(ctx: dict[str, Any], base_url: str) -> str:
         lines.append(f"- none matched; error: {run.error_message or '—'}")
     lines += ["", "### Last good vs this run", ""]
     if good is None:
-        lines.append("No passing run of this check on this track is on record.")
+        lines.append(f"This check has never passed on track `{run.track}`: there is no last good run.")
+        context = ctx.get("context_good")
+        if context is not None:
+            lines.append(f"For context only: nearest passing run of {run.config} is "
+                         f"[#{context.id}]({run_url(base_url, context.id)}) ({context.check_name} on "
+                         f"`{context.track}`, environment `{context.environment.name}`).")
     else:
-        lines.append(f"Last good: [#{good.id}]({run_url(base_url, good.id)})")
-        kinds = ("package_diff", "spec_diff", "label_diff")
+        lines.append(f"Last good on track `{ctx.get('compared_track') or run.track}`: "
+                     f"[#{good.id}]({run_url(base_url, good.id)}) on environment `{good.environment.name}`")
+        freeze = ctx.get("freeze_diff") or {}
+        pip = [(c.key, c.good, c.this) for c in freeze.get("changed") or []]
+        pip += [(p.split("==")[0], None, p.split("==")[1]) for p in freeze.get("added") or []]
+        pip += [(p.split("==")[0], p.split("==")[1], None) for p in freeze.get("removed") or []]
+        kinds = ("env_diff", "package_diff", "spec_diff", "label_diff")
         changes = [(kind, r) for kind in kinds for r in _changed(ctx.get(kind) or [])]
-        if changes:
+        if changes or pip:
             lines += ["", "| what | key | last good | this run |", "|---|---|---|---|"]
             lines += [f"| {kind.split('_')[0]} | `{_cell(_get(r, 'key'))}` | {_cell(_get(r, 'good'))} | "
                       f"{_cell(_get(r, 'this'))} |" for kind, r in changes]
+            lines += [f"| pip | `{name}` | {_cell(a)} | {_cell(b)} |" for name, a, b in pip]
         else:
-            lines.append("No package, spec or label differs.")
-    lines += ["", "### Reproduce", "", "```sh", ctx["local_command"], ctx["submit_command"], "```"]
+            lines.append("No environment, package, spec or label differs.")
+    lines += ["", "### Reproduce", "", "```sh", ctx["local_command"], ctx["python_command"], ctx["submit_command"],
+              "```"]
     return "\n".join(lines) + "\n"

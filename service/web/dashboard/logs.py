@@ -107,15 +107,20 @@ def numbered(lines: list[str], start: int = 0) -> list[Line]:
             for i, text in enumerate(lines)]
 
 
+# Library warnings (Transformer Engine, Apex, torch deprecations) printed by every healthy run too: an
+# excerpt about a failure leaves them out ("Warning" in a class name followed by ':', warnings.warn lines).
+WARNING_LINE = re.compile(r"\b[A-Z]\w*Warning\b:?|^\s*warnings\.warn\(|\bWARNING\b|^\[W[\s\d]")
+
+
 def failure_window(lines: list[str], before: int = 8, after: int = 60, tail: int = 40) -> tuple[str, list[Line]]:
-    """The lines around the last traceback (or last error line), else the tail. -> (kind, lines)."""
+    """The lines around the last traceback (or last error line), else the tail, warnings left out.
+    -> (kind, lines), numbered as in the file."""
+    kept = [line for line in numbered(lines) if not WARNING_LINE.search(line.text)]
     for kind, pattern, lo, hi in (("traceback", TRACEBACK, before, after), ("error", ERROR, 20, 20)):
-        hits = [i for i, text in enumerate(lines) if pattern.search(text)]
+        hits = [i for i, line in enumerate(kept) if pattern.search(line.text)]
         if hits:
-            start = max(0, hits[-1] - lo)
-            return kind, numbered(lines[start:hits[-1] + hi + 1], start)
-    start = max(0, len(lines) - tail)
-    return "tail", numbered(lines[start:], start)
+            return kind, kept[max(0, hits[-1] - lo):hits[-1] + hi + 1]
+    return "tail", kept[max(0, len(kept) - tail):]
 
 
 def excerpts(phase: Phase, run_folder: Path, limit: int = 4) -> list[Excerpt]:

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from jobs.verdict.compare import verdict_label
 from models import Environment, Run
 from service.core.run_state import IN_FLIGHT, RunState
 from service.oncall.known_failures import RUN_VERDICTS
@@ -47,8 +48,8 @@ class Cell:
 
     @property
     def shown(self) -> str:
-        """The verdict as the matrix shows it."""
-        return self.label or self.verdict
+        """The verdict as every page shows it: `pass (worked around: …)` for a pass a workaround made."""
+        return verdict_label(self.verdict, self.worked_around_by or None) or self.label or self.verdict
 
     @property
     def hidden(self) -> list[str]:

@@ -13,6 +13,8 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from service.core.verdicts import label_of, run_label
+
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
 
@@ -35,6 +37,17 @@ class PageError(Exception):
 def when(value: datetime | None) -> str:
     """Format a timestamp as UTC to the second."""
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
+
+
+def short_when(value: datetime | None) -> str:
+    """A timestamp on one line of a list: month-day hour:minute UTC (the full one is in the title)."""
+    return value.astimezone(UTC).strftime("%m-%d %H:%M") if value else "—"
+
+
+def check_short(check_name: str | None, config: str = "") -> str:
+    """A check's name without its config (already in the Config column): what sets this check apart."""
+    rest = (check_name or "").removeprefix(config).strip()
+    return rest or "defaults"
 
 
 def age(value: datetime | None, now: datetime | None = None) -> str:
@@ -83,7 +96,9 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, age=age, sci=sci, num=num, duration=duration, pretty=pretty)
+    env.filters.update(when=when, age=age, sci=sci, num=num, duration=duration, pretty=pretty, vlabel=run_label,
+                       short_when=short_when, check_short=check_short)
+    env.globals["label_of"] = label_of
     return env
 
 

@@ -1,36 +1,59 @@
-"""The exact commands that reproduce a run: locally (`parity run-local`) and on Slurm (`parity submit`)."""
+"""The exact commands that reproduce a run: locally (`parity run-local`) and on Slurm (`parity submit`).
+
+The options are derived from the spec itself, field by field (`spec_args`), so a field added to
+`RunSpec` later appears in the command without anyone editing this module; `run-local` and `submit`
+accept one option per field (tests/dashboard/test_reproduce.py parses the command back and compares).
+"""
 
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any
 
+# list fields are given one item per repeated option, named in the singular
+LIST_OPTIONS = {"workarounds": "workaround", "mutants": "mutant"}
 
-def _spec_args(spec: dict[str, Any]) -> list[str]:
-    # Every field explicitly, so the command still reproduces the run if a default changes later.
-    args = ["--config", str(spec["config"]), "--dp", str(spec["dp"]), "--steps", str(spec["steps"]),
-            "--save-step", str(spec["save_step"])]
-    for key in ("sharding", "seed", "tolerance"):
-        if spec.get(key) is not None:
-            args += [f"--{key}", str(spec[key])]
-    for key in ("tp", "pp", "ep"):  # parallel layout: stored only when not 1
-        if spec.get(key) not in (None, 1):
-            args += [f"--{key}", str(spec[key])]
-    for name in spec.get("workarounds") or []:
-        args += ["--workaround", str(name)]
-    if spec.get("resume_dp") is not None:
-        args += ["--resume-dp", str(spec["resume_dp"])]
+
+def canonical(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every field of the spec, defaults included (the stored spec as is if it no longer validates)."""
+    from jobs.spec import RunSpec, SpecError
+
+    try:
+        full = RunSpec.from_dict(dict(spec))
+    except (SpecError, TypeError, ValueError):
+        return dict(spec)
+    out = {f: getattr(full, f) for f in full.__dataclass_fields__}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def spec_args(spec: dict[str, Any]) -> list[str]:
+    """One option per spec field, every field explicitly (a default changing later cannot change the run)."""
+    args: list[str] = []
+    for key, value in canonical(spec).items():
+        option = "--" + LIST_OPTIONS.get(key, key).replace("_", "-")
+        if value is None or value == {} or value == []:
+            continue  # unset optional field (resume_dp, shape, workarounds): the option's own default
+        if isinstance(value, list):
+            for item in value:
+                args += [option, str(item)]
+        elif isinstance(value, dict):
+            args += [option, json.dumps(value, sort_keys=True, separators=(",", ":"))]
+        else:
+            args += [option, str(value)]
     return args
 
 
-def local_command(spec: dict[str, Any]) -> str:
-    """`parity run-local …` for this spec, shell-quoted."""
-    return shlex.join(["parity", "run-local", *_spec_args(spec)])
+def local_command(spec: dict[str, Any], *, environment: str | None = None, python: str | None = None) -> str:
+    """`parity run-local …` for this spec on the run's build: --environment NAME (resolved through the
+    service) or --python PATH, shell-quoted."""
+    where = ["--environment", environment] if environment else (["--python", python] if python else [])
+    return shlex.join(["parity", "run-local", *where, *spec_args(spec)])
 
 
 def submit_command(spec: dict[str, Any], *, environment: str, labels: dict[str, str], base_url: str) -> str:
     """`parity submit … --wait` against this service, shell-quoted (the token comes from PARITY_TOKEN)."""
-    args = ["parity", "submit", *_spec_args(spec), "--environment", environment]
+    args = ["parity", "submit", *spec_args(spec), "--environment", environment]
     for key, value in sorted(labels.items()):
         args += ["--label", f"{key}={value}"]
     args += ["--url", base_url, "--wait"]

@@ -110,10 +110,12 @@ def phase_log(
 
 @router.get("/configs/{name}")
 def config_history(
-    request: Request, name: str, session: SessionDep, _: DashboardRead, environment: str | None = None
+    request: Request, name: str, session: SessionDep, _: DashboardRead, environment: str | None = None,
+    check: str | None = None, track: str | None = None,
 ) -> Response:
-    """Trend of the worst |Δloss| and the verdicts over time for one config."""
-    return render(request, "config.html", {"h": history_q.history(session, name, environment or None)})
+    """One config's checks × tracks, each with its verdicts over time; the |Δloss| trend of one of them."""
+    return render(request, "config.html", {"h": history_q.history(session, name, environment or None,
+                                                                  check=check or None, track=track or None)})
 
 
 @router.get("/signatures")

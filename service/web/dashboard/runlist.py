@@ -29,7 +29,10 @@ SORTS: dict[str, Any] = {
 }
 VERDICTS = RUN_VERDICTS
 STATES = tuple(s.value for s in RunState)
-FILTER_KEYS = ("config", "check", "track", "environment", "state", "verdict", "regression", "label", "since", "until")
+FILTER_KEYS = ("config", "check", "track", "environment", "state", "verdict", "regression", "label", "since", "until",
+               "selftest")
+# self-test runs fail on purpose (injected bugs): hidden unless asked for, shown on the detector-health view
+SELFTEST_CHOICES = {"": False, "include": None, "only": True}
 
 
 @dataclass
@@ -107,7 +110,7 @@ def parse_query(args: dict[str, list[str]]) -> ListQuery:
     filters = RunFilter(config=one.get("config") or None, check=one.get("check") or None,
                         track=one.get("track") or None, environment=one.get("environment") or None,
                         state=state, verdict=verdict, regression=regression, labels=labels or None,
-                        since=since, until=until)
+                        since=since, until=until, selftest=SELFTEST_CHOICES.get(one.get("selftest", ""), False))
     sort = one.get("sort") or "id"
     if sort not in SORTS:
         problems.append(f"sort: expected one of {', '.join(SORTS)}, got {sort!r}")

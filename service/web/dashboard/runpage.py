@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, selectinload
 from jobs.spec import RESHARD_TOLERANCE
 from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
 from models import ProbeFinding, Run, RunEvent, StepMetric
+from service.web.dashboard.findings import fingerprint_summary
 from service.web.dashboard.logs import link_path, listed_logs
 from service.web.dashboard.rendering import PageError
 
@@ -88,9 +89,18 @@ def chart_data(run: Run, steps: list[Step]) -> dict[str, Any]:
         markers.append({"step": run.first_divergent_step, "label": f"first divergent @ {run.first_divergent_step}",
                         "kind": "diverge"})
     beyond = run.first_step_beyond_tolerance
+    delta_markers = list(markers)
     if beyond is not None and beyond != run.first_divergent_step:
-        markers.append({"step": beyond, "label": f"beyond tolerance @ {beyond}", "kind": "beyond"})
+        delta_markers.append({"step": beyond, "label": f"beyond tolerance @ {beyond}", "kind": "beyond"})
+    # a lane carries a divergence marker only where that lane diverged: the lr chart marks its own mismatch
+    lr_markers = list(markers[:1])
+    first_lr = next((s.step for s in steps if s.lr_mismatch), None)
+    if first_lr is not None:
+        lr_markers.append({"step": first_lr, "label": f"lr differs @ {first_lr}", "kind": "diverge"})
     return {
+        "delta_markers": delta_markers,
+        "lr_markers": lr_markers,
+        "exact": not any(tolerance),
         "steps": [s.step for s in steps],
         "loss_baseline": [s.loss_baseline for s in steps],
         "loss_resumed": [s.loss_resumed for s in steps],
@@ -116,7 +126,9 @@ def probe_sections(session: Session, run_id: int) -> dict[str, Any]:
         if f.param_name and f.probe.endswith("fingerprints"):
             fingerprints.setdefault(f.param_name, []).append(f)
     others = [f for f in findings if f.param_name and f.probe != "index_map" and not f.probe.endswith("fingerprints")]
-    return {"summaries": summaries, "misaligned": misaligned, "fingerprints": fingerprints, "others": others}
+    flat = [{"param": param, **(f.detail or {})} for param, found in fingerprints.items() for f in found]
+    return {"summaries": summaries, "misaligned": misaligned, "fingerprints": fingerprints, "others": others,
+            "fingerprint_sentences": fingerprint_summary(flat), "fingerprint_rows": len(flat)}
 
 
 def events_of(session: Session, run_id: int) -> list[RunEvent]:
@@ -139,6 +151,7 @@ def run_page(session: Session, run_id: int, run_folder: Path) -> dict[str, Any]:
     save_step = int(run.spec.get("save_step", 0))
     return {
         "run": run,
+        "resume_ran": any(s.loss_resumed is not None for s in steps),
         "steps": steps,
         "resumed_steps": [s for s in steps if s.step > save_step],
         "lr_mismatches": sum(s.lr_mismatch for s in steps),

@@ -2,7 +2,7 @@
 // Pages stay readable without this file; every value is also in a server-rendered table.
 (function () {
   "use strict";
-  var COLORS = { baseline: "#1f5fbf", resumed: "#d9480f", delta: "#b42318", band: "rgba(26,127,55,0.18)",
+  var COLORS = { baseline: "#1f5fbf", resumed: "#d9480f", delta: "#b42318", band: "rgba(26,127,55,0.30)",
                  tol: "#1a7f37", mismatch: "#b42318", save: "#5d6675", diverge: "#b42318", beyond: "#d97706",
                  pass: "#1a7f37", fail: "#b42318", error: "#b7791f", worst: "#8892a6" };
   var charts = (window.parityCharts = {});
@@ -23,13 +23,36 @@
     });
   }
   function logTicks(floor) {
-    // exact zeros are plotted on the floor, so the floor is labelled "0"
+    // exact zeros are plotted on the floor, so the floor (and only the floor) is labelled "0"
     return function (u, splits) {
       return splits.map(function (v) {
         if (v == null) return null;
-        return v <= floor * 1.0001 ? "0" : "1e" + Math.round(Math.log10(v));
+        return Math.abs(v - floor) <= floor * 1e-4 ? "0" : "1e" + Math.round(Math.log10(v));
       });
     };
+  }
+  function logRange(floor, series) {
+    // a range that fits the data: from the floor (exact zeros) to the decade above the largest value,
+    // at least two decades tall so a bit-exact run still gets real labels above its "0"
+    var top = floor;
+    series.forEach(function (s) { (s || []).forEach(function (v) { if (v != null && v > top) top = v; }); });
+    var lo = Math.log10(floor), hi = Math.max(Math.ceil(Math.log10(top) + 1e-9), lo + 2);
+    return function () { return [floor, Math.pow(10, hi)]; };
+  }
+  // steps are whole numbers: tick increments of 1, 2, 5, 10, … never 0.5
+  var STEP_AXIS = { label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000],
+                    values: function (u, splits) { return splits.map(function (v) { return v == null ? null : String(Math.round(v)); }); } };
+  function lastIndex(data) {
+    // the last x whose series have a value: the legend shows it while no cursor is over the chart
+    for (var i = data[0].length - 1; i >= 0; i--) {
+      for (var s = 1; s < data.length; s++) if (data[s][i] != null) return i;
+    }
+    return data[0].length - 1;
+  }
+  function restingLegend(data) {
+    var idx = lastIndex(data);
+    var rest = function (u) { if (u.cursor.idx == null) u.setLegend({ idx: idx }); };
+    return { hooks: { ready: [rest], setCursor: [rest] } };
   }
   function line(label, color, value, extra) {
     var s = { label: label, stroke: color, width: 1.6, spanGaps: false, value: value, points: { show: false } };
@@ -63,15 +86,17 @@
   var BUILD = {
     loss: function (d, el) {
       return [base(el, { scales: { x: { time: false } }, plugins: [markers(d.markers)],
-        axes: [{ label: "step" }, { label: "loss", size: 70 }],
+        axes: [STEP_AXIS, { label: "loss", size: 70 }],
         series: [{ label: "step" }, line("uninterrupted", COLORS.baseline, prec(8)),
                  line("resumed", COLORS.resumed, prec(8), { dash: [6, 3] })] }),
         [d.steps, d.loss_baseline, d.loss_resumed]];
     },
     delta: function (d, el) {
       var bottom = function (u) { return u.scales.y.min; };
-      return [base(el, { scales: { x: { time: false }, y: { distr: 3, log: 10 } }, plugins: [markers(d.markers)],
-        axes: [{ label: "step" }, { label: "|Δloss|", size: 70, filter: decades, grid: { filter: decades },
+      return [base(el, { scales: { x: { time: false },
+                                   y: { distr: 3, log: 10, range: logRange(d.floor, [d.abs_delta, d.tolerance]) } },
+        plugins: [markers(d.delta_markers || d.markers)],
+        axes: [STEP_AXIS, { label: "|Δloss|", size: 70, filter: decades, grid: { filter: decades },
                                   ticks: { filter: decades }, values: logTicks(d.floor) }],
         series: [{ label: "step" },
                  line("tolerance", COLORS.tol, sci(2), { fill: COLORS.band, fillTo: bottom, width: 1 }),
@@ -79,8 +104,8 @@
         [d.steps, d.tolerance, d.abs_delta]];
     },
     lr: function (d, el) {
-      return [base(el, { scales: { x: { time: false } }, plugins: [markers(d.markers)],
-        axes: [{ label: "step" }, { label: "learning rate", size: 80, values: function (u, s) {
+      return [base(el, { scales: { x: { time: false } }, plugins: [markers(d.lr_markers || d.markers)],
+        axes: [STEP_AXIS, { label: "learning rate", size: 80, values: function (u, s) {
           return s.map(function (v) { return Number(v).toExponential(1); }); } }],
         series: [{ label: "step" }, line("uninterrupted", COLORS.baseline, sci(6)),
                  line("resumed", COLORS.resumed, sci(6), { dash: [6, 3] }),
@@ -88,7 +113,7 @@
         [d.steps, d.lr_baseline, d.lr_resumed, d.lr_mismatch]];
     },
     history: function (d, el) {
-      return [base(el, { scales: { y: { distr: 3, log: 10 } },
+      return [base(el, { scales: { y: { distr: 3, log: 10, range: logRange(d.floor, [d.worst]) } },
         axes: [{}, { label: "worst |Δloss|", size: 70, filter: decades, grid: { filter: decades },
                                   ticks: { filter: decades }, values: logTicks(d.floor) }],
         series: [{ label: "finished" }, line("worst |Δloss|", COLORS.worst, sci(3), { spanGaps: true, width: 1 }),
@@ -104,6 +129,7 @@
     if (!source || !build) return;
     var built = build(JSON.parse(source.textContent), el);
     if (!built[1][0].length) return;  // nothing to plot: keep the server's text
+    built[0].plugins = (built[0].plugins || []).concat([restingLegend(built[1])]);
     var u = new uPlot(built[0], built[1], el);
     charts[el.id] = u;
     el.dataset.points = String(u.data[0].length);
