@@ -231,7 +231,7 @@ def _accumulate(tr: model.Trainee, step: int, micro: int) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32)
     for j in range(micro):
         loss = tr.micro_loss_fn(step, rank * micro + j) / micro
-        loss.backward()
+        tr.backward(loss)
         total += loss.detach().float()
     return total
 
