@@ -228,20 +228,59 @@ def benign_state_in_new_storage() -> list[Patch]:
     return [_after(_dist_opt(), "load_state_dict", copy)]
 
 
-def benign_reordered_state_dict() -> list[Patch]:
+def common_state_iteration_stale() -> list[Patch]:
+    from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
+
+    def stale(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        # the common.pt reader hands back the iteration of the checkpoint before this one
+        if isinstance(result, dict) and isinstance(result.get("iteration"), int):
+            result = {**result, "iteration": result["iteration"] - 1}
+        return result
+
+    return [_after(TorchCommonLoadStrategy, "load_common", stale)]
+
+
+def expert_bias_zeroed_on_load() -> list[Patch]:
     from megatron.core.transformer.module import Float16Module
 
-    def reverse(self: Any, result: Any, *a: Any, **k: Any) -> Any:
-        return dict(reversed(list(result.items()))) if isinstance(result, dict) else result
+    def zero(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        for module in self.modules():
+            if getattr(module, "expert_bias", None) is not None:
+                module.expert_bias.zero_()
+        return result
 
-    return [_after(Float16Module, "sharded_state_dict", reverse), _after(_dist_opt(), "sharded_state_dict", reverse)]
+    return [_after(Float16Module, "load_state_dict", zero)]
 
 
-def benign_rng_drawn_before_load() -> list[Patch]:
-    def draw(self: Any, *a: Any, **k: Any) -> None:
-        torch.rand(17)
+def loss_scaler_not_restored() -> list[Patch]:
+    from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 
-    return [_before(_dist_opt(), "load_state_dict", draw)]
+    original = DynamicGradScaler.load_state_dict
+    DynamicGradScaler.load_state_dict = lambda self, state_dict: None  # type: ignore[method-assign]
+    return [(DynamicGradScaler, "load_state_dict", original)]
+
+
+def benign_load_priming_noise() -> list[Patch]:
+    def noise(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        # the load-priming dummies get random values instead of zeros: the load overwrites them all
+        gen = torch.Generator().manual_seed(1234)
+        for s in _states(self):
+            for key, value in s.items():
+                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
+                    value.copy_(torch.rand(value.shape, generator=gen).to(value.dtype))
+        return result
+
+    return [_after(_dist_opt(), "_init_optimizer_states_with_dummy_values", noise)]
+
+
+def benign_stale_grads_after_load() -> list[Patch]:
+    def garbage(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        # grad buffers full of junk after the load: every step zeroes them before its backward
+        for buffer in self.buffers:
+            buffer.grad_data.fill_(3.0)
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", garbage)]
 
 
 REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
@@ -260,7 +299,11 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "clip-grad-changed-on-resume": (RESUME, clip_grad_changed_on_resume),
     "build-lacks-sharding-type": (SAVE, build_lacks_sharding_type),
     "benign-state-in-new-storage": (RESUME, benign_state_in_new_storage),
-    "benign-reordered-state-dict": (BOTH, benign_reordered_state_dict),
+    "common-state-iteration-stale": (RESUME, common_state_iteration_stale),
+    "expert-bias-zeroed-on-load": (RESUME, expert_bias_zeroed_on_load),
+    "loss-scaler-not-restored": (RESUME, loss_scaler_not_restored),
+    "benign-load-priming-noise": (RESUME, benign_load_priming_noise),
+    "benign-stale-grads-after-load": (RESUME, benign_stale_grads_after_load),
     "benign-rng-drawn-before-load": (RESUME, benign_rng_drawn_before_load),
 }
 
