@@ -283,6 +283,13 @@ def benign_stale_grads_after_load() -> list[Patch]:
     return [_after(_dist_opt(), "load_state_dict", garbage)]
 
 
+def benign_rng_drawn_before_load() -> list[Patch]:
+    def draw(self: Any, *a: Any, **k: Any) -> None:
+        torch.rand(17)
+
+    return [_before(_dist_opt(), "load_state_dict", draw)]
+
+
 REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "model-weight-skipped": (RESUME, model_weight_skipped),
     "main-params-from-model": (RESUME, main_params_from_model),
