@@ -58,6 +58,7 @@ class ModelConfig:
     fp16: bool = False  # fp16 params + the dynamic loss scaler (instead of bf16)
     initial_loss_scale: float = 2.0**16  # fp16 only: where the dynamic scaler starts
     loss_scale_window: int = 2  # fp16 only: steps without overflow before the scale doubles
+    grouped_gemm: bool = False  # moe_grouped_gemm with Transformer Engine's layer spec (GPU only)
     # What the feature needs beyond CPU Megatron-Core ("cuda", "transformer-engine"): a GPU check
     requires: tuple[str, ...] = ()
     expected: dict[str, str] = field(default_factory=dict)
@@ -83,6 +84,8 @@ class ModelConfig:
             raise ValueError(f"{self.name}: expert_bias needs sigmoid router scores (Megatron refuses softmax)")
         if (self.expert_bias or self.shared_expert_size) and not self.num_experts:
             raise ValueError(f"{self.name}: expert_bias / shared experts need an MoE config")
+        if self.grouped_gemm and not {"cuda", "transformer-engine"} <= set(self.requires):
+            raise ValueError(f"{self.name}: grouped_gemm needs requires=('cuda', 'transformer-engine')")
         if self.fp16 and self.kind != "gpt":
             raise ValueError(f"{self.name}: fp16 is built for GPT configs only")
 
@@ -112,6 +115,8 @@ class ModelConfig:
                 out.update(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3)
             if self.shared_expert_size:
                 out["moe_shared_expert_intermediate_size"] = self.shared_expert_size
+            if self.grouped_gemm:
+                out.update(moe_grouped_gemm=True, transformer_impl="transformer_engine")
         return out
 
 
@@ -224,6 +229,21 @@ CONFIGS: dict[str, ModelConfig] = {
             kind="gpt",
             fp16=True,
             expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+        ),
+        ModelConfig(
+            name="moe-grouped-gemm-te",
+            description="moe-aux-free with Transformer Engine's layer spec and grouped GEMM experts "
+            "(GPU check: needs CUDA and Transformer Engine)",
+            why="Production MoE runs keep the experts' weights as grouped-GEMM tensors (TEGroupedMLP): "
+            "another sharded layout of the expert weights and their optimizer state. On a CPU host the "
+            "run is unsupported-by-build, naming what is missing.",
+            router_score_function="sigmoid",
+            router_load_balancing="none",
+            expert_bias=True,
+            grouped_gemm=True,
+            requires=("cuda", "transformer-engine"),
+            expected={"cpu": "unsupported-by-build (needs CUDA and Transformer Engine)"},
+            **_MOE,  # type: ignore[arg-type]
         ),
     )
 }

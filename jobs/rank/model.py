@@ -98,7 +98,7 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
             moe_router_pre_softmax=cfg.moe_router_topk == 1,
             moe_ffn_hidden_size=ffn,
             moe_token_dispatcher_type="allgather",
-            moe_grouped_gemm=False,
+            moe_grouped_gemm=cfg.grouped_gemm,
             moe_router_load_balancing_type=cfg.router_load_balancing,
             moe_aux_loss_coeff=0.0 if cfg.router_load_balancing == "none" else 1e-2,
             moe_router_score_function=cfg.router_score_function,
@@ -180,6 +180,10 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
         from jobs.rank.parallel_model import gpt_block_spec
 
         spec = gpt_block_spec(cfg.num_experts or None, cfg.num_layers // tcfg.pipeline_model_parallel_size)
+    elif cfg.grouped_gemm:  # GPU check (jobs/rank/compat.check_requirements refuses it elsewhere)
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=cfg.num_experts, moe_grouped_gemm=True)
     else:
         spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts or None)
     gpt = GPTModel(

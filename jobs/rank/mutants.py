@@ -55,7 +55,8 @@ def _states(opt: Any) -> list[dict[str, Any]]:
     return list(opt.optimizer.state.values())
 
 
-def model_weight_skipped() -> list[Patch]:
+def model_weight_skipped(pick: Callable[[str], bool] = lambda name: True) -> list[Patch]:
+    """The model load keeps the fresh build's value of the first 2-D weight whose name `pick` accepts."""
     from megatron.core.transformer.module import Float16Module
 
     # torch_dist loads model tensors in place during the read, so the fresh value is taken when
@@ -64,7 +65,7 @@ def model_weight_skipped() -> list[Patch]:
 
     def remember(self: Any, result: Any, *a: Any, **k: Any) -> Any:
         if not fresh:
-            param = next(p for p in self.parameters() if p.dim() == 2)
+            param = next(p for n, p in self.named_parameters() if p.dim() == 2 and pick(n))
             fresh.update(param=param, value=param.detach().clone())
         return result
 
@@ -240,6 +241,10 @@ def common_state_iteration_stale() -> list[Patch]:
     return [_after(TorchCommonLoadStrategy, "load_common", stale)]
 
 
+def shared_expert_weight_skipped() -> list[Patch]:
+    return model_weight_skipped(lambda name: ".shared_experts." in name)
+
+
 def expert_bias_zeroed_on_load() -> list[Patch]:
     from megatron.core.transformer.module import Float16Module
 
@@ -309,6 +314,7 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "common-state-iteration-stale": (RESUME, common_state_iteration_stale),
     "expert-bias-zeroed-on-load": (RESUME, expert_bias_zeroed_on_load),
     "loss-scaler-not-restored": (RESUME, loss_scaler_not_restored),
+    "shared-expert-weight-skipped": (RESUME, shared_expert_weight_skipped),
     "benign-load-priming-noise": (RESUME, benign_load_priming_noise),
     "benign-stale-grads-after-load": (RESUME, benign_stale_grads_after_load),
     "benign-rng-drawn-before-load": (RESUME, benign_rng_drawn_before_load),

@@ -30,6 +30,7 @@ BASES: dict[str, dict[str, Any]] = {
     "dense-bf16-dropout": dict(BASE_SPEC),
     "moe-aux-free": {"config": "moe-aux-free", **_SHORT, "workarounds": ["restore-adam-step"]},
     "dense-fp16": {"config": "dense-fp16", **_SHORT, "workarounds": ["restore-adam-step"]},
+    "moe-shared-expert": {"config": "moe-shared-expert", **_SHORT, "workarounds": ["restore-adam-step"]},
 }
 # The self-test matrix: every general mutant on both, at DP 1 and 2 (feature mutants on their own base).
 MATRIX_BASES = ("dense-bf16", "moe-fp32-router")
@@ -144,6 +145,11 @@ MUTANTS: dict[str, Mutant] = {
                ("loss-scaler-mismatch",), patches="megatron.core.optimizer.grad_scaler."
                "DynamicGradScaler.load_state_dict",
                evidence=(("loss-scaler-mismatch", r"\.scale$"),), bases=("dense-fp16",)),
+        Mutant("shared-expert-weight-skipped", "shared experts",
+               "the model load keeps the fresh build's value of the first shared-expert weight",
+               ("model-weights-mismatch",), patches=f"{_F16}.load_state_dict",
+               evidence=(("model-weights-mismatch", r"shared_experts\.linear_fc\d\.weight$"),),
+               bases=("moe-shared-expert",)),
         Mutant("benign-state-in-new-storage", "benign",
                "after the load every optimizer state tensor is replaced by a copy (same values): fools a "
                "detector that compares storage or data_ptr", verdict="pass", patches=f"{_DO}.load_state_dict"),
