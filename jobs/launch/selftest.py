@@ -89,7 +89,7 @@ def run_selftest(
 def format_matrix(report: dict[str, Any]) -> str:
     """Render the detection matrix: mutant, layer, base, DP, outcome, verdict, evidence, first divergent step, time."""
     lines = [
-        f"{'mutant':<30} {'layer':<13} {'base':<16} {'dp':>2}  {'outcome':<11} {'verdict':<7} {'div':>3} "
+        f"{'mutant':<30} {'layer':<13} {'base':<18} {'dp':>2}  {'outcome':<11} {'verdict':<7} {'div':>3} "
         f"{'s':>5}  signatures [evidence]"
     ]
     for r in report["rows"]:
@@ -97,7 +97,7 @@ def format_matrix(report: dict[str, Any]) -> str:
         name = r["mutant"] if len(r["mutant"]) <= 30 else r["mutant"][:27] + "..."
         ev = "; ".join(f"{', '.join(v[:2])}" for v in (r.get("evidence_names") or {}).values() if v)
         lines.append(
-            f"{name:<30} {r.get('layer', '-'):<13} {r.get('base', '-'):<16} {r['dp']:>2}  {r['outcome']:<11} "
+            f"{name:<30} {r.get('layer', '-'):<13} {r.get('base', '-'):<18} {r['dp']:>2}  {r['outcome']:<11} "
             f"{str(r['verdict']):<7} {step:>3} {r.get('seconds', 0):>5}  {', '.join(r['signatures']) or '-'}"
             + (f" [{ev}]" if ev else "")
         )
