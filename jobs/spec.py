@@ -101,6 +101,11 @@ class RunSpec:
     pp: int = 1
     ep: int = 1
     # --- end parallel layout
+    # --- checkpoint I/O strategies (any config); omitted from to_dict() when off ---
+    # Megatron's async save path (async_sharded_save + AsyncCallsQueue: training goes on while a
+    # forked writer writes step N) and the fully-parallel save/load wrappers over the DP group.
+    async_save: bool = False
+    fully_parallel: bool = False
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
@@ -159,6 +164,9 @@ class RunSpec:
             # a resharded resume is verified only for pure data parallelism
             raise SpecError("resume_dp", "resharding a tp/pp/ep layout is not supported; "
                             "allowed with tp = pp = ep = 1")
+        for name in ("async_save", "fully_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(name, f"must be true or false, got {getattr(self, name)!r}", [False, True])
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
@@ -213,6 +221,9 @@ class RunSpec:
             out["shape"] = dict(self.shape)
         else:
             del out["shape"]
+        for name in ("async_save", "fully_parallel"):  # likewise: absent when off
+            if not out[name]:
+                del out[name]
         for name in parallel_layout.LAYOUT_FIELDS:  # likewise: a default layout leaves stored specs as they were
             if out[name] == 1:
                 del out[name]

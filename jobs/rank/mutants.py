@@ -265,6 +265,46 @@ def loss_scaler_not_restored() -> list[Patch]:
     return [(DynamicGradScaler, "load_state_dict", original)]
 
 
+def async_save_stages_late() -> list[Patch]:
+    from megatron.core.dist_checkpointing.strategies.async_utils import TemporalAsyncCaller
+
+    schedule, done = TemporalAsyncCaller.schedule_async_call, TemporalAsyncCaller.is_current_async_call_done
+
+    def defer(self: Any, async_req: Any) -> None:
+        # the staging copy and the writer start only when the trainer next polls, after step N+1 (on a
+        # GPU: a non-blocking D2H copy nobody waited for): the live step-N+1 tensors get written as step N
+        self._parity_deferred = async_req
+
+    def poll(self: Any, *args: Any, **kwargs: Any) -> Any:
+        request = self.__dict__.pop("_parity_deferred", None)
+        if request is not None:
+            schedule(self, request)
+        return done(self, *args, **kwargs)
+
+    TemporalAsyncCaller.schedule_async_call = defer  # type: ignore[method-assign]
+    TemporalAsyncCaller.is_current_async_call_done = poll  # type: ignore[method-assign]
+    return [(TemporalAsyncCaller, "schedule_async_call", schedule),
+            (TemporalAsyncCaller, "is_current_async_call_done", done)]
+
+
+def fully_parallel_exchange_lost_on_last_rank() -> list[Patch]:
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
+
+    original = FullyParallelLoadStrategyWrapper.fill_in_deferred_sharded_tensors
+
+    def lose(sharded_state_dict: Any, loaded_tensors: dict[Any, torch.Tensor]) -> None:
+        # the last rank fills the embedding it received in the exchange with zeros
+        if _last_rank():
+            loaded_tensors = {
+                k: torch.zeros_like(v) if str(k[0]).endswith("embedding.word_embeddings.weight") else v
+                for k, v in loaded_tensors.items()
+            }
+        original(sharded_state_dict, loaded_tensors)
+
+    FullyParallelLoadStrategyWrapper.fill_in_deferred_sharded_tensors = staticmethod(lose)  # type: ignore[assignment]
+    return [(FullyParallelLoadStrategyWrapper, "fill_in_deferred_sharded_tensors", staticmethod(original))]
+
+
 def benign_load_priming_noise() -> list[Patch]:
     def noise(self: Any, result: Any, *a: Any, **k: Any) -> Any:
         # the load-priming dummies get random values instead of zeros: the load overwrites them all
@@ -315,6 +355,8 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "expert-bias-zeroed-on-load": (RESUME, expert_bias_zeroed_on_load),
     "loss-scaler-not-restored": (RESUME, loss_scaler_not_restored),
     "shared-expert-weight-skipped": (RESUME, shared_expert_weight_skipped),
+    "async-save-stages-late": (SAVE, async_save_stages_late),
+    "fully-parallel-exchange-lost-on-last-rank": (RESUME, fully_parallel_exchange_lost_on_last_rank),
     "benign-load-priming-noise": (RESUME, benign_load_priming_noise),
     "benign-stale-grads-after-load": (RESUME, benign_stale_grads_after_load),
     "benign-rng-drawn-before-load": (RESUME, benign_rng_drawn_before_load),

@@ -31,6 +31,11 @@ BASES: dict[str, dict[str, Any]] = {
     "moe-aux-free": {"config": "moe-aux-free", **_SHORT, "workarounds": ["restore-adam-step"]},
     "dense-fp16": {"config": "dense-fp16", **_SHORT, "workarounds": ["restore-adam-step"]},
     "moe-shared-expert": {"config": "moe-shared-expert", **_SHORT, "workarounds": ["restore-adam-step"]},
+    # checkpoint I/O strategies are spec variations: shown here on dense-bf16
+    "dense-bf16+async": {"config": "dense-bf16", **_SHORT, "workarounds": ["restore-adam-step"],
+                         "async_save": True},
+    "dense-bf16+fully-parallel": {"config": "dense-bf16", **_SHORT, "workarounds": ["restore-adam-step"],
+                                  "fully_parallel": True},
 }
 # The self-test matrix: every general mutant on both, at DP 1 and 2 (feature mutants on their own base).
 MATRIX_BASES = ("dense-bf16", "moe-fp32-router")
@@ -150,6 +155,21 @@ MUTANTS: dict[str, Mutant] = {
                ("model-weights-mismatch",), patches=f"{_F16}.load_state_dict",
                evidence=(("model-weights-mismatch", r"shared_experts\.linear_fc\d\.weight$"),),
                bases=("moe-shared-expert",)),
+        Mutant("async-save-stages-late", "async save",
+               "the async request is staged and forked only when the trainer next polls, after step N+1: "
+               "the step-N checkpoint holds step N+1's optimizer state", ("main-params-mismatch",
+                                                                          "optimizer-moments-mismatch"),
+               patches="megatron.core.dist_checkpointing.strategies.async_utils.TemporalAsyncCaller."
+               "schedule_async_call", evidence=(("main-params-mismatch", r"\.weight$"),
+                                                ("optimizer-moments-mismatch", r"/exp_avg$")),
+               bases=("dense-bf16+async",)),
+        Mutant("fully-parallel-exchange-lost-on-last-rank", "fully-parallel load",
+               "the fully-parallel load's exchange gives the last rank zeros for the embedding",
+               ("model-weights-mismatch",),
+               patches="megatron.core.dist_checkpointing.strategies.fully_parallel."
+               "FullyParallelLoadStrategyWrapper.fill_in_deferred_sharded_tensors",
+               evidence=(("model-weights-mismatch", r"word_embeddings\.weight$"),),
+               bases=("dense-bf16+fully-parallel",)),
         Mutant("benign-state-in-new-storage", "benign",
                "after the load every optimizer state tensor is replaced by a copy (same values): fools a "
                "detector that compares storage or data_ptr", verdict="pass", patches=f"{_DO}.load_state_dict"),

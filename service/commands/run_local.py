@@ -52,6 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_shape_argument(p)
     p.add_argument("--resume-dp", type=int, default=None,
                    help="resume at this DP size instead of --dp (same global batch; its own job)")
+    p.add_argument("--async-save", action="store_true",
+                   help="save through Megatron's async path (training goes on while a forked writer writes)")
+    p.add_argument("--fully-parallel", action="store_true",
+                   help="save and load with Megatron's fully-parallel strategy wrappers over the DP group")
     p.add_argument("--run-folder", type=Path, default=None,
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
@@ -81,6 +85,8 @@ def handle(args: argparse.Namespace) -> int:
             ep=args.ep,
             shape=parse_shape(args.shape),
             resume_dp=args.resume_dp,
+            async_save=bool(getattr(args, "async_save", False)),
+            fully_parallel=bool(getattr(args, "fully_parallel", False)),
         )
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)
