@@ -2,7 +2,8 @@
 
 Each batch is the whole catalogue one mutant per run, with a control per base, plus the combined
 smoke test (jobs/selftest/catalogue.py `health_specs`), labelled `selftest=detector-health` and
-`selftest_batch=<time>`; the overview judges the latest batch against the catalogue: every fault caught, nothing benign flagged.
+`selftest_batch=<time>`; the overview judges the latest batch against the catalogue: every fault
+caught, nothing benign flagged.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def save_strategy(fully_parallel: bool) -> Any:
 
 
 def load_strategy(fully_parallel: bool, folder: Path) -> Any:
-    """The sharded load strategy: default, or Megatron's fully-parallel wrapper (each rank reads a share, then exchange)."""
+    """The sharded load strategy: default, or Megatron's fully-parallel wrapper (each rank reads a share)."""
     if not fully_parallel:
         return None
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy

@@ -310,7 +310,7 @@ def benign_load_priming_noise() -> list[Patch]:
         # the load-priming dummies get random values instead of zeros: the load overwrites them all
         gen = torch.Generator().manual_seed(1234)
         for s in _states(self):
-            for key, value in s.items():
+            for value in s.values():
                 if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
                     value.copy_(torch.rand(value.shape, generator=gen).to(value.dtype))
         return result

@@ -308,15 +308,14 @@ def run_steps(
         record = ctx.run("step", functools.partial(_one_step, tr, step, holders, micro), STEP_TIMEOUT_S)
         ctx.doc["steps"].append(record)
         if ctx.pending_save is not None:  # an async save: training went on; finalize it once written
-            pending = ctx.pending_save
-            if ctx.run("save", lambda: checkpoint.finish_async(pending, blocking=False), save_timeout_s):
+            poll = functools.partial(checkpoint.finish_async, ctx.pending_save, blocking=False)
+            if ctx.run("save", poll, save_timeout_s):
                 _async_saved(ctx, ckpt, step)
         if step == save_at:
             ctx.doc["info"]["train_seconds_before_save"] = round(time.perf_counter() - t0, 4)
             _save(ctx, tr, spec, step, ckpt, save_timeout_s)
     if ctx.pending_save is not None:
-        pending = ctx.pending_save
-        ctx.run("save", lambda: checkpoint.finish_async(pending, blocking=True), save_timeout_s)
+        ctx.run("save", functools.partial(checkpoint.finish_async, ctx.pending_save, blocking=True), save_timeout_s)
         _async_saved(ctx, ckpt, spec.steps)
     ctx.doc["info"]["train_seconds"] = round(time.perf_counter() - t0, 4)
     # After step M in both runs: what the update of the last step left behind.

@@ -1,4 +1,4 @@
-"""The mutant catalogue as data: labels, siblings, the one-mutant-per-run plan and the evidence judge (pure but for the registry import)."""
+"""The mutant catalogue as data: labels, siblings, the one-mutant-per-run plan and the evidence judge."""
 
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def test_catalogue_runs_every_mutant_alone_on_both_bases_at_dp_1_and_2() -> None
     # a control per base and DP, and every row is one mutant (never a bundle)
     controls = {(b, d) for _, m, b, d in runs if m is None}
     assert controls == {(b, d) for _, _, b, d in runs}
-    for _, m, base, dp in runs:
-        RunSpec.from_dict({**BASES[base], "dp": dp} if m is None else m.run_spec(dp, base))
+    for _, mutant, base, dp in runs:
+        RunSpec.from_dict({**BASES[base], "dp": dp} if mutant is None else mutant.run_spec(dp, base))
 
 
 def test_health_batch_is_the_whole_catalogue_plus_the_combined_smoke() -> None:

@@ -121,7 +121,7 @@ def test_loss_scaler_not_restored_is_caught_alone(tmp_path: Path) -> None:
 def test_grouped_gemm_is_a_gpu_check_unsupported_on_cpu(tmp_path: Path) -> None:
     spec = RunSpec.from_dict({"config": "moe-grouped-gemm-te", "dp": 1, "steps": 4, "save_step": 2,
                               "workarounds": ["restore-adam-step"]})
-    r = run_parity(spec, tmp_path)
+    r: dict[str, Any] = dict(run_parity(spec, tmp_path))
     assert r["verdict"] == "error" and r["signatures"] == ["unsupported-by-build"]
     assert "CUDA" in r["error"]["message"]
 
@@ -132,4 +132,4 @@ def test_grouped_gemm_known_good_on_a_gpu(tmp_path: Path) -> None:  # pragma: no
     run_one(None, 2, tmp_path, base="moe-aux-free")
     spec = RunSpec.from_dict({"config": "moe-grouped-gemm-te", "dp": 2, "steps": 4, "save_step": 2,
                               "workarounds": ["restore-adam-step"]})
-    _bit_exact(run_parity(spec, tmp_path / "te"))
+    _bit_exact(dict(run_parity(spec, tmp_path / "te")))
