@@ -4,6 +4,7 @@ one injected fault on the feature is caught alone, naming what it broke.
 - aux-loss-free routing (`moe-aux-free`): sigmoid scores and an `expert_bias` that finalize_model_grads
   moves every step; the non-persistent `local_tokens_per_expert` is recorded, never compared.
 - shared experts (`moe-shared-expert`), fp16 with the dynamic loss scaler (`dense-fp16`).
+- checkpoint I/O spec variations: Megatron's async save and the fully-parallel save/load wrappers.
 - `moe-grouped-gemm-te` is a GPU check: unsupported-by-build without CUDA and Transformer Engine.
 """
 
@@ -115,6 +116,29 @@ def test_loss_scaler_not_restored_is_caught_alone(tmp_path: Path) -> None:
     }
     # the scale is a power of two, so the losses match: only the state snapshot sees it
     assert row["first_divergent_step"] is None
+
+
+def test_async_save_known_good_and_late_staging_caught(tmp_path: Path) -> None:
+    run_one(None, 2, tmp_path / "good", base="dense-bf16+async")
+    good = _result(tmp_path / "good")
+    _bit_exact(good)
+    info = good["phases"]["train_and_save"]["info"]
+    # Megatron's async path: scheduled at the save (step 2), finalized after training went on
+    assert info["save_strategy"] == {"async": True, "fully_parallel": False}
+    assert info["async_save_finalized_after_step"] > 2 and info["save_results_queue"] == "multiprocessing-manager"
+    row = run_one(MUTANTS["async-save-stages-late"], 2, tmp_path / "bad")
+    assert row["outcome"] == "caught", row
+    # step 3's optimizer state was written as step 2's: the resumed run diverges at step 4
+    assert row["first_divergent_step"] == 4
+
+
+def test_fully_parallel_save_load_known_good_and_a_lost_exchange(tmp_path: Path) -> None:
+    run_one(None, 2, tmp_path / "good", base="dense-bf16+fully-parallel")
+    _bit_exact(_result(tmp_path / "good"))
+    row = run_one(MUTANTS["fully-parallel-exchange-lost-on-last-rank"], 2, tmp_path / "bad")
+    assert row["outcome"] == "caught", row
+    ev = _result(tmp_path / "bad")["evidence"]["model-weights-mismatch"]
+    assert ev["names"] == ["module.embedding.word_embeddings.weight"] and ev["ranks"] == [1]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host the config runs (see the GPU check below)")
