@@ -61,6 +61,7 @@ class Mutant:
     evidence: tuple[tuple[str, str], ...] = ()
     bases: tuple[str, ...] = MATRIX_BASES  # the base specs it runs on (first: the default)
     sibling: str = ""  # a harness mutant's Megatron-Core counterpart (same signature)
+    min_dp: int = 1  # the smallest DP where the patched code path runs at all
     note: str = ""
 
     @property
@@ -173,7 +174,8 @@ MUTANTS: dict[str, Mutant] = {
                patches="megatron.core.dist_checkpointing.strategies.fully_parallel."
                "FullyParallelLoadStrategyWrapper.fill_in_deferred_sharded_tensors",
                evidence=(("model-weights-mismatch", r"word_embeddings\.weight$"),),
-               bases=("dense-bf16+fully-parallel",)),
+               bases=("dense-bf16+fully-parallel",), min_dp=2,
+               note="at DP 1 the wrapper loads directly (no exchange): measured pass, so it runs from DP 2"),
         Mutant("benign-state-in-new-storage", "benign",
                "after the load every optimizer state tensor is replaced by a copy (same values): fools a "
                "detector that compares storage or data_ptr", verdict="pass", patches=f"{_DO}.load_state_dict"),
@@ -294,8 +296,9 @@ def catalogue_runs(
     out: list[tuple[str, Mutant | None, str, int]] = []
     for dp in dps:
         for base, members in plan.items():
-            if names and not members:
-                continue
+            members = [m for m in members if dp >= m.min_dp]
+            if not members and (names or base not in bases):
+                continue  # a control only where some mutant runs (every matrix base keeps its own)
             out.append((f"control@{base}", None, base, dp))
             out += [(f"{m.name}@{base}", m, base, dp) for m in members]
     return out
