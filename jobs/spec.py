@@ -343,6 +343,9 @@ def allowed_values() -> dict[str, Any]:
         "resume_dp": {"min": 1, "max": MAX_DP, "default": "dp", "must_differ_from": "dp"},
         "steps": {"min": 2, "max": MAX_STEPS},
         "nodes": {"min": 1, "rule": "divides dp"},  # multi-node
+        # checkpoint I/O strategies (Megatron's async save, fully-parallel save/load wrappers)
+        "async_save": [False, True],
+        "fully_parallel": [False, True],
         "shape": shape_fields(),
         **parallel_layout.allowed(CONFIGS),
     }

@@ -74,6 +74,17 @@ def test_allowed_values_and_configs_are_plain_data() -> None:
 
 
 
+def test_checkpoint_io_strategies_are_spec_variations() -> None:
+    base = {"config": "moe-fp32-router", "dp": 2, "steps": 4, "save_step": 2}
+    assert "async_save" not in RunSpec.from_dict(base).to_dict()  # stored specs and check keys unchanged
+    spec = RunSpec.from_dict({**base, "async_save": True, "fully_parallel": True})
+    assert spec.to_dict()["async_save"] is True and spec.to_dict()["fully_parallel"] is True
+    with pytest.raises(SpecError) as err:
+        RunSpec.from_dict({**base, "async_save": "yes"})
+    assert err.value.field == "async_save"
+    assert allowed_values()["fully_parallel"] == [False, True]
+
+
 def test_feature_configs_list_the_megatron_settings_they_switch_on() -> None:
     from jobs.configs import ModelConfig
 
