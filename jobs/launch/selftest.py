@@ -70,7 +70,9 @@ def run_selftest(
         plan = [(m, base, dp) for _, m, base, dp in catalogue_runs(dps, bases, names)]
     rows = []
     t0 = time.perf_counter()
-    for i, (mutant, base, dp) in enumerate(plan):
+    seen: dict[int, int] = {}  # runs so far per DP: each DP's folders count from 00
+    for mutant, base, dp in plan:
+        i = seen[dp] = seen.get(dp, -1) + 1
         rows.append(run_one(mutant, dp, Path(run_folder) / f"dp{dp}" / f"{i:02d}", executor, base))
     faulty = [r for r in rows if r["kind"] not in ("control", "benign")]
     caught = sum(r["ok"] for r in faulty)
