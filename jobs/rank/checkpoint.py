@@ -48,6 +48,7 @@ def use_in_process_results_queue(synchronous: bool = True) -> bool:
     if os.environ.get("PARITY_SAVE_MANAGER_QUEUE") == "1":
         return False
     if not synchronous:  # the forked async writer reports through a queue another process can read
+        _own_results_manager()
         return False
     import queue
 
@@ -85,6 +86,34 @@ def load_strategy(fully_parallel: bool, folder: Path) -> Any:
     return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(str(folder)), _dp_group())
 
 
+_MANAGERS: list[Any] = []
+
+
+def _own_results_manager() -> None:
+    """Give Megatron's write-results queue a Manager this module owns, so `finish_async` can stop it.
+
+    Megatron creates its own (spawn) Manager and never shuts it down; a phase child leaves with
+    os._exit, which skips the Manager's exit finalizer, so every async save left a server process
+    (and its resource tracker) behind on each rank.
+    """
+    import multiprocessing as mp
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        manager = mp.get_context("spawn").Manager()
+        _MANAGERS.append(manager)
+        filesystem_async._results_queue = manager.Queue()
+
+
+def _stop_results_managers() -> None:
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    while _MANAGERS:
+        _MANAGERS.pop().shutdown()
+        filesystem_async._results_queue = None
+
+
 def write(state: dict[str, Any], folder: Path, fully_parallel: bool = False, asynchronous: bool = False) -> Any:
     """Save a built state dict with dist_checkpointing (a collective over all ranks).
 
@@ -114,6 +143,8 @@ def finish_async(calls: Any, blocking: bool) -> bool:
     """Finalize a pending async save if done (or wait for it); True once nothing is pending."""
     calls.maybe_finalize_async_calls(blocking=blocking)
     done = not calls.async_calls
+    if done:
+        _stop_results_managers()
     if done and blocking:
         torch.distributed.barrier()
     return done
