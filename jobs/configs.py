@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MODEL_KINDS = ("gpt", "linear-stack")
+ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
+ROUTER_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
 OPTIMIZER_KINDS = ("distributed-adam", "layerwise-adam")
 
 
@@ -48,6 +50,17 @@ class ModelConfig:
     weight_decay: float = 0.01
     clip_grad: float = 1.0
     max_dp: int = 8
+    # Production MoE / precision features (each switches on Megatron settings, see `megatron_settings`)
+    router_score_function: str = "softmax"  # "sigmoid" for aux-loss-free routing
+    router_load_balancing: str = "aux_loss"  # "none": no aux loss (the expert bias balances instead)
+    expert_bias: bool = False  # moe_router_enable_expert_bias: a persistent per-expert buffer updated each step
+    shared_expert_size: int = 0  # moe_shared_expert_intermediate_size (0: none)
+    fp16: bool = False  # fp16 params + the dynamic loss scaler (instead of bf16)
+    initial_loss_scale: float = 2.0**16  # fp16 only: where the dynamic scaler starts
+    loss_scale_window: int = 2  # fp16 only: steps without overflow before the scale doubles
+    grouped_gemm: bool = False  # moe_grouped_gemm with Transformer Engine's layer spec (GPU only)
+    # What the feature needs beyond CPU Megatron-Core ("cuda", "transformer-engine"): a GPU check
+    requires: tuple[str, ...] = ()
     expected: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -63,12 +76,48 @@ class ModelConfig:
             raise ValueError(f"{self.name}: dropout must be in [0, 1)")
         if not 1 <= self.max_dp <= 8:
             raise ValueError(f"{self.name}: max_dp must be in 1..8")
+        if self.router_score_function not in ROUTER_SCORE_FUNCTIONS:
+            raise ValueError(f"{self.name}: router_score_function not in {ROUTER_SCORE_FUNCTIONS}")
+        if self.router_load_balancing not in ROUTER_LOAD_BALANCING:
+            raise ValueError(f"{self.name}: router_load_balancing not in {ROUTER_LOAD_BALANCING}")
+        if self.expert_bias and self.router_score_function != "sigmoid":
+            raise ValueError(f"{self.name}: expert_bias needs sigmoid router scores (Megatron refuses softmax)")
+        if (self.expert_bias or self.shared_expert_size) and not self.num_experts:
+            raise ValueError(f"{self.name}: expert_bias / shared experts need an MoE config")
+        if self.grouped_gemm and not {"cuda", "transformer-engine"} <= set(self.requires):
+            raise ValueError(f"{self.name}: grouped_gemm needs requires=('cuda', 'transformer-engine')")
+        if self.fp16 and self.kind != "gpt":
+            raise ValueError(f"{self.name}: fp16 is built for GPT configs only")
 
     @property
     def parameters(self) -> dict[str, Any]:
         """Return the shape-defining fields as plain data."""
         skip = {"name", "description", "why", "expected"}
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if k not in skip}
+
+    @property
+    def megatron_settings(self) -> dict[str, Any]:
+        """The Megatron-Core TransformerConfig / OptimizerConfig settings this config switches on."""
+        out: dict[str, Any] = {"fp16": True} if self.fp16 else {"bf16": True}
+        if self.fp16:  # OptimizerConfig: loss_scale None means the dynamic scaler
+            out.update(loss_scale=None, initial_loss_scale=self.initial_loss_scale,
+                       loss_scale_window=self.loss_scale_window, hysteresis=2)
+        if self.num_experts:
+            out.update(
+                num_moe_experts=self.num_experts,
+                moe_router_topk=self.moe_router_topk,
+                moe_router_score_function=self.router_score_function,
+                moe_router_load_balancing_type=self.router_load_balancing,
+                moe_router_dtype="fp32",
+                moe_token_dispatcher_type="allgather",
+            )
+            if self.expert_bias:
+                out.update(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3)
+            if self.shared_expert_size:
+                out["moe_shared_expert_intermediate_size"] = self.shared_expert_size
+            if self.grouped_gemm:
+                out.update(moe_grouped_gemm=True, transformer_impl="transformer_engine")
+        return out
 
 
 _MOE = dict(kind="gpt", num_layers=2, hidden_size=128, num_experts=4, moe_router_topk=2)
@@ -145,6 +194,57 @@ CONFIGS: dict[str, ModelConfig] = {
             optimizer="layerwise-adam",
             expected={"no-workaround": "see jobs/README.md (Bug C)"},
         ),
+        ModelConfig(
+            name="moe-aux-free",
+            description="GPT, 2 MoE layers, 4 experts top-2, aux-loss-free routing: sigmoid scores and a "
+            "per-expert bias (moe_router_enable_expert_bias) updated every step, no aux loss, bf16",
+            why="DeepSeek-V3-style routing: expert_bias is a persistent buffer that "
+            "finalize_model_grads moves every step from the step's token counts (the non-persistent "
+            "local_tokens_per_expert), so a load that drops it routes differently from step N+1 on.",
+            router_score_function="sigmoid",
+            router_load_balancing="none",
+            expert_bias=True,
+            expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+            **_MOE,  # type: ignore[arg-type]
+        ),
+        ModelConfig(
+            name="moe-shared-expert",
+            description="moe-aux-free plus a shared expert (moe_shared_expert_intermediate_size 256) "
+            "beside the routed ones",
+            why="Shared experts are dense params inside the MoE layer (not expert-parallel): their "
+            "weights and optimizer state live in the dense optimizer of the chain.",
+            router_score_function="sigmoid",
+            router_load_balancing="none",
+            expert_bias=True,
+            shared_expert_size=256,
+            expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+            **_MOE,  # type: ignore[arg-type]
+        ),
+        ModelConfig(
+            name="dense-fp16",
+            description="GPT, 2 dense layers, hidden 128, fp16 params with Megatron's dynamic loss scaler "
+            "(initial scale 2^16, doubling every 2 clean steps)",
+            why="The fp16 path: the loss is scaled before backward, overflowing steps are skipped, and the "
+            "scaler's scale / growth / hysteresis trackers are checkpointed state a resume must restore.",
+            kind="gpt",
+            fp16=True,
+            expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+        ),
+        ModelConfig(
+            name="moe-grouped-gemm-te",
+            description="moe-aux-free with Transformer Engine's layer spec and grouped GEMM experts "
+            "(GPU check: needs CUDA and Transformer Engine)",
+            why="Production MoE runs keep the experts' weights as grouped-GEMM tensors (TEGroupedMLP): "
+            "another sharded layout of the expert weights and their optimizer state. On a CPU host the "
+            "run is unsupported-by-build, naming what is missing.",
+            router_score_function="sigmoid",
+            router_load_balancing="none",
+            expert_bias=True,
+            grouped_gemm=True,
+            requires=("cuda", "transformer-engine"),
+            expected={"cpu": "unsupported-by-build (needs CUDA and Transformer Engine)"},
+            **_MOE,  # type: ignore[arg-type]
+        ),
     )
 }
 
@@ -171,6 +271,10 @@ def list_configs() -> list[dict[str, Any]]:
             "why": c.why,
             "parameters": c.parameters,
             "expected": dict(c.expected),
+            # the Megatron-Core settings the config switches on (what a production run would set)
+            "megatron": c.megatron_settings,
+            # beyond CPU Megatron-Core: a GPU check, run where a GPU is present ([] on CPU)
+            "requires": list(c.requires),
             # what a spec's `shape` may override on this preset: range, description, preset value
             "shape_fields": shape_fields(c),
             "layouts": config_layouts(c),  # tp / pp / ep sizes this config can run with

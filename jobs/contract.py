@@ -54,6 +54,7 @@ SignatureId = Literal[
     "scheduler-state-mismatch",
     "iteration-mismatch",
     "rng-state-mismatch",
+    "loss-scaler-mismatch",
     "save-mutates-live-state",
     "final-state-mismatch",
     "unsupported-by-build",

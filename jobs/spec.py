@@ -114,6 +114,11 @@ class RunSpec:
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    # Checkpoint I/O strategies, usable with any config: Megatron's async save path (async_sharded_save +
+    # AsyncCallsQueue: training goes on while a forked writer writes step N) and the fully-parallel
+    # save/load wrappers over the DP group.
+    async_save: bool = False
+    fully_parallel: bool = False
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
@@ -171,6 +176,9 @@ class RunSpec:
             # a resharded resume is verified only for pure data parallelism
             raise SpecError("resume_dp", "resharding a tp/pp/ep layout is not supported; "
                             "allowed with tp = pp = ep = 1")
+        for name in ("async_save", "fully_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(name, f"must be true or false, got {getattr(self, name)!r}", [False, True])
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
@@ -321,6 +329,9 @@ def allowed_values() -> dict[str, Any]:
         "resume_dp": {"min": 1, "max": MAX_DP, "default": "dp", "must_differ_from": "dp"},
         "steps": {"min": 2, "max": MAX_STEPS},
         "nodes": {"min": 1, "rule": "divides dp"},  # multi-node
+        # checkpoint I/O strategies (Megatron's async save, fully-parallel save/load wrappers)
+        "async_save": [False, True],
+        "fully_parallel": [False, True],
         "shape": shape_fields(),
         **parallel_layout.allowed(CONFIGS),
     }

@@ -37,7 +37,7 @@ def build_save_state(tr: Trainee, sharding: str, iteration: int) -> dict[str, An
     }
 
 
-def use_in_process_results_queue() -> bool:
+def use_in_process_results_queue(synchronous: bool = True) -> bool:
     """Seed Megatron's write-results queue with an in-process queue for synchronous saves.
 
     A synchronous save runs the writer in this process, so the spawn-mode Manager queue only
@@ -46,6 +46,9 @@ def use_in_process_results_queue() -> bool:
     the files written are identical. Opt out with PARITY_SAVE_MANAGER_QUEUE=1.
     """
     if os.environ.get("PARITY_SAVE_MANAGER_QUEUE") == "1":
+        return False
+    if not synchronous:  # the forked async writer reports through a queue another process can read
+        _own_results_manager()
         return False
     import queue
 
@@ -56,15 +59,95 @@ def use_in_process_results_queue() -> bool:
     return isinstance(getattr(filesystem_async, "_results_queue", None), queue.Queue)
 
 
-def write(state: dict[str, Any], folder: Path) -> None:
-    """Save a built state dict with dist_checkpointing (a collective over all ranks)."""
+def _dp_group() -> Any:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_group(with_context_parallel=True)
+
+
+def save_strategy(fully_parallel: bool) -> Any:
+    """The sharded save strategy: the default torch_dist one, or it inside Megatron's fully-parallel wrapper."""
+    if not fully_parallel:
+        return None
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    # each DP rank writes a distinct share of the replicated tensors instead of DP rank 0 writing them all
+    return FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(), _dp_group())
+
+
+def load_strategy(fully_parallel: bool, folder: Path) -> Any:
+    """The sharded load strategy: default, or Megatron's fully-parallel wrapper (each rank reads a share)."""
+    if not fully_parallel:
+        return None
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
+
+    return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(str(folder)), _dp_group())
+
+
+_MANAGERS: list[Any] = []
+
+
+def _own_results_manager() -> None:
+    """Give Megatron's write-results queue a Manager this module owns, so `finish_async` can stop it.
+
+    Megatron creates its own (spawn) Manager and never shuts it down; a phase child leaves with
+    os._exit, which skips the Manager's exit finalizer, so every async save left a server process
+    (and its resource tracker) behind on each rank.
+    """
+    import multiprocessing as mp
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        manager = mp.get_context("spawn").Manager()
+        _MANAGERS.append(manager)
+        filesystem_async._results_queue = manager.Queue()
+
+
+def _stop_results_managers() -> None:
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    while _MANAGERS:
+        _MANAGERS.pop().shutdown()
+        filesystem_async._results_queue = None
+
+
+def write(state: dict[str, Any], folder: Path, fully_parallel: bool = False, asynchronous: bool = False) -> Any:
+    """Save a built state dict with dist_checkpointing (a collective over all ranks).
+
+    `asynchronous`: Megatron's real async path (`async_sharded_save=True`, the request scheduled on an
+    AsyncCallsQueue: staged, then written by a forked process while training goes on); returns the
+    queue, which the caller must finalize (`finish_async`). Otherwise returns None once written.
+    """
     from megatron.core import dist_checkpointing
 
     if torch.distributed.get_rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
     torch.distributed.barrier()
-    dist_checkpointing.save(state, str(folder))
+    strategy = save_strategy(fully_parallel)
+    if asynchronous:
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        request = dist_checkpointing.save(state, str(folder), strategy, async_sharded_save=True)
+        calls = AsyncCallsQueue()
+        calls.schedule_async_request(request)
+        return calls
+    dist_checkpointing.save(state, str(folder), strategy)
     torch.distributed.barrier()
+    return None
+
+
+def finish_async(calls: Any, blocking: bool) -> bool:
+    """Finalize a pending async save if done (or wait for it); True once nothing is pending."""
+    calls.maybe_finalize_async_calls(blocking=blocking)
+    done = not calls.async_calls
+    if done:
+        _stop_results_managers()
+    if done and blocking:
+        torch.distributed.barrier()
+    return done
 
 
 def build_load_state(tr: Trainee, sharding: str, with_rng: bool = True) -> dict[str, Any]:
@@ -88,11 +171,11 @@ def build_load_state(tr: Trainee, sharding: str, with_rng: bool = True) -> dict[
     return state
 
 
-def read(state: dict[str, Any], folder: Path) -> dict[str, Any]:
+def read(state: dict[str, Any], folder: Path, fully_parallel: bool = False) -> dict[str, Any]:
     """Load a checkpoint into the given sharded state dict (a collective over all ranks)."""
     from megatron.core import dist_checkpointing
 
-    return dict(dist_checkpointing.load(state, str(folder)))
+    return dict(dist_checkpointing.load(state, str(folder), load_strategy(fully_parallel, folder)))
 
 
 def apply(

@@ -76,6 +76,7 @@ def check_optimizer(kind: str) -> None:
 def check_spec(spec: RunSpec) -> None:
     """Raise UnsupportedByBuild for an option of spec this build does not have."""
     check_optimizer(CONFIGS[spec.config].optimizer)
+    check_requirements(spec.config, CONFIGS[spec.config].requires)
     offered = sharding_types()
     if spec.sharding not in offered:
         raise UnsupportedByBuild(
@@ -84,6 +85,16 @@ def check_spec(spec: RunSpec) -> None:
         )
     if spec.reshards:
         check_reshard(spec)
+
+
+def check_requirements(config: str, requires: tuple[str, ...]) -> None:
+    """Raise UnsupportedByBuild when a GPU-check config (CUDA, Transformer Engine) runs without them."""
+    import torch
+
+    if "cuda" in requires and not torch.cuda.is_available():
+        raise UnsupportedByBuild(f"config {config!r}", "it needs a CUDA device (a GPU check) and none is present")
+    if "transformer-engine" in requires and importlib.util.find_spec("transformer_engine") is None:
+        raise UnsupportedByBuild(f"config {config!r}", "it needs Transformer Engine, which is not installed")
 
 
 # --- resume under another DP layout (resume_dp) ---

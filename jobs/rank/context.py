@@ -68,6 +68,8 @@ class RankContext:
         self.distributed = False
         # This rank's build-time probe reports, until a collective gathers them into the document.
         self.local_build_probes: dict[str, Any] | None = None
+        # an async save's AsyncCallsQueue until it is finalized (jobs/rank/checkpoint.py)
+        self.pending_save: Any = None
         self._timer: threading.Timer | None = None
 
     @property

@@ -31,8 +31,9 @@ class Trainee:
     # loss of (step, global microbatch index): what a rank accumulating several microbatches runs
     micro_loss_fn: Callable[[int, int], torch.Tensor] | None = None
     iteration: int = 0  # the last completed step; saved, restored, and where a resume continues
-    # tp > 1: sequence-parallel and router grads also need Megatron's all-reduce over the TP group
-    finalize_grads: bool = False
+    # Megatron's finalize_model_grads after backward (DP reduction, TP/PP reductions, expert-bias
+    # update, reset of non-persistent MoE counters); False: the DP reduction alone
+    finalize_grads: bool = True
     # pp > 1: the pipelined schedule runs forward + backward (jobs/rank/pipeline.py)
     pipelined: Callable[[int], tuple[torch.Tensor, float]] | None = None
 
@@ -41,11 +42,23 @@ class Trainee:
         if self.pipelined is not None:
             return self.pipelined(step)
         loss = self.loss_fn(step)
-        loss.backward()
+        self.backward(loss)
         return loss, 1.0
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward through the loss, scaled by the fp16 loss scaler as Megatron's schedules do."""
+        if self.config.fp16:
+            self.optimizer.scale_loss(loss).backward()
+        else:
+            loss.backward()
+
     def sync_grads(self) -> None:
-        """Reduce this step's grads: over DP (DDP), plus Megatron's model-parallel reductions if any."""
+        """Reduce this step's grads as Megatron's training loop does (finalize_model_grads, every layout).
+
+        Besides the DP reduction it all-reduces TP / PP grads, updates the routers' expert bias from
+        the step's token counts and zeroes the non-persistent counters; at tp = pp = 1 without an
+        expert bias it does what finish_grad_sync alone did.
+        """
         if self.finalize_grads:
             from megatron.core.distributed import finalize_model_grads
 
@@ -76,7 +89,7 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
     moe: dict[str, Any] = {}
     ffn = cfg.ffn_hidden_size or cfg.hidden_size * 2
     if pp > 1:  # activations between stages travel as bf16 (Megatron needs the dtype up front)
-        moe.update(pipeline_model_parallel_size=pp, pipeline_dtype=torch.bfloat16)
+        moe.update(pipeline_model_parallel_size=pp, pipeline_dtype=torch.float16 if cfg.fp16 else torch.bfloat16)
     if cfg.num_experts:
         moe.update(
             num_moe_experts=cfg.num_experts,
@@ -85,11 +98,17 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
             moe_router_pre_softmax=cfg.moe_router_topk == 1,
             moe_ffn_hidden_size=ffn,
             moe_token_dispatcher_type="allgather",
-            moe_grouped_gemm=False,
-            moe_router_load_balancing_type="aux_loss",
-            moe_aux_loss_coeff=1e-2,
+            moe_grouped_gemm=cfg.grouped_gemm,
+            moe_router_load_balancing_type=cfg.router_load_balancing,
+            moe_aux_loss_coeff=0.0 if cfg.router_load_balancing == "none" else 1e-2,
+            moe_router_score_function=cfg.router_score_function,
+            moe_router_enable_expert_bias=cfg.expert_bias,
             moe_router_dtype="fp32",
         )
+        if cfg.expert_bias:
+            moe.update(moe_router_bias_update_rate=1e-3)
+        if cfg.shared_expert_size:
+            moe.update(moe_shared_expert_intermediate_size=cfg.shared_expert_size)
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -97,8 +116,9 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
         num_attention_heads=cfg.num_attention_heads,
         # add_bias_linear=True breaks MoE at TP=1 (in-place op on a view in mlp.py).
         add_bias_linear=False,
-        bf16=True,
-        params_dtype=torch.bfloat16,
+        bf16=not cfg.fp16,
+        fp16=cfg.fp16,
+        params_dtype=torch.float16 if cfg.fp16 else torch.bfloat16,
         use_cpu_initialization=True,
         hidden_dropout=cfg.dropout,
         attention_dropout=cfg.dropout,
@@ -160,6 +180,10 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
         from jobs.rank.parallel_model import gpt_block_spec
 
         spec = gpt_block_spec(cfg.num_experts or None, cfg.num_layers // tcfg.pipeline_model_parallel_size)
+    elif cfg.grouped_gemm:  # GPU check (jobs/rank/compat.check_requirements refuses it elsewhere)
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=cfg.num_experts, moe_grouped_gemm=True)
     else:
         spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts or None)
     gpt = GPTModel(
@@ -245,15 +269,20 @@ def _build_optimizer(cfg: ModelConfig, ddp: Any, total_steps: int) -> tuple[Any,
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     layerwise = cfg.optimizer == "layerwise-adam"
+    fp16: dict[str, Any] = {}
+    if cfg.fp16:  # loss_scale None: Megatron's DynamicGradScaler
+        fp16 = dict(fp16=True, loss_scale=None, initial_loss_scale=cfg.initial_loss_scale,
+                    loss_scale_window=cfg.loss_scale_window, hysteresis=2, min_loss_scale=1.0)
     ocfg = OptimizerConfig(
         optimizer="adam",
         lr=cfg.lr,
         min_lr=cfg.min_lr,
         weight_decay=cfg.weight_decay,
         # The layer-wise wrapper adds the bf16 master weights itself, after sharding.
-        bf16=not layerwise,
+        bf16=not layerwise and not cfg.fp16,
         use_distributed_optimizer=not layerwise,
         clip_grad=cfg.clip_grad,
+        **fp16,
     )
     opt = get_megatron_optimizer(ocfg, [ddp])
     if layerwise:
@@ -321,6 +350,8 @@ def build(
     )
     ddp = DistributedDataParallel(tcfg, ddp_cfg, model)
     opt, sched = _build_optimizer(cfg, ddp, total_steps)
+    if cfg.fp16:  # the pipeline schedule scales the loss through the config, as Megatron-LM wires it
+        tcfg.grad_scale_func = opt.scale_loss
     rank = parallel_state.get_data_parallel_rank()
 
     def gen_for(step: int, index: int | None = None) -> torch.Generator:
@@ -339,5 +370,4 @@ def build(
 
         pipelined = forward_backward(ddp, cfg, forward, gen_for)
     name_of = {p: n for n, p in ddp.named_parameters()}
-    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, micro_loss_fn, finalize_grads=tp * pp > 1,
-                   pipelined=pipelined)
+    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, micro_loss_fn, pipelined=pipelined)

@@ -55,7 +55,8 @@ def _states(opt: Any) -> list[dict[str, Any]]:
     return list(opt.optimizer.state.values())
 
 
-def model_weight_skipped() -> list[Patch]:
+def model_weight_skipped(pick: Callable[[str], bool] = lambda name: True) -> list[Patch]:
+    """The model load keeps the fresh build's value of the first 2-D weight whose name `pick` accepts."""
     from megatron.core.transformer.module import Float16Module
 
     # torch_dist loads model tensors in place during the read, so the fresh value is taken when
@@ -64,7 +65,7 @@ def model_weight_skipped() -> list[Patch]:
 
     def remember(self: Any, result: Any, *a: Any, **k: Any) -> Any:
         if not fresh:
-            param = next(p for p in self.parameters() if p.dim() == 2)
+            param = next(p for n, p in self.named_parameters() if p.dim() == 2 and pick(n))
             fresh.update(param=param, value=param.detach().clone())
         return result
 
@@ -228,13 +229,103 @@ def benign_state_in_new_storage() -> list[Patch]:
     return [_after(_dist_opt(), "load_state_dict", copy)]
 
 
-def benign_reordered_state_dict() -> list[Patch]:
+def common_state_iteration_stale() -> list[Patch]:
+    from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
+
+    def stale(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        # the common.pt reader hands back the iteration of the checkpoint before this one
+        if isinstance(result, dict) and isinstance(result.get("iteration"), int):
+            result = {**result, "iteration": result["iteration"] - 1}
+        return result
+
+    return [_after(TorchCommonLoadStrategy, "load_common", stale)]
+
+
+def shared_expert_weight_skipped() -> list[Patch]:
+    return model_weight_skipped(lambda name: ".shared_experts." in name)
+
+
+def expert_bias_zeroed_on_load() -> list[Patch]:
     from megatron.core.transformer.module import Float16Module
 
-    def reverse(self: Any, result: Any, *a: Any, **k: Any) -> Any:
-        return dict(reversed(list(result.items()))) if isinstance(result, dict) else result
+    def zero(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        for module in self.modules():
+            if getattr(module, "expert_bias", None) is not None:
+                module.expert_bias.zero_()
+        return result
 
-    return [_after(Float16Module, "sharded_state_dict", reverse), _after(_dist_opt(), "sharded_state_dict", reverse)]
+    return [_after(Float16Module, "load_state_dict", zero)]
+
+
+def loss_scaler_not_restored() -> list[Patch]:
+    from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+
+    original = DynamicGradScaler.load_state_dict
+    DynamicGradScaler.load_state_dict = lambda self, state_dict: None  # type: ignore[method-assign]
+    return [(DynamicGradScaler, "load_state_dict", original)]
+
+
+def async_save_stages_late() -> list[Patch]:
+    from megatron.core.dist_checkpointing.strategies.async_utils import TemporalAsyncCaller
+
+    schedule, done = TemporalAsyncCaller.schedule_async_call, TemporalAsyncCaller.is_current_async_call_done
+
+    def defer(self: Any, async_req: Any) -> None:
+        # the staging copy and the writer start only when the trainer next polls, after step N+1 (on a
+        # GPU: a non-blocking D2H copy nobody waited for): the live step-N+1 tensors get written as step N
+        self._parity_deferred = async_req
+
+    def poll(self: Any, *args: Any, **kwargs: Any) -> Any:
+        request = self.__dict__.pop("_parity_deferred", None)
+        if request is not None:
+            schedule(self, request)
+        return done(self, *args, **kwargs)
+
+    TemporalAsyncCaller.schedule_async_call = defer  # type: ignore[method-assign]
+    TemporalAsyncCaller.is_current_async_call_done = poll  # type: ignore[method-assign]
+    return [(TemporalAsyncCaller, "schedule_async_call", schedule),
+            (TemporalAsyncCaller, "is_current_async_call_done", done)]
+
+
+def fully_parallel_exchange_lost_on_last_rank() -> list[Patch]:
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
+
+    original = FullyParallelLoadStrategyWrapper.fill_in_deferred_sharded_tensors
+
+    def lose(sharded_state_dict: Any, loaded_tensors: dict[Any, torch.Tensor]) -> None:
+        # the last rank fills the embedding it received in the exchange with zeros
+        if _last_rank():
+            loaded_tensors = {
+                k: torch.zeros_like(v) if str(k[0]).endswith("embedding.word_embeddings.weight") else v
+                for k, v in loaded_tensors.items()
+            }
+        original(sharded_state_dict, loaded_tensors)
+
+    FullyParallelLoadStrategyWrapper.fill_in_deferred_sharded_tensors = staticmethod(lose)  # type: ignore[assignment]
+    return [(FullyParallelLoadStrategyWrapper, "fill_in_deferred_sharded_tensors", staticmethod(original))]
+
+
+def benign_load_priming_noise() -> list[Patch]:
+    def noise(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        # the load-priming dummies get random values instead of zeros: the load overwrites them all
+        gen = torch.Generator().manual_seed(1234)
+        for s in _states(self):
+            for value in s.values():
+                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
+                    value.copy_(torch.rand(value.shape, generator=gen).to(value.dtype))
+        return result
+
+    return [_after(_dist_opt(), "_init_optimizer_states_with_dummy_values", noise)]
+
+
+def benign_stale_grads_after_load() -> list[Patch]:
+    def garbage(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        # grad buffers full of junk after the load: every step zeroes them before its backward
+        for buffer in self.buffers:
+            buffer.grad_data.fill_(3.0)
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", garbage)]
 
 
 def benign_rng_drawn_before_load() -> list[Patch]:
@@ -260,7 +351,14 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "clip-grad-changed-on-resume": (RESUME, clip_grad_changed_on_resume),
     "build-lacks-sharding-type": (SAVE, build_lacks_sharding_type),
     "benign-state-in-new-storage": (RESUME, benign_state_in_new_storage),
-    "benign-reordered-state-dict": (BOTH, benign_reordered_state_dict),
+    "common-state-iteration-stale": (RESUME, common_state_iteration_stale),
+    "expert-bias-zeroed-on-load": (RESUME, expert_bias_zeroed_on_load),
+    "loss-scaler-not-restored": (RESUME, loss_scaler_not_restored),
+    "shared-expert-weight-skipped": (RESUME, shared_expert_weight_skipped),
+    "async-save-stages-late": (SAVE, async_save_stages_late),
+    "fully-parallel-exchange-lost-on-last-rank": (RESUME, fully_parallel_exchange_lost_on_last_rank),
+    "benign-load-priming-noise": (RESUME, benign_load_priming_noise),
+    "benign-stale-grads-after-load": (RESUME, benign_stale_grads_after_load),
     "benign-rng-drawn-before-load": (RESUME, benign_rng_drawn_before_load),
 }
 

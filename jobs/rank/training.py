@@ -155,7 +155,7 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     state = ctx.run(
         "load", lambda: checkpoint.build_load_state(tr, spec.sharding, with_rng), timeout_s, agree=True
     )
-    loaded = ctx.run("load", lambda: checkpoint.read(state, ckpt), timeout_s, agree=True)
+    loaded = ctx.run("load", lambda: checkpoint.read(state, ckpt, spec.fully_parallel), timeout_s, agree=True)
 
     def groups_now() -> None:  # Bug C: before the scheduler rewrites lr / weight decay
         local["groups"] = state_probe.param_groups(tr.optimizer)
@@ -205,15 +205,26 @@ def _save(ctx: RankContext, tr: model.Trainee, spec: RunSpec, step: int, ckpt: P
     t0 = time.perf_counter()
     state = ctx.run("save", lambda: checkpoint.build_save_state(tr, spec.sharding, step), timeout_s, agree=True)
     t1 = time.perf_counter()
-    in_process = checkpoint.use_in_process_results_queue()
-    ctx.run("save", lambda: checkpoint.write(state, ckpt), timeout_s, agree=True)
+    in_process = checkpoint.use_in_process_results_queue(synchronous=not spec.async_save)
+    ctx.pending_save = ctx.run(
+        "save", lambda: checkpoint.write(state, ckpt, spec.fully_parallel, spec.async_save), timeout_s, agree=True
+    )
     info = ctx.doc["info"]
     info["save_results_queue"] = "in-process" if in_process else "multiprocessing-manager"
     info["save_build_seconds"] = round(t1 - t0, 4)
     info["save_seconds"] = round(time.perf_counter() - t0, 4)
-    info["checkpoint"] = checkpoint.describe(ckpt)
+    if spec.async_save or spec.fully_parallel:
+        info["save_strategy"] = {"async": spec.async_save, "fully_parallel": spec.fully_parallel}
+    if ctx.pending_save is None:
+        info["checkpoint"] = checkpoint.describe(ckpt)
     # Saving must not change the live run: the same snapshot again, right after the write.
     ctx.doc["probes"][STATE_AFTER_SAVE] = _snapshots(ctx, tr, spec)
+
+
+def _async_saved(ctx: RankContext, ckpt: Path, step: int) -> None:
+    ctx.pending_save = None
+    ctx.doc["info"]["checkpoint"] = checkpoint.describe(ckpt)
+    ctx.doc["info"]["async_save_finalized_after_step"] = step
 
 
 def _accumulate(tr: model.Trainee, step: int, micro: int) -> torch.Tensor:
@@ -231,7 +242,7 @@ def _accumulate(tr: model.Trainee, step: int, micro: int) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32)
     for j in range(micro):
         loss = tr.micro_loss_fn(step, rank * micro + j) / micro
-        loss.backward()
+        tr.backward(loss)
         total += loss.detach().float()
     return total
 
@@ -296,9 +307,16 @@ def run_steps(
     for step in range(first, spec.steps + 1):
         record = ctx.run("step", functools.partial(_one_step, tr, step, holders, micro), STEP_TIMEOUT_S)
         ctx.doc["steps"].append(record)
+        if ctx.pending_save is not None:  # an async save: training went on; finalize it once written
+            poll = functools.partial(checkpoint.finish_async, ctx.pending_save, blocking=False)
+            if ctx.run("save", poll, save_timeout_s):
+                _async_saved(ctx, ckpt, step)
         if step == save_at:
             ctx.doc["info"]["train_seconds_before_save"] = round(time.perf_counter() - t0, 4)
             _save(ctx, tr, spec, step, ckpt, save_timeout_s)
+    if ctx.pending_save is not None:
+        ctx.run("save", functools.partial(checkpoint.finish_async, ctx.pending_save, blocking=True), save_timeout_s)
+        _async_saved(ctx, ckpt, spec.steps)
     ctx.doc["info"]["train_seconds"] = round(time.perf_counter() - t0, 4)
     # After step M in both runs: what the update of the last step left behind.
     ctx.doc["probes"][STATE_FINAL] = _snapshots(ctx, tr, spec)

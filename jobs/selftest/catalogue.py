@@ -8,6 +8,7 @@ not what it is, and must pass.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,30 @@ BASE_SPEC: dict[str, Any] = {
     "save_step": 2,
     "workarounds": ["restore-adam-step"],
 }
+# The specs a mutant runs on (the dp is added per run). Every base passes bit-exactly without a
+# mutant; each carries the workarounds its config needs on 0.16.1 (README: the torch-Adam step bug,
+# Bug A on FP32 routers), so a mutant is the only thing that can make it fail.
+_SHORT = {"steps": 4, "save_step": 2}
+BASES: dict[str, dict[str, Any]] = {
+    "dense-bf16": {"config": "dense-bf16", **_SHORT, "workarounds": ["restore-adam-step"]},
+    "moe-fp32-router": {"config": "moe-fp32-router", **_SHORT,
+                        "workarounds": ["realign-param-index", "restore-adam-step"]},
+    "dense-bf16-dropout": dict(BASE_SPEC),
+    "moe-aux-free": {"config": "moe-aux-free", **_SHORT, "workarounds": ["restore-adam-step"]},
+    "dense-fp16": {"config": "dense-fp16", **_SHORT, "workarounds": ["restore-adam-step"]},
+    "moe-shared-expert": {"config": "moe-shared-expert", **_SHORT, "workarounds": ["restore-adam-step"]},
+    # checkpoint I/O strategies are spec variations: shown here on dense-bf16
+    "dense-bf16+async": {"config": "dense-bf16", **_SHORT, "workarounds": ["restore-adam-step"],
+                         "async_save": True},
+    "dense-bf16+fully-parallel": {"config": "dense-bf16", **_SHORT, "workarounds": ["restore-adam-step"],
+                                  "fully_parallel": True},
+}
+# The self-test matrix: every general mutant on both, at DP 1 and 2 (feature mutants on their own base).
+MATRIX_BASES = ("dense-bf16", "moe-fp32-router")
+LAYERS = ("megatron-core", "harness")
+
+_DO = "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer"
+_F16 = "megatron.core.transformer.module.Float16Module"
 
 
 @dataclass(frozen=True)
@@ -30,66 +55,144 @@ class Mutant:
     expect: tuple[str, ...] = ()  # signatures that must be reported; () for a benign change
     verdict: str = "fail"
     forbid: tuple[str, ...] = ()  # signatures that must not be reported
-    spec: tuple[tuple[str, Any], ...] = ()  # overrides of BASE_SPEC
+    spec: tuple[tuple[str, Any], ...] = ()  # overrides of the base spec
+    patches: str = ""  # the dotted name of what the injection wraps
+    # (signature, regex): the signature's evidence must name an item (or section) matching it
+    evidence: tuple[tuple[str, str], ...] = ()
+    bases: tuple[str, ...] = MATRIX_BASES  # the base specs it runs on (first: the default)
+    sibling: str = ""  # a harness mutant's Megatron-Core counterpart (same signature)
+    min_dp: int = 1  # the smallest DP where the patched code path runs at all
+    note: str = ""
 
     @property
     def benign(self) -> bool:
         """Whether this change must not be flagged."""
         return self.verdict == "pass"
 
-    def run_spec(self, dp: int) -> dict[str, Any]:
-        """The spec this mutant runs under at data-parallel size `dp`."""
-        return {**BASE_SPEC, **dict(self.spec), "dp": dp, "mutants": [self.name]}
+    @property
+    def layer(self) -> str:
+        """What the injection patches: `megatron-core` or `harness` (this project's own code)."""
+        return "megatron-core" if self.patches.startswith("megatron.core.") else "harness"
+
+    def run_spec(self, dp: int, base: str | None = None) -> dict[str, Any]:
+        """The spec this mutant runs under at data-parallel size `dp` on `base` (default: its first)."""
+        return {**BASES[base or self.bases[0]], **dict(self.spec), "dp": dp, "mutants": [self.name]}
 
 
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
         Mutant("model-weight-skipped", "model weights",
-               "the model load keeps the fresh build's value of one weight", ("model-weights-mismatch",)),
+               "the model load keeps the fresh build's value of one weight", ("model-weights-mismatch",),
+               patches=f"{_F16}.load_state_dict",
+               evidence=(("model-weights-mismatch", r"word_embeddings\.weight$"),)),
         Mutant("main-params-from-model", "main params",
                "after the optimizer load, FP32 main params are re-derived from the bf16 model weights",
-               ("main-params-mismatch",)),
+               ("main-params-mismatch",), patches=f"{_DO}.load_state_dict",
+               evidence=(("main-params-mismatch", r"\.weight$"),)),
         Mutant("exp-avg-sq-reset", "moments", "after the optimizer load every exp_avg_sq is zero",
-               ("optimizer-moments-mismatch",)),
+               ("optimizer-moments-mismatch",), patches=f"{_DO}.load_state_dict",
+               evidence=(("optimizer-moments-mismatch", r"/exp_avg_sq$"),)),
         Mutant("adam-step-saved-off-by-one", "step", "the checkpoint records Adam step N-1",
-               ("adam-step-not-restored",)),
+               ("adam-step-not-restored",), patches=f"{_DO}.state_dict",
+               evidence=(("adam-step-not-restored", r"\.weight$"),),
+               note="on 0.16.1 every dp_reshardable load leaves step 1 anyway, so the recorded step "
+               "only matters through restore-adam-step (the workaround re-applies it)"),
         Mutant("scheduler-one-step-behind", "scheduler", "the scheduler loads num_steps N-1",
-               ("scheduler-state-mismatch",)),
+               ("scheduler-state-mismatch",), patches="megatron.core.optimizer_param_scheduler."
+               "OptimizerParamScheduler.load_state_dict",
+               evidence=(("scheduler-state-mismatch", r"^num_steps$"),)),
         Mutant("iteration-one-behind", "iteration", "the checkpoint records iteration N-1",
-               ("iteration-mismatch",)),
+               ("iteration-mismatch",), patches="jobs.rank.checkpoint.build_save_state",
+               evidence=(("iteration-mismatch", r"^iteration$"),), sibling="common-state-iteration-stale"),
+        Mutant("common-state-iteration-stale", "iteration",
+               "dist_checkpointing's common-state reader (common.pt) hands back iteration N-1",
+               ("iteration-mismatch",), patches="megatron.core.dist_checkpointing.strategies.common."
+               "TorchCommonLoadStrategy.load_common",
+               evidence=(("iteration-mismatch", r"^iteration$"),)),
         Mutant("rng-tracker-not-restored", "rng", "Megatron's RNG tracker ignores set_states on load",
-               ("rng-state-mismatch",)),
+               ("rng-state-mismatch",), patches="megatron.core.tensor_parallel.random."
+               "CudaRNGStatesTracker.set_states",
+               evidence=(("rng-state-mismatch", r"^tracker/"),),
+               note="megatron-core has no RNG checkpointing of its own: the call comes from the harness's "
+               "restore, as from Megatron-LM's trainer"),
         Mutant("save-rounds-main-params", "save side effect",
                "building the optimizer checkpoint rounds the live FP32 main params to bf16 in place",
-               ("save-mutates-live-state",)),
+               ("save-mutates-live-state",), patches=f"{_DO}.sharded_state_dict",
+               evidence=(("save-mutates-live-state", r"^main$"),)),
         Mutant("index-map-swap", "index map",
                "model_param_group_index_map swaps two equal-size params of one group (silent Bug A)",
-               ("optimizer-index-misalignment", "optimizer-state-mismatch")),
+               ("optimizer-index-misalignment", "optimizer-state-mismatch"), patches=f"{_DO}.__init__",
+               bases=("dense-bf16",),
+               note="not on moe-fp32-router: realign-param-index, which that config needs for Bug A, rebuilds "
+               "the map and undoes the swap (measured: pass (worked around)); without it Bug A's save "
+               "assertion fires first"),
         Mutant("moments-lost-on-last-rank", "partial restore",
-               "only the last rank leaves exp_avg at zero after the load", ("optimizer-moments-mismatch",)),
+               "only the last rank leaves exp_avg at zero after the load", ("optimizer-moments-mismatch",),
+               patches=f"{_DO}.load_state_dict", evidence=(("optimizer-moments-mismatch", r"/exp_avg$"),)),
         Mutant("group-lr-skewed-on-last-rank", "param groups (Bug C)",
                "only the last rank's param groups load a different lr (the scheduler later rewrites it)",
-               ("param-group-scalars-mismatch",)),
+               ("param-group-scalars-mismatch",), patches=f"{_DO}.load_state_dict",
+               evidence=(("param-group-scalars-mismatch", r"\.lr$"),)),
         Mutant("adam-eps-not-restored", "param groups", "param groups come back with eps 1e-6",
-               ("param-group-scalars-mismatch",)),
+               ("param-group-scalars-mismatch",), patches=f"{_DO}.load_state_dict",
+               evidence=(("param-group-scalars-mismatch", r"\.eps$"),)),
         Mutant("clip-grad-changed-on-resume", "resumed loop",
                "the resumed run clips gradients at 1e-3: state restores exactly, the loop differs",
-               ("final-state-mismatch",)),
+               ("final-state-mismatch",), patches=f"{_DO}.load_state_dict",
+               evidence=(("final-state-mismatch", r"^main$"),)),
         Mutant("build-lacks-sharding-type", "unsupported option",
                "the build raises 'Unknown sharding_type' as 0.13/0.14 do, on a config with Bug A",
                ("unsupported-by-build",), verdict="error", forbid=("optimizer-index-misalignment",),
-               spec=(("config", "moe-fp32-router"), ("workarounds", []))),
+               spec=(("workarounds", []),), patches=f"{_DO}.sharded_state_dict",
+               bases=("moe-fp32-router", "dense-bf16")),
+        Mutant("expert-bias-zeroed-on-load", "expert bias (aux-loss-free routing)",
+               "after the model load every router's expert_bias is zero (the fresh build's value)",
+               ("model-weights-mismatch",), patches=f"{_F16}.load_state_dict",
+               evidence=(("model-weights-mismatch", r"router\.expert_bias$"),), bases=("moe-aux-free",)),
+        Mutant("loss-scaler-not-restored", "fp16 loss scaler",
+               "the dynamic loss scaler ignores its checkpointed state (scale, growth, hysteresis) on load",
+               ("loss-scaler-mismatch",), patches="megatron.core.optimizer.grad_scaler."
+               "DynamicGradScaler.load_state_dict",
+               evidence=(("loss-scaler-mismatch", r"\.scale$"),), bases=("dense-fp16",)),
+        Mutant("shared-expert-weight-skipped", "shared experts",
+               "the model load keeps the fresh build's value of the first shared-expert weight",
+               ("model-weights-mismatch",), patches=f"{_F16}.load_state_dict",
+               evidence=(("model-weights-mismatch", r"shared_experts\.linear_fc\d\.weight$"),),
+               bases=("moe-shared-expert",)),
+        Mutant("async-save-stages-late", "async save",
+               "the async request is staged and forked only when the trainer next polls, after step N+1: "
+               "the step-N checkpoint holds step N+1's optimizer state", ("main-params-mismatch",
+                                                                          "optimizer-moments-mismatch"),
+               patches="megatron.core.dist_checkpointing.strategies.async_utils.TemporalAsyncCaller."
+               "schedule_async_call", evidence=(("main-params-mismatch", r"\.weight$"),
+                                                ("optimizer-moments-mismatch", r"/exp_avg$")),
+               bases=("dense-bf16+async",)),
+        Mutant("fully-parallel-exchange-lost-on-last-rank", "fully-parallel load",
+               "the fully-parallel load's exchange gives the last rank zeros for the embedding",
+               ("model-weights-mismatch",),
+               patches="megatron.core.dist_checkpointing.strategies.fully_parallel."
+               "FullyParallelLoadStrategyWrapper.fill_in_deferred_sharded_tensors",
+               evidence=(("model-weights-mismatch", r"word_embeddings\.weight$"),),
+               bases=("dense-bf16+fully-parallel",), min_dp=2,
+               note="at DP 1 the wrapper loads directly (no exchange): measured pass, so it runs from DP 2"),
         Mutant("benign-state-in-new-storage", "benign",
-               "after the load every optimizer state tensor is replaced by a copy (same values)", verdict="pass"),
-        Mutant("benign-reordered-state-dict", "benign",
-               "model and optimizer sharded state dicts are built in reverse key order", verdict="pass"),
+               "after the load every optimizer state tensor is replaced by a copy (same values): fools a "
+               "detector that compares storage or data_ptr", verdict="pass", patches=f"{_DO}.load_state_dict"),
+        Mutant("benign-load-priming-noise", "benign",
+               "the load-priming dummy optimizer state is random instead of zero: the load overwrites every "
+               "value, so a detector must compare restored values, not 'was it initialised'", verdict="pass",
+               patches=f"{_DO}._init_optimizer_states_with_dummy_values"),
+        Mutant("benign-stale-grads-after-load", "benign",
+               "the grad buffers hold junk after the load: every step zeroes them before backward, so a "
+               "detector that fingerprints every tensor the optimizer touches would cry wolf", verdict="pass",
+               patches=f"{_DO}.load_state_dict"),
         Mutant("benign-rng-drawn-before-load", "benign",
                "random numbers are drawn before the load (the RNG restore must make it harmless)",
-               verdict="pass"),
+               verdict="pass", patches=f"{_DO}.load_state_dict"),
     )
 }
-# A fast subset for CI: one run per DP carries several independent mutants at once.
+# A smoke test only (members mask each other: see `judge`); the catalogue proves each mutant alone.
 COMBINED = (
     "model-weight-skipped",
     "main-params-from-model",
@@ -118,13 +221,44 @@ def judge(mutant: Mutant | None, result: Mapping[str, Any]) -> dict[str, Any]:
         ok = verdict == mutant.verdict and all(s in sigs for s in mutant.expect)
         ok = ok and not any(s in sigs for s in mutant.forbid)
         outcome = "caught" if ok else "missed"
-    return {
+    row: dict[str, Any] = {
         "ok": ok,
         "outcome": outcome,
         "verdict": verdict,
         "signatures": sigs,
         "first_divergent_step": result.get("first_divergent_step"),
     }
+    if mutant is not None and mutant.evidence and "evidence" in result:
+        # caught for the right reason: each expected signature names what the mutant broke
+        missing = evidence_missing(mutant, result.get("evidence") or {})
+        row["evidence_names"] = evidence_names(mutant, result.get("evidence") or {})
+        row["evidence_missing"] = missing
+        if missing and ok:
+            row.update(ok=False, outcome="wrong evidence")
+    return row
+
+
+def _named(ev: Mapping[str, Any]) -> list[str]:
+    """The names (items and sections) one signature's evidence points at."""
+    names = [str(n) for n in ev.get("names") or []]
+    names += [str(s) for s in ev.get("sections") or []]
+    if isinstance(ev.get("section"), str):
+        names.append(ev["section"])
+    return names
+
+
+def evidence_names(mutant: Mutant, evidence: Mapping[str, Any]) -> dict[str, list[str]]:
+    """For each signature the mutant expects evidence of: the names the run's evidence gives."""
+    return {sig: _named(evidence.get(sig) or {})[:6] for sig, _ in mutant.evidence}
+
+
+def evidence_missing(mutant: Mutant, evidence: Mapping[str, Any]) -> list[str]:
+    """`signature ~ regex` for every expected evidence the run's evidence does not name."""
+    return [
+        f"{sig} ~ {pattern}"
+        for sig, pattern in mutant.evidence
+        if not any(re.search(pattern, n) for n in _named(evidence.get(sig) or {}))
+    ]
 
 
 def combined_mutant() -> Mutant:
@@ -146,11 +280,34 @@ def expectation(mutants: list[str] | tuple[str, ...]) -> Mutant | None:
     return Mutant("+".join(names), "combined", "several mutants", expect)
 
 
+def catalogue_runs(
+    dps: tuple[int, ...] = (1, 2), bases: tuple[str, ...] = MATRIX_BASES, names: list[str] | None = None
+) -> list[tuple[str, Mutant | None, str, int]]:
+    """The one-mutant-per-run matrix: (row name, mutant or None for a control, base, dp).
+
+    A mutant runs on each of `bases` it supports; a feature mutant (its own base only, such as the
+    expert bias on `moe-aux-free`) runs there, with that base's control.
+    """
+    chosen = [MUTANTS[n] for n in (names or list(MUTANTS))]
+    plan: dict[str, list[Mutant]] = {b: [m for m in chosen if b in m.bases] for b in bases}
+    for m in chosen:
+        if not set(m.bases) & set(bases):
+            plan.setdefault(m.bases[0], []).append(m)
+    out: list[tuple[str, Mutant | None, str, int]] = []
+    for dp in dps:
+        for base, members in plan.items():
+            members = [m for m in members if dp >= m.min_dp]
+            if not members and (names or base not in bases):
+                continue  # a control only where some mutant runs (every matrix base keeps its own)
+            out.append((f"control@{base}", None, base, dp))
+            out += [(f"{m.name}@{base}", m, base, dp) for m in members]
+    return out
+
+
 def health_specs(dp: int = 2) -> list[tuple[str, dict[str, Any]]]:
-    """The periodic detector-health batch: a control, the combined faults, one benign change."""
-    benign = MUTANTS["benign-reordered-state-dict"]
-    return [
-        ("control", {**BASE_SPEC, "dp": dp}),
-        ("combined", {**BASE_SPEC, "dp": dp, "mutants": list(COMBINED)}),
-        (benign.name, benign.run_spec(dp)),
-    ]
+    """The periodic detector-health batch: the whole catalogue one mutant per run, plus the combined smoke."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for name, mutant, base, d in catalogue_runs((dp,)):
+        rows.append((name, {**BASES[base], "dp": d} if mutant is None else mutant.run_spec(d, base)))
+    rows.append(("combined", {**BASE_SPEC, "dp": dp, "mutants": list(COMBINED)}))
+    return rows

@@ -167,6 +167,14 @@ _TABLE = (
         (),
     ),
     Signature(
+        "loss-scaler-mismatch",
+        "cause",
+        "fp16 loss scaler not restored",
+        "The dynamic loss scaler's scale, growth or hysteresis tracker after load differs from the "
+        "saved one: the resumed run scales, skips and grows the loss scale on another schedule.",
+        (DISTRIB_OPTIMIZER,),
+    ),
+    Signature(
         "save-mutates-live-state",
         "cause",
         "Saving changed the live run",

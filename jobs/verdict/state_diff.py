@@ -21,8 +21,11 @@ RESTORE_SIGNATURES = {
     "scheduler": "scheduler-state-mismatch",
     "iteration": "iteration-mismatch",
     "rng": "rng-state-mismatch",
+    "scaler": "loss-scaler-mismatch",
 }
 SECTIONS = tuple(RESTORE_SIGNATURES)
+# Recorded but never compared: non-persistent buffers (Megatron does not checkpoint them; a step's
+# finalize_model_grads re-derives or zeroes them, e.g. the routers' local_tokens_per_expert).
 # Group keys that only describe this rank's share, not metadata ranks must agree on.
 RANK_LOCAL_GROUP_KEYS = ("local_params",)
 

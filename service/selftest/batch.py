@@ -1,8 +1,9 @@
 """Detector health: the mutation self-test queued periodically as ordinary runs, and its latest outcome.
 
-Each batch is a control, the combined injected faults and one benign change (see
-jobs/selftest/catalogue.py), labelled `selftest=detector-health` and `selftest_batch=<time>`; the
-overview judges the latest batch against the catalogue: every fault caught, nothing benign flagged.
+Each batch is the whole catalogue one mutant per run, with a control per base, plus the combined
+smoke test (jobs/selftest/catalogue.py `health_specs`), labelled `selftest=detector-health` and
+`selftest_batch=<time>`; the overview judges the latest batch against the catalogue: every fault
+caught, nothing benign flagged.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """The mutation self-test on real Megatron-Core: injected resume bugs are caught, benign changes pass.
 
-One module-scoped fast self-test (control, the combined faults, a benign change) at DP 1 and 2,
-plus the two faults that cannot share a run: a resumed loop that differs only after the restore
-(final state) and an option the build lacks (a crash that must not be blamed on Bug A).
+The catalogue one mutant per run at DP 1 on dense-bf16 (each caught alone, with the evidence naming
+what it broke) and an MoE slice at DP 2 on moe-fp32-router with its workarounds; the combined
+smoke test (control, the combined faults, a benign change) at DP 1 and 2; and the two faults that
+cannot share a run: a resumed loop that differs only after the restore (final state) and an option
+the build lacks (a crash that must not be blamed on Bug A). The full matrix (every mutant x DP 1, 2
+x dense, MoE) is `parity selftest --dp 1 --dp 2` (the nightly detector-health batch runs it at DP 2).
 """
 
 from __future__ import annotations
@@ -15,6 +18,39 @@ import pytest
 
 from jobs.launch.selftest import format_matrix, run_one, run_selftest
 from jobs.selftest.catalogue import MUTANTS, combined_mutant
+
+DENSE = [n for n, m in MUTANTS.items() if "dense-bf16" in m.bases]
+MOE_SLICE = ["model-weight-skipped", "exp-avg-sq-reset", "moments-lost-on-last-rank", "benign-stale-grads-after-load"]
+
+
+@pytest.fixture(scope="module")
+def catalogue(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_selftest(tmp_path_factory.mktemp("catalogue"), dps=(1,), names=DENSE, bases=("dense-bf16",))
+
+
+def test_catalogue_catches_each_mutant_alone_with_its_evidence(catalogue: dict) -> None:
+    assert catalogue["ok"], format_matrix(catalogue)
+    rows = {r["mutant"]: r for r in catalogue["rows"]}
+    assert sorted(rows) == sorted(DENSE + ["control"])  # one run per mutant, never a bundle
+    for name in DENSE:
+        m, row = MUTANTS[name], rows[name]
+        assert row["outcome"] == ("silent" if m.benign else "caught"), row
+        if m.evidence:
+            assert row["evidence_missing"] == [] and all(row["evidence_names"].values()), row
+    assert rows["iteration-one-behind"]["layer"] == "harness"
+    assert rows["common-state-iteration-stale"]["layer"] == "megatron-core"
+    assert rows["exp-avg-sq-reset"]["evidence_names"]["optimizer-moments-mismatch"][0].endswith("/exp_avg_sq")
+
+
+def test_moe_slice_at_dp2_names_what_broke(tmp_path: Path) -> None:
+    report = run_selftest(tmp_path, dps=(2,), names=MOE_SLICE, bases=("moe-fp32-router",))
+    assert report["ok"], format_matrix(report)
+    rows = {r["mutant"]: r for r in report["rows"]}
+    assert all(r["base"] == "moe-fp32-router" and r["dp"] == 2 for r in rows.values())
+    names = rows["exp-avg-sq-reset"]["evidence_names"]["optimizer-moments-mismatch"]
+    assert names and all(n.endswith("/exp_avg_sq") for n in names)
+    r = json.loads((tmp_path / "dp2" / "03" / "result.json").read_text())  # moments-lost-on-last-rank
+    assert r["evidence"]["optimizer-moments-mismatch"]["ranks"] == [1]
 
 pytestmark = pytest.mark.megatron
 

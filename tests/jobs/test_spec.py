@@ -74,6 +74,39 @@ def test_allowed_values_and_configs_are_plain_data() -> None:
 
 
 
+def test_checkpoint_io_strategies_are_spec_variations() -> None:
+    base = {"config": "moe-fp32-router", "dp": 2, "steps": 4, "save_step": 2}
+    assert "async_save" not in RunSpec.from_dict(base).to_dict()  # stored specs and check keys unchanged
+    spec = RunSpec.from_dict({**base, "async_save": True, "fully_parallel": True})
+    assert spec.to_dict()["async_save"] is True and spec.to_dict()["fully_parallel"] is True
+    with pytest.raises(SpecError) as err:
+        RunSpec.from_dict({**base, "async_save": "yes"})
+    assert err.value.field == "async_save"
+    assert allowed_values()["fully_parallel"] == [False, True]
+
+
+def test_feature_configs_list_the_megatron_settings_they_switch_on() -> None:
+    from jobs.configs import ModelConfig
+
+    by_name = {c["name"]: c for c in list_configs()}
+    aux = by_name["moe-aux-free"]["megatron"]
+    assert aux["moe_router_enable_expert_bias"] is True and aux["moe_router_score_function"] == "sigmoid"
+    assert aux["moe_router_load_balancing_type"] == "none"
+    assert by_name["moe-shared-expert"]["megatron"]["moe_shared_expert_intermediate_size"] == 256
+    fp16 = by_name["dense-fp16"]["megatron"]
+    assert fp16["fp16"] is True and fp16["loss_scale"] is None and "bf16" not in fp16  # the dynamic scaler
+    assert by_name["dense-bf16"]["megatron"] == {"bf16": True}
+    assert "moe_router_enable_expert_bias" not in by_name["moe-fp32-router"]["megatron"]
+    # features that need CUDA / Transformer Engine say so: GPU checks
+    assert by_name["moe-grouped-gemm-te"]["requires"] == ["cuda", "transformer-engine"]
+    assert by_name["moe-grouped-gemm-te"]["megatron"]["moe_grouped_gemm"] is True
+    assert [n for n, c in by_name.items() if c["requires"]] == ["moe-grouped-gemm-te"]
+    with pytest.raises(ValueError, match="sigmoid"):
+        ModelConfig(name="x", description="", why="", num_experts=4, expert_bias=True)
+    with pytest.raises(ValueError, match="MoE"):
+        ModelConfig(name="x", description="", why="", shared_expert_size=64)
+
+
 def test_mutants_are_validated_and_absent_from_ordinary_specs() -> None:
     from jobs.selftest.catalogue import MUTANTS, health_specs
 

@@ -3,7 +3,9 @@
 Sections: `model` (weights and buffers as the model holds them), `main` (the optimizer's FP32
 main params), `moments` (every optimizer state tensor, `name/key`), `steps` (per-param Adam step),
 `groups` (every param group's scalars, also `step` where a fused optimizer keeps it there),
-`scheduler`, `iteration` and `rng` (torch CPU, CUDA when present, Megatron's tracker). Values are
+`scheduler`, `iteration`, `rng` (torch CPU, CUDA when present, Megatron's tracker), `scaler` (the
+fp16 dynamic loss scaler; empty under bf16) and `nonpersistent` (buffers Megatron does not save:
+recorded, never compared). Values are
 strings so that equality is exact and the document carries no floats that JSON cannot hold.
 `jobs/verdict/state_diff.py` turns two snapshots into named signatures.
 """
@@ -66,11 +68,43 @@ def _optimizer_sections(optimizer: Any, name_of: dict[Any, str]) -> dict[str, di
     return {"main": main, "moments": moments, "steps": steps}
 
 
+def buffers(module: torch.nn.Module) -> tuple[dict[str, str], dict[str, str]]:
+    """Fingerprint the module's buffers: (persistent, non-persistent), keyed `buffer:{name}`.
+
+    Persistent buffers (the routers' `expert_bias`) are checkpointed state a load must restore;
+    non-persistent ones (`local_tokens_per_expert`) are not saved by Megatron and are re-derived
+    by the step (finalize_model_grads zeroes the counters), so they are recorded but not compared.
+    """
+    persistent: dict[str, str] = {}
+    transient: dict[str, str] = {}
+    for mod_name, mod in module.named_modules():
+        for name, buf in mod._buffers.items():
+            if buf is None:
+                continue
+            key = f"buffer:{mod_name}.{name}" if mod_name else f"buffer:{name}"
+            target = transient if name in mod._non_persistent_buffers_set else persistent
+            target[key] = fingerprint(buf)
+    return persistent, transient
+
+
+def loss_scaler(optimizer: Any) -> dict[str, str]:
+    """The fp16 dynamic loss scaler of every optimizer in the chain ({} without one): scale and trackers."""
+    out: dict[str, str] = {}
+    for i, opt in enumerate(getattr(optimizer, "chained_optimizers", [optimizer])):
+        scaler = getattr(opt, "grad_scaler", None)
+        if scaler is None:
+            continue
+        for key, value in sorted(scaler.state_dict().items()):
+            out[f"o{i}.{key}"] = scalar(value)
+    return out
+
+
 def snapshot(tr: Any) -> dict[str, Any]:
     """Fingerprint the trainee's whole resumable state on this rank."""
     module = tr.ddp.module
     model = {n: fingerprint(p) for n, p in module.named_parameters()}
-    model.update({f"buffer:{n}": fingerprint(b) for n, b in module.named_buffers() if b is not None})
+    persistent, transient = buffers(module)
+    model.update(persistent)
     sched = {k: scalar(v) for k, v in sorted(tr.scheduler.state_dict().items())}
     return {
         "model": model,
@@ -79,4 +113,6 @@ def snapshot(tr: Any) -> dict[str, Any]:
         "scheduler": sched,
         "iteration": {"iteration": repr(int(tr.iteration))},
         "rng": {k: fingerprint(v) for k, v in rng.capture().items()},
+        "scaler": loss_scaler(tr.optimizer),
+        "nonpersistent": transient,
     }

@@ -29,6 +29,10 @@ def handle(args: argparse.Namespace) -> int:
         print(f"{'':<{width}}  why: {c['why']}")
         layouts = ", ".join(f"{k} {'|'.join(map(str, v))}" for k, v in c["layouts"].items())
         print(f"{'':<{width}}  layouts: {layouts} (ranks = dp * tp * pp; ep must divide dp)")
+        megatron = ", ".join(f"{k}={v}" for k, v in c.get("megatron", {}).items())
+        print(f"{'':<{width}}  megatron: {megatron}")
+        if c.get("requires"):
+            print(f"{'':<{width}}  GPU check: needs {' and '.join(c['requires'])}")
     from service.cli.client.shape_arg import shape_help
 
     print(f"\n--shape (submit, run-local, bisect): {shape_help()}")

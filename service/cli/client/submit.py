@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ep", type=int, help="expert-parallel size (default 1; MoE configs, must divide dp)")
     p.add_argument("--resume-dp", type=int, help="resume at this DP size instead of --dp (same global batch)")
     p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
+    p.add_argument("--async-save", action="store_true", help="save through Megatron's async path")
+    p.add_argument("--fully-parallel", action="store_true", help="save and load with the fully-parallel wrappers")
     p.add_argument("--mutant", action="append", default=[], help=argparse.SUPPRESS)  # self-test runs only
     p.add_argument("--environment", default="default")
     p.add_argument("--requirement", "-r", action="append", default=[],
@@ -63,6 +65,9 @@ def build_body(args: argparse.Namespace) -> dict[str, Any]:
         spec["nodes"] = args.nodes
     if getattr(args, "shape", None):
         spec["shape"] = parse_shape(args.shape)
+    for flag in ("async_save", "fully_parallel"):  # checkpoint I/O strategies: absent when off
+        if getattr(args, flag, False):
+            spec[flag] = True
     labels = {}
     for item in args.label:
         key, sep, value = item.partition("=")

@@ -65,6 +65,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="Slurm nodes of the original run (recorded in the spec; locally every rank runs here)")
     p.add_argument("--mutant", action="append", default=[], dest="mutants",
                    help="inject a catalogued resume bug (the detector self-test; see `parity selftest`)")
+    p.add_argument("--async-save", action="store_true",
+                   help="save through Megatron's async path (training goes on while a forked writer writes)")
+    p.add_argument("--fully-parallel", action="store_true",
+                   help="save and load with Megatron's fully-parallel strategy wrappers over the DP group")
     p.add_argument("--run-folder", type=Path, default=None,
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")

@@ -34,6 +34,9 @@ def spec_args(spec: dict[str, Any]) -> list[str]:
         option = "--" + LIST_OPTIONS.get(key, key).replace("_", "-")
         if value is None or value == {} or value == []:
             continue  # unset optional field (resume_dp, shape, workarounds): the option's own default
+        if isinstance(value, bool):  # a switch: named when on
+            args += [option] if value else []
+            continue
         if isinstance(value, list):
             for item in value:
                 args += [option, str(item)]
