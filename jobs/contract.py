@@ -57,6 +57,7 @@ SignatureId = Literal[
     "save-mutates-live-state",
     "final-state-mismatch",
     "unsupported-by-build",
+    "probe-not-applicable",
 ]
 SIGNATURE_IDS: tuple[SignatureId, ...] = get_args(SignatureId)
 SignatureKind = Literal["cause", "latent", "crash"]
@@ -87,6 +88,9 @@ STATE_AFTER_SAVE: Literal["state_after_save"] = "state_after_save"
 STATE_AFTER_LOAD_RAW: Literal["state_after_load_raw"] = "state_after_load_raw"  # before any workaround
 STATE_AFTER_LOAD: Literal["state_after_load"] = "state_after_load"  # after them (only when one changed state)
 STATE_FINAL: Literal["state_final"] = "state_final"  # after step M, in both phases
+# The resume's numeric distance from the saving run's final state (jobs/rank/probes/final_numeric.py):
+# {"view", "ranks", "sections": {model|main|moments: {max_rel, max_abs, worst, differing, items}}}.
+STATE_FINAL_DELTAS: Literal["state_final_deltas"] = "state_final_deltas"
 # Bug C: every rank's param groups right after optimizer.load_state_dict, before the scheduler.
 GROUPS_AFTER_OPTIMIZER_LOAD: Literal["param_groups_after_optimizer_load"] = "param_groups_after_optimizer_load"
 # Whether a load outside torch.no_grad() would raise on FP32 leaf views (what load-no-grad hides).
@@ -187,6 +191,7 @@ class PhaseProbes(TypedDict, total=False):
     state_after_load_raw: list[StateSnapshot]
     state_after_load: list[StateSnapshot]
     state_final: list[StateSnapshot]
+    state_final_deltas: dict[str, Any]
     param_groups_after_optimizer_load: list[dict[str, str]]
     fp32_view_inplace: list[dict[str, Any]]
 
