@@ -87,6 +87,10 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("benign-rng-drawn-before-load", "benign",
                "random numbers are drawn before the load (the RNG restore must make it harmless)",
                verdict="pass"),
+        Mutant("benign-gradient-noise", "benign",
+               "every step's gradients get a tiny seeded perturbation, different in each run (GPU noise): "
+               "passes under the `default` profile, fails under `exact`", verdict="pass",
+               spec=(("tolerance", "default"),)),
     )
 }
 # A fast subset for CI: one run per DP carries several independent mutants at once.
