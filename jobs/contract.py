@@ -16,7 +16,9 @@ from typing import Any, Literal, NotRequired, get_args
 from typing_extensions import TypedDict
 
 # Schema versions. Documents written before versions existed are version 1 (no schema_version key).
-PHASE_SCHEMA_VERSION = 2
+# Phase documents of version 3 and later must carry the state snapshots (required_probes).
+PHASE_SCHEMA_VERSION = 3
+STATE_PROBES_SINCE = 3
 RESULT_SCHEMA_VERSION = 2
 
 Verdict = Literal["pass", "fail", "error"]
@@ -242,19 +244,33 @@ _PROBES_BEFORE: dict[str, tuple[tuple[Stage, ...], tuple[str, ...], tuple[Stage,
     "resume": (("load", "step"), (FINGERPRINTS["after_load"], PARAM_GROUPS["after_load"]), ("step",)),
     "uninterrupted": (("step",), (), ()),
 }
+# The state snapshots (schema 3 on): those taken with the stage-gated probes above, and those a
+# phase takes only once it has finished (after the save, after step M, the distance to the saving run).
+_SNAPSHOTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "train_and_save": ((STATE_AT_SAVE,), (STATE_AFTER_SAVE, STATE_FINAL)),
+    "resume": ((STATE_AFTER_LOAD_RAW, GROUPS_AFTER_OPTIMIZER_LOAD), (STATE_FINAL, STATE_FINAL_DELTAS)),
+}
 
 
 def required_probes(
-    phase: str, workarounds: list[str] | tuple[str, ...], failed_stage: str | None = None
+    phase: str, workarounds: list[str] | tuple[str, ...], failed_stage: str | None = None,
+    schema_version: int = PHASE_SCHEMA_VERSION,
 ) -> tuple[str, ...]:
     """The probes a phase must carry: all of them once it finished, or those taken before the stage it failed in.
 
-    A required probe missing from a document is an error, never "no finding".
+    A required probe missing from a document is an error, never "no finding". Documents older than
+    schema 3 predate the state snapshots and are judged without them (the optimizer fingerprints).
     """
     build = (INDEX_MAP, BUCKETS, *((INDEX_MAP_EFFECTIVE,) if REALIGN in workarounds else ()))
     after_build, state, after_state = _PROBES_BEFORE.get(phase, ((), (), ()))
+    if schema_version >= STATE_PROBES_SINCE:
+        gated, finished = _SNAPSHOTS.get(phase, ((), ()))
+        restored = (STATE_AFTER_LOAD,) if phase == "resume" and RESTORE_STEP in workarounds else ()
+        state = (*state, *gated, *restored)
+    else:
+        finished = ()
     if failed_stage is None:
-        return (*build, *state)
+        return (*build, *state, *finished)
     return (*(build if failed_stage in after_build else ()), *(state if failed_stage in after_state else ()))
 
 

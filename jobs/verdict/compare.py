@@ -174,7 +174,7 @@ def missing_probes(spec: RunSpec, doc: PhaseDocument | None) -> list[ErrorRecord
             f"probes.{key}: the {doc['phase']} document lacks a probe its spec requires",
             stage="evaluate",
         )
-        for key in required_probes(doc["phase"], spec.workarounds, failed_stage)
+        for key in required_probes(doc["phase"], spec.workarounds, failed_stage, doc.get("schema_version", 1))
         if not probes.get(key)
     ]
 
