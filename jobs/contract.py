@@ -90,8 +90,7 @@ STATE_AFTER_SAVE: Literal["state_after_save"] = "state_after_save"
 STATE_AFTER_LOAD_RAW: Literal["state_after_load_raw"] = "state_after_load_raw"  # before any workaround
 STATE_AFTER_LOAD: Literal["state_after_load"] = "state_after_load"  # after them (only when one changed state)
 STATE_FINAL: Literal["state_final"] = "state_final"  # after step M, in both phases
-# The resume's numeric distance from the saving run's final state (jobs/rank/probes/final_numeric.py):
-# {"view", "ranks", "sections": {model|main|moments: {max_rel, max_abs, worst, differing, items}}}.
+# The resume's numeric distance from the saving run's final state (jobs/rank/probes/final_numeric.py).
 STATE_FINAL_DELTAS: Literal["state_final_deltas"] = "state_final_deltas"
 # Bug C: every rank's param groups right after optimizer.load_state_dict, before the scheduler.
 GROUPS_AFTER_OPTIMIZER_LOAD: Literal["param_groups_after_optimizer_load"] = "param_groups_after_optimizer_load"
@@ -178,6 +177,25 @@ class ParamGroupsReport(TypedDict):
     per_rank: list[list[dict[str, Any]]]
 
 
+class SectionDelta(TypedDict):
+    """How far one numeric section of the resumed final state is from the saving run's."""
+
+    max_rel: float | str  # largest ||resumed - baseline|| / ||baseline|| of one item ("inf": an item is missing)
+    max_abs: float | str  # largest absolute element difference
+    worst: str | None  # the item with max_rel
+    differing: int
+    items: int
+
+
+class FinalDeltasReport(TypedDict):
+    """The resume's numeric distance to the saving run's final state, per numeric section."""
+
+    view: str  # "per-rank" (rank r against the saving run's rank r) or "global" (a resharded run)
+    ranks: int
+    sections: dict[str, SectionDelta]  # model, main, moments; {} when it could not compare
+    error: NotRequired[str]  # why it could not compare (the saving run's tensors unreadable)
+
+
 class PhaseProbes(TypedDict, total=False):
     """A phase document's probes; which ones a finished phase must carry is `required_probes()`."""
 
@@ -193,7 +211,7 @@ class PhaseProbes(TypedDict, total=False):
     state_after_load_raw: list[StateSnapshot]
     state_after_load: list[StateSnapshot]
     state_final: list[StateSnapshot]
-    state_final_deltas: dict[str, Any]
+    state_final_deltas: FinalDeltasReport
     param_groups_after_optimizer_load: list[dict[str, str]]
     fp32_view_inplace: list[dict[str, Any]]
 
@@ -265,7 +283,10 @@ def required_probes(
     after_build, state, after_state = _PROBES_BEFORE.get(phase, ((), (), ()))
     if schema_version >= STATE_PROBES_SINCE:
         gated, finished = _SNAPSHOTS.get(phase, ((), ()))
-        restored = (STATE_AFTER_LOAD,) if phase == "resume" and RESTORE_STEP in workarounds else ()
+        restored: tuple[str, ...] = ()
+        if phase == "resume":  # what the restore workarounds record: the state after them, the no-grad trial
+            restored += (STATE_AFTER_LOAD,) if RESTORE_STEP in workarounds else ()
+            restored += (FP32_VIEW_INPLACE,) if {REALIGN, LOAD_NO_GRAD} & set(workarounds) else ()
         state = (*state, *gated, *restored)
     else:
         finished = ()

@@ -59,16 +59,17 @@ def measure(result: ParityResult) -> dict[str, Any]:
     if problems:
         raise NotClean(f"not a clean run ({result['verdict']}): {'; '.join(problems)}")
     rows = [r for r in result["steps"] if r["resumed_phase"]]
-    probes = result["probes"]
-    base, res = (probes.get(p) or {} for p in ("train_and_save", "resume"))
+    probes: dict[str, Any] = dict(result["probes"])
+    base, res = (dict(probes.get(p) or {}) for p in ("train_and_save", "resume"))
     discrete = {
         s: len(d) for s, d in snapshot_diffs(base.get(STATE_FINAL), res.get(STATE_FINAL)).items()
         if s not in NUMERIC_STATE_SECTIONS
     }
     if discrete:
         raise NotClean(f"the final states differ in discrete sections {discrete}: not drift")
-    sections = (res.get("state_final_deltas") or {}).get("sections")
-    if sections is None:
+    deltas = res.get("state_final_deltas") or {}
+    sections = None if "error" in deltas else deltas.get("sections")
+    if not sections:
         raise NotClean("the resume measured no final-state deltas (state_final_deltas)")
     return {
         "loss_rel": max((_rel(r["loss_baseline"], r["loss_resumed"]) for r in rows), default=0.0),
@@ -97,7 +98,9 @@ def _runs(specs: list[RunSpec], folder: Path, runner: Runner, log: Callable[[str
         result = runner(spec, folder / f"seed{spec.seed}")
         m = measure(result)
         m["seconds"] = round(time.perf_counter() - t0, 1)
-        m["build"] = {k: (result["phases"]["resume"] or {}).get("info", {}).get(k) for k in ("megatron_core", "torch")}
+        resumed = result["phases"]["resume"]
+        info: dict[str, Any] = dict(resumed["info"]) if resumed else {}
+        m["build"] = {k: info.get(k) for k in ("megatron_core", "torch")}
         log(f"seed {spec.seed}: loss {m['loss_rel']:.3g}, grad norm {m['grad_norm_rel']:.3g}, "
             f"state {json.dumps({s: float(f'{v:.3g}') for s, v in m['state'].items()})} ({m['seconds']} s)")
         out.append(m)

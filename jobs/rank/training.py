@@ -320,4 +320,4 @@ def _final_numeric(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Pat
     if ctx.doc["phase"] != "resume":
         return
     local = final_numeric.compare_with_baseline(tensors, ckpt.parent.parent, ctx.rank, spec.reshards)
-    ctx.doc["probes"][STATE_FINAL_DELTAS] = final_numeric.report(_gather(ctx, local), spec.reshards)
+    ctx.doc["probes"][STATE_FINAL_DELTAS] = final_numeric.report(_gather(ctx, local), spec.reshards)  # type: ignore[typeddict-item]

@@ -46,7 +46,7 @@ def _docs(final_res: dict[str, Any], deltas: dict[str, Any] | None) -> tuple[Any
     if deltas is None:
         del res["probes"]["state_final_deltas"]
     else:
-        res["probes"]["state_final_deltas"] = deltas
+        res["probes"]["state_final_deltas"] = deltas  # type: ignore[typeddict-item]
     return base, res
 
 

@@ -141,5 +141,6 @@ def report(per_rank: list[dict[str, Any] | None], reshards: bool) -> dict[str, A
     errors = [r["error"] for r in found if "error" in r]
     view = "global" if reshards else "per-rank"
     if errors or not found:
-        return {"view": view, "error": errors[0] if errors else "no rank compared its final state"}
+        return {"view": view, "ranks": len(per_rank), "sections": {},
+                "error": errors[0] if errors else "no rank compared its final state"}
     return {"view": view, "ranks": len(per_rank), "sections": _jsonable(merge([r["sections"] for r in found]))}
