@@ -10,7 +10,7 @@ from service.errors import ConfigError
 # each module in service/commands registers one subcommand (imported lazily: torch is slow to import)
 COMMANDS = (
     "serve", "scheduler", "db", "token", "submit", "env", "sweep", "bisect", "demo", "run_local", "configs", "notify",
-    "selftest", "calibrate",
+    "selftest", "calibrate", "shrink",
 )
 
 
