@@ -30,11 +30,12 @@ def outcome(result: ParityResult | dict[str, Any]) -> tuple[str, tuple[str, ...]
     return str(result["verdict"]), tuple(sorted(result.get("signatures") or []))
 
 
-def size(spec: RunSpec) -> tuple[int, int, int, int]:
-    """How big a spec is, compared lexicographically: ranks, parameters, steps, the save step."""
+def size(spec: RunSpec) -> tuple[int, int, int, int, int]:
+    """How big a spec is, compared lexicographically: ranks, parameters, steps, the save step, tokens per sample."""
     cfg = apply_shape(CONFIGS[spec.config], spec.shape)
-    params = estimated_params(cfg) if cfg.kind == "gpt" else 0
-    return spec.world_size + (spec.resume_dp or 0), params, spec.steps, spec.save_step
+    gpt = cfg.kind == "gpt"
+    return (spec.world_size + (spec.resume_dp or 0), estimated_params(cfg) if gpt else 0, spec.steps,
+            spec.save_step, cfg.seq_length if gpt else 0)
 
 
 def _shape_value(spec: RunSpec, name: str) -> Any:
@@ -50,27 +51,28 @@ def candidates(spec: RunSpec) -> Iterator[tuple[str, dict[str, Any]]]:
         if getattr(spec, name) > 1:
             yield f"{name} 1", {**base, name: 1}
     cfg = CONFIGS[spec.config]
+    shape = dict(spec.shape)
     if cfg.kind == "gpt":
-        shape = dict(spec.shape)
-        steps = {"num_layers": 1, "num_experts": 2, "moe_router_topk": 1}
-        for name, smallest in steps.items():
-            if name in ("num_experts", "moe_router_topk") and not cfg.num_experts:
+        for name, smallest in (("num_layers", 1), ("num_experts", 2)):
+            if name == "num_experts" and not cfg.num_experts:
                 continue
-            now = _shape_value(spec, name)
-            if now > smallest:
+            if _shape_value(spec, name) > smallest:
                 extra = {"moe_router_topk": min(_shape_value(spec, "moe_router_topk"), smallest)} \
                     if name == "num_experts" else {}
                 yield f"{name} {smallest}", {**base, "shape": {**shape, name: smallest, **extra}}
+    # an earlier save keeps the number of resumed steps; then fewer resumed steps (one, else one fewer)
+    if spec.save_step > 1:
+        yield "save_step 1", {**base, "save_step": 1, "steps": spec.steps - spec.save_step + 1}
+    if spec.steps > spec.save_step + 1:
+        yield f"steps {spec.save_step + 1}", {**base, "steps": spec.save_step + 1}
+    if spec.steps > spec.save_step + 2:
+        yield f"steps {spec.steps - 1}", {**base, "steps": spec.steps - 1}
+    if cfg.kind == "gpt":
         for name, floor in (("hidden_size", 32), ("ffn_hidden_size", 32), ("seq_length", 8), ("vocab_size", 128)):
             now = _shape_value(spec, name)
             if now // 2 >= floor:
                 extra = {"ffn_hidden_size": _shape_value(spec, "ffn_hidden_size")} if name == "hidden_size" else {}
                 yield f"{name} {now // 2}", {**base, "shape": {**shape, **extra, name: now // 2}}
-    if spec.save_step > 1:
-        yield f"save_step {spec.save_step - 1}", {**base, "save_step": spec.save_step - 1,
-                                                  "steps": spec.steps - 1}
-    if spec.steps > spec.save_step + 1:
-        yield f"steps {spec.steps - 1}", {**base, "steps": spec.steps - 1}
 
 
 def shrink(
