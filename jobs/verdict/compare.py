@@ -229,7 +229,8 @@ def evaluate(
         if d and d.get("status") == "error" and (e := d.get("error"))
     ]
     missing = missing_probes(spec, baseline_doc) + missing_probes(spec, resumed_doc)
-    missing += [not_judged] if not_judged else []
+    # no measured bound: a run that ran to the end cannot be judged (a crash is judged by its cause)
+    missing += [not_judged] if not_judged and not errors and baseline_doc and resumed_doc else []
     lane["final_state"] = final_state.lane(profile, resumed_doc)
     verdict: Verdict
     if baseline_doc is None or (resumed_doc is None and not errors):

@@ -125,7 +125,13 @@ def test_an_uncalibrated_reshard_is_an_error_not_a_pass() -> None:
     if "dense-bf16:2->1" in load_calibration()["entries"]:
         spec["config"] = "equal-shards-fp32-head"  # a config nobody calibrated
     r = evaluate(spec, _baseline(), _resumed())
-    assert r["verdict"] == "error" and any(e["type"] == "NotCalibrated" for e in r["errors"])
+    assert r["verdict"] == "error" and [e["type"] for e in r["errors"]] == ["NotCalibrated"]
+    assert "parity calibrate --config" in r["errors"][0]["message"]
+    # a phase that crashed is judged by its crash, calibrated or not
+    crashed = _resumed()
+    crashed["status"] = "error"
+    crashed["error"] = {"type": "RuntimeError", "message": "boom", "traceback": "", "stage": "load", "rank": 0}
+    assert [e["type"] for e in evaluate(spec, _baseline(), crashed)["errors"]] == ["RuntimeError"]
 
 
 def test_current_schema_documents_without_state_probes_are_errors_older_ones_are_not() -> None:
