@@ -56,3 +56,23 @@ def test_a_probe_that_could_not_run_shows_as_an_advisory_on_the_run_page(client,
     page = client.get(f"/runs/{run.id}")
     assert 'id="advisories"' in page.text and "train_and_save.buckets: not applicable on this build" in page.text
     assert "final state bit-exact" in page.text
+
+
+def test_copy_as_issue_carries_the_smallest_reproduction_parity_shrink_recorded(client, db_session: Session) -> None:
+    import html
+    import re
+
+    from jobs.launch.shrink import run_local_command
+    from jobs.spec import RunSpec
+
+    run = golden_run(db_session, _env(db_session), "bad")
+    page = client.get(f"/runs/{run.id}/triage").text
+    assert "Smallest reproduction" not in page  # nothing shrunk yet
+    smallest = RunSpec.from_dict({**run.spec, "shape": {"num_layers": 1}, "steps": 4, "save_step": 1})
+    run.summary = {**run.summary, "shrink": {"strictly_smaller": True, "runs": 3, "smallest": smallest.to_dict(),
+                                             "command": run_local_command(smallest)}}
+    db_session.flush()
+    page = client.get(f"/runs/{run.id}/triage").text
+    issue = html.unescape(re.search(r'<textarea id="issue-md"[^>]*>(.*?)</textarea>', page, re.S).group(1))  # type: ignore[union-attr]
+    assert "Smallest reproduction (same verdict and signatures, 3 trial runs):" in issue
+    assert "parity run-local --config moe-fp32-router --dp 2 --steps 4 --save-step 1 --shape num_layers=1" in issue
