@@ -97,11 +97,12 @@ TOLERANCE_PROFILES: dict[str, ToleranceProfile] = {
             "exact", "bit-identical loss, lr, grad norm, num-zeros and final state (deterministic CPU runs)",
             0.0, 0.0, 0.0, 0.0,
         ),
-        # GPU noise. Measured on CPU with the benign-gradient-noise mutant (a 1e-7 relative seeded
-        # perturbation of every step's gradients, different in each run), dense-bf16-dropout, save at
-        # 2 of 10, DP 1 and 2: loss up to 3.4e-5 relative, grad norm 3.2e-4, final state (relative L2
-        # of one item) model 3.7e-3, main 2.7e-3, moments 1.1e-2 -- bf16 weights and Adam's
-        # per-element normalisation amplify any noise within a few steps. Bounds ~4x that.
+        # GPU noise. Measured on CPU with the benign-gradient-noise mutant (a seeded relative
+        # perturbation of every step's gradients, different in each run: 1e-7, and 1e-6 to check the
+        # size hardly matters), dense-bf16-dropout, save at 2 of 10, DP 1 and 2: loss up to 3.4e-5
+        # relative, grad norm 3.2e-4, final state (relative L2 of one item) model 5.3e-3, main 4.8e-3,
+        # moments 1.1e-2 -- bf16 weights and Adam's per-element normalisation amplify any noise within
+        # a few steps. Bounds ~4x that.
         ToleranceProfile(
             "default",
             "GPU reduction-order noise: loss rtol 1e-4, grad norm and num-zeros 2e-3, lr exact to 1e-12, "
