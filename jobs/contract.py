@@ -16,7 +16,9 @@ from typing import Any, Literal, NotRequired, get_args
 from typing_extensions import TypedDict
 
 # Schema versions. Documents written before versions existed are version 1 (no schema_version key).
-PHASE_SCHEMA_VERSION = 2
+# Phase documents of version 3 and later must carry the state snapshots (required_probes).
+PHASE_SCHEMA_VERSION = 3
+STATE_PROBES_SINCE = 3
 RESULT_SCHEMA_VERSION = 2
 
 Verdict = Literal["pass", "fail", "error"]
@@ -58,6 +60,7 @@ SignatureId = Literal[
     "save-mutates-live-state",
     "final-state-mismatch",
     "unsupported-by-build",
+    "probe-not-applicable",
 ]
 SIGNATURE_IDS: tuple[SignatureId, ...] = get_args(SignatureId)
 SignatureKind = Literal["cause", "latent", "crash"]
@@ -88,6 +91,8 @@ STATE_AFTER_SAVE: Literal["state_after_save"] = "state_after_save"
 STATE_AFTER_LOAD_RAW: Literal["state_after_load_raw"] = "state_after_load_raw"  # before any workaround
 STATE_AFTER_LOAD: Literal["state_after_load"] = "state_after_load"  # after them (only when one changed state)
 STATE_FINAL: Literal["state_final"] = "state_final"  # after step M, in both phases
+# The resume's numeric distance from the saving run's final state (jobs/rank/probes/final_numeric.py).
+STATE_FINAL_DELTAS: Literal["state_final_deltas"] = "state_final_deltas"
 # Bug C: every rank's param groups right after optimizer.load_state_dict, before the scheduler.
 GROUPS_AFTER_OPTIMIZER_LOAD: Literal["param_groups_after_optimizer_load"] = "param_groups_after_optimizer_load"
 # Whether a load outside torch.no_grad() would raise on FP32 leaf views (what load-no-grad hides).
@@ -173,6 +178,25 @@ class ParamGroupsReport(TypedDict):
     per_rank: list[list[dict[str, Any]]]
 
 
+class SectionDelta(TypedDict):
+    """How far one numeric section of the resumed final state is from the saving run's."""
+
+    max_rel: float | str  # largest ||resumed - baseline|| / ||baseline|| of one item ("inf": an item is missing)
+    max_abs: float | str  # largest absolute element difference
+    worst: str | None  # the item with max_rel
+    differing: int
+    items: int
+
+
+class FinalDeltasReport(TypedDict):
+    """The resume's numeric distance to the saving run's final state, per numeric section."""
+
+    view: str  # "per-rank" (rank r against the saving run's rank r) or "global" (a resharded run)
+    ranks: int
+    sections: dict[str, SectionDelta]  # model, main, moments; {} when it could not compare
+    error: NotRequired[str]  # why it could not compare (the saving run's tensors unreadable)
+
+
 class PhaseProbes(TypedDict, total=False):
     """A phase document's probes; which ones a finished phase must carry is `required_probes()`."""
 
@@ -188,6 +212,7 @@ class PhaseProbes(TypedDict, total=False):
     state_after_load_raw: list[StateSnapshot]
     state_after_load: list[StateSnapshot]
     state_final: list[StateSnapshot]
+    state_final_deltas: FinalDeltasReport
     param_groups_after_optimizer_load: list[dict[str, str]]
     fp32_view_inplace: list[dict[str, Any]]
 
@@ -238,19 +263,36 @@ _PROBES_BEFORE: dict[str, tuple[tuple[Stage, ...], tuple[str, ...], tuple[Stage,
     "resume": (("load", "step"), (FINGERPRINTS["after_load"], PARAM_GROUPS["after_load"]), ("step",)),
     "uninterrupted": (("step",), (), ()),
 }
+# The state snapshots (schema 3 on): those taken with the stage-gated probes above, and those a
+# phase takes only once it has finished (after the save, after step M, the distance to the saving run).
+_SNAPSHOTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "train_and_save": ((STATE_AT_SAVE,), (STATE_AFTER_SAVE, STATE_FINAL)),
+    "resume": ((STATE_AFTER_LOAD_RAW, GROUPS_AFTER_OPTIMIZER_LOAD), (STATE_FINAL, STATE_FINAL_DELTAS)),
+}
 
 
 def required_probes(
-    phase: str, workarounds: list[str] | tuple[str, ...], failed_stage: str | None = None
+    phase: str, workarounds: list[str] | tuple[str, ...], failed_stage: str | None = None,
+    schema_version: int = PHASE_SCHEMA_VERSION,
 ) -> tuple[str, ...]:
     """The probes a phase must carry: all of them once it finished, or those taken before the stage it failed in.
 
-    A required probe missing from a document is an error, never "no finding".
+    A required probe missing from a document is an error, never "no finding". Documents older than
+    schema 3 predate the state snapshots and are judged without them (the optimizer fingerprints).
     """
     build = (INDEX_MAP, BUCKETS, *((INDEX_MAP_EFFECTIVE,) if REALIGN in workarounds else ()))
     after_build, state, after_state = _PROBES_BEFORE.get(phase, ((), (), ()))
+    if schema_version >= STATE_PROBES_SINCE:
+        gated, finished = _SNAPSHOTS.get(phase, ((), ()))
+        restored: tuple[str, ...] = ()
+        if phase == "resume":  # what the restore workarounds record: the state after them, the no-grad trial
+            restored += (STATE_AFTER_LOAD,) if RESTORE_STEP in workarounds else ()
+            restored += (FP32_VIEW_INPLACE,) if {REALIGN, LOAD_NO_GRAD} & set(workarounds) else ()
+        state = (*state, *gated, *restored)
+    else:
+        finished = ()
     if failed_stage is None:
-        return (*build, *state)
+        return (*build, *state, *finished)
     return (*(build if failed_stage in after_build else ()), *(state if failed_stage in after_state else ()))
 
 

@@ -335,6 +335,31 @@ def benign_rng_drawn_before_load() -> list[Patch]:
     return [_before(_dist_opt(), "load_state_dict", draw)]
 
 
+NOISE = 1e-7
+
+
+def benign_gradient_noise() -> list[Patch]:
+    # GPU noise on CPU: every step's main-param gradients get a seeded perturbation of NOISE relative
+    # (float32 reduction-order noise is of that order).
+    # The generator restarts in each phase, so the resume draws other noise than the save did at
+    # the same step, as a non-deterministic GPU reduction would: `default` must pass, `exact` fail.
+    gen: list[torch.Generator] = []
+
+    def perturb(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        if not gen:
+            gen.append(torch.Generator().manual_seed(20261201 + torch.distributed.get_rank()))
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    noise = torch.randn(p.grad.shape, generator=gen[0], dtype=torch.float32)
+                    p.grad.add_(p.grad * noise.to(p.grad.dtype) * NOISE)
+        return result
+
+    from megatron.core.optimizer.optimizer import MixedPrecisionOptimizer
+
+    return [_after(MixedPrecisionOptimizer, "prepare_grads", perturb)]
+
+
 REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "model-weight-skipped": (RESUME, model_weight_skipped),
     "main-params-from-model": (RESUME, main_params_from_model),
@@ -360,6 +385,7 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "benign-load-priming-noise": (RESUME, benign_load_priming_noise),
     "benign-stale-grads-after-load": (RESUME, benign_stale_grads_after_load),
     "benign-rng-drawn-before-load": (RESUME, benign_rng_drawn_before_load),
+    "benign-gradient-noise": (BOTH, benign_gradient_noise),
 }
 
 

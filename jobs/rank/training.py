@@ -30,12 +30,13 @@ from jobs.contract import (
     STATE_AFTER_SAVE,
     STATE_AT_SAVE,
     STATE_FINAL,
+    STATE_FINAL_DELTAS,
     Moment,
     StepRecord,
 )
 from jobs.rank import checkpoint, compat, dist, model
 from jobs.rank.context import RankContext
-from jobs.rank.probes import buckets, fingerprints, global_state, groups, index_map
+from jobs.rank.probes import buckets, final_numeric, fingerprints, global_state, groups, index_map
 from jobs.rank.probes import state as state_probe
 from jobs.rank.workarounds import adam_steps, fp32_leaf_views, realign_param_index, restore_adam_step
 from jobs.shape import apply_shape
@@ -320,3 +321,21 @@ def run_steps(
     ctx.doc["info"]["train_seconds"] = round(time.perf_counter() - t0, 4)
     # After step M in both runs: what the update of the last step left behind.
     ctx.doc["probes"][STATE_FINAL] = _snapshots(ctx, tr, spec)
+    _final_numeric(ctx, tr, spec, ckpt)
+
+
+def _final_numeric(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path) -> None:
+    """Write this phase's final tensors; on the resume, measure how far they are from the saving run's.
+
+    The saving run's attempt folder holds the checkpoint (`<attempt>/checkpoint/stepN`), so the
+    resume finds the baseline's file there; the save phase has always finished by then.
+    """
+    if spec.reshards:
+        tensors = final_numeric.global_tensors(tr, functools.partial(_gather, ctx))
+    else:
+        tensors = final_numeric.local_tensors(tr)
+    final_numeric.write(tensors, ctx.folder, ctx.rank, spec.reshards)
+    if ctx.doc["phase"] != "resume":
+        return
+    local = final_numeric.compare_with_baseline(tensors, ckpt.parent.parent, ctx.rank, spec.reshards)
+    ctx.doc["probes"][STATE_FINAL_DELTAS] = final_numeric.report(_gather(ctx, local), spec.reshards)  # type: ignore[typeddict-item]

@@ -190,6 +190,11 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("benign-rng-drawn-before-load", "benign",
                "random numbers are drawn before the load (the RNG restore must make it harmless)",
                verdict="pass", patches=f"{_DO}.load_state_dict"),
+        Mutant("benign-gradient-noise", "benign",
+               "every step's gradients get a tiny seeded perturbation, different in each run (GPU noise): "
+               "passes under the `default` profile, fails under `exact`", verdict="pass",
+               spec=(("tolerance", "default"),),
+               patches="megatron.core.optimizer.optimizer.MixedPrecisionOptimizer.prepare_grads"),
     )
 }
 # A smoke test only (members mask each other: see `judge`); the catalogue proves each mutant alone.

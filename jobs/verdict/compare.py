@@ -32,8 +32,10 @@ from jobs.contract import (
 )
 from jobs.errors import with_rank_errors
 from jobs.spec import RunSpec, SpecError
-from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
-from jobs.verdict.evidence import collect_evidence, final_state_evidence, probe_findings
+from jobs.tolerance import ToleranceProfile
+from jobs.verdict import final_state
+from jobs.verdict.evidence import collect_evidence, probe_findings
+from jobs.verdict.profile import judged_profile, reshard_fields
 from jobs.verdict.signatures import SIGNATURES, UNSUPPORTED, classify_error
 
 
@@ -74,6 +76,8 @@ def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
 
 # Per-step metrics compared besides the lr: Megatron's own resume test compares num-zeros.
 COMPARED_METRICS: tuple[str, ...] = ("loss", "grad_norm", "num_zeros")
+# Compared exactly under every profile: a step one run skipped (inf/NaN grads) and the other applied.
+DISCRETE_METRICS: tuple[str, ...] = ("update_successful",)
 
 
 def step_rows(
@@ -86,7 +90,7 @@ def step_rows(
     base = {r["step"]: r for r in (baseline["steps"] if baseline else [])}
     res = {r["step"]: r for r in (resumed["steps"] if resumed else [])}
     rows: list[StepRow] = []
-    metrics_rtol = profile.loss_rtol if profile.metrics_rtol is None else profile.metrics_rtol
+    metrics_rtol = profile.metrics_bound()
     for step in range(1, spec.steps + 1):
         b, r = base.get(step), res.get(step)
         row: dict[str, Any] = {"step": step, "resumed_phase": step > spec.save_step}
@@ -96,7 +100,9 @@ def step_rows(
             row[f"{key}_abs_delta"], row[f"{key}_rel_delta"] = _delta(row[f"{key}_baseline"], row[f"{key}_resumed"])
         row["within_tolerance"] = None
         if b is not None and r is not None:
-            differing = [k for k in (*COMPARED_METRICS, "lr") if not same(_value(b, k), _value(r, k))]
+            differing = [
+                k for k in (*COMPARED_METRICS, "lr", *DISCRETE_METRICS) if not same(b.get(k), r.get(k))  # type: ignore[misc]
+            ]
             row["exact"] = not differing
             row["differing_metrics"] = differing
             row["loss_within_tolerance"] = _close(b["loss"], r["loss"], profile.loss_rtol, profile.loss_atol)
@@ -105,7 +111,7 @@ def step_rows(
             row["metrics_within_tolerance"] = all(
                 _close(_value(b, k), _value(r, k), metrics_rtol, profile.loss_atol)
                 for k in ("grad_norm", "num_zeros")
-            )
+            ) and all(same(b.get(k), r.get(k)) for k in DISCRETE_METRICS)  # type: ignore[misc]
             row["within_tolerance"] = (
                 row["loss_within_tolerance"] and row["lr_within_tolerance"] and row["metrics_within_tolerance"]
             )
@@ -168,7 +174,7 @@ def missing_probes(spec: RunSpec, doc: PhaseDocument | None) -> list[ErrorRecord
             f"probes.{key}: the {doc['phase']} document lacks a probe its spec requires",
             stage="evaluate",
         )
-        for key in required_probes(doc["phase"], spec.workarounds, failed_stage)
+        for key in required_probes(doc["phase"], spec.workarounds, failed_stage, doc.get("schema_version", 1))
         if not probes.get(key)
     ]
 
@@ -193,35 +199,21 @@ def _error_verdict(
     return ("fail" if explained else "error"), names, []
 
 
-def verdict_label(verdict: str | None, by: dict[str, Any] | list[Any] | None) -> str | None:
+def verdict_label(
+    verdict: str | None, by: dict[str, Any] | list[Any] | None, profile: ToleranceProfile | None = None
+) -> str | None:
     """The one label of a verdict, everywhere (CLI, JUnit, lists, badges, grids, notifications): a pass
-    that needed a workaround to hide a finding is `pass (worked around: <workarounds>)`, never a plain pass.
+    that needed a workaround to hide a finding is `pass (worked around: <workarounds>)`, never a plain
+    pass; a run judged by a non-exact profile names it and its bounds.
 
     `by` is `worked_around_by` ({workaround: [signatures]}); a bare list of hidden signatures (older
     summaries) gives `pass (worked around)`."""
-    if verdict != "pass" or not by:
-        return verdict
-    return f"pass (worked around: {', '.join(sorted(by))})" if isinstance(by, dict) else "pass (worked around)"
-
-
-def _reshard_fields(spec: RunSpec, profile: ToleranceProfile, final: dict[str, Any]) -> dict[str, Any]:
-    """`reshard`: what a resume at another DP size ran with (nothing for a run at one DP size)."""
-    if not spec.reshards:
-        return {}
-    found = final.get("final-state-mismatch") or {}
-    return {
-        "reshard": {
-            "dp": spec.dp,
-            "resume_dp": spec.resume_dp,
-            "global_microbatches": spec.global_microbatches,
-            "microbatches_per_rank": {p: spec.microbatches(p) for p in ("train_and_save", "resume")},
-            "tolerance": profile.name,
-            "isolation": spec.effective_isolation,
-            "isolation_requested": spec.isolation,
-            "state_view": "global",
-            "final_state_differs": {"count": found.get("count", 0), "sections": found.get("sections", [])},
-        }
-    }
+    label = verdict
+    if verdict == "pass" and by:
+        label = f"pass (worked around: {', '.join(sorted(by))})" if isinstance(by, dict) else "pass (worked around)"
+    if label is not None and profile is not None and not profile.exact:
+        label = f"{label} [{profile.bound_label()}]"
+    return label
 
 
 def evaluate(
@@ -232,7 +224,7 @@ def evaluate(
         spec = RunSpec.from_dict(spec_dict)
     except SpecError as exc:
         return parity_result("error", spec_dict, errors=[error_record("SpecError", str(exc), stage="spec")])
-    profile = TOLERANCE_PROFILES[spec.effective_tolerance]
+    profile, not_judged = judged_profile(spec)
     rows = step_rows(spec, baseline_doc, resumed_doc, profile)
     lane = lanes(spec, rows, profile)
     evidence = collect_evidence(spec, baseline_doc, resumed_doc, lane)
@@ -245,7 +237,9 @@ def evaluate(
         if d and d.get("status") == "error" and (e := d.get("error"))
     ]
     missing = missing_probes(spec, baseline_doc) + missing_probes(spec, resumed_doc)
-    reshard_final: dict[str, Any] = {}
+    # no measured bound: a run that ran to the end cannot be judged (a crash is judged by its cause)
+    missing += [not_judged] if not_judged and not errors and baseline_doc and resumed_doc else []
+    lane["final_state"] = final_state.lane(profile, resumed_doc)
     verdict: Verdict
     if baseline_doc is None or (resumed_doc is None and not errors):
         verdict, signatures = "error", causes
@@ -254,12 +248,9 @@ def evaluate(
         verdict, signatures, unexplained = _error_verdict(errors, causes)
         advisories += [n for n in unexplained if n not in advisories]
     else:
-        final = final_state_evidence(baseline_doc, resumed_doc)
-        if final and spec.reshards:
-            # Another DP size reduces grads and the grad norm in another order, so the state after
-            # step M may differ in the last bits; the tolerance lane judges the run, restored state
-            # stays exact (compared above), and the difference is kept in the result.
-            reshard_final, final = final, {}
+        # Under a non-exact profile (a resume at another DP size reduces in another order) the
+        # state after step M is judged against the profile's numeric bound; restored state stays exact.
+        final = final_state.findings(profile, baseline_doc, resumed_doc)
         if final and not causes:
             # Restored state matched, yet the runs ended apart: the resumed loop itself differs.
             causes.append("final-state-mismatch")
@@ -283,7 +274,7 @@ def evaluate(
         spec.to_dict(),
         errors=errors,
         signatures=signatures,
-        verdict_label=str(verdict_label(verdict, by or worked_around)),
+        verdict_label=str(verdict_label(verdict, by or worked_around, profile)),
         advisories=advisories,
         worked_around=worked_around,
         worked_around_by=by,
@@ -295,7 +286,7 @@ def evaluate(
         lanes=lane,
         steps=rows,
         isolation=spec.effective_isolation,
-        **_reshard_fields(spec, profile, reshard_final),
+        **reshard_fields(spec, profile, lane["final_state"]),
         probes={
             "train_and_save": None if baseline_doc is None else baseline_doc.get("probes"),
             "resume": None if resumed_doc is None else resumed_doc.get("probes"),

@@ -19,7 +19,6 @@ from jobs.contract import (
     STATE_AFTER_LOAD_RAW,
     STATE_AFTER_SAVE,
     STATE_AT_SAVE,
-    STATE_FINAL,
     FindingProbe,
     PhaseDocument,
     PhaseName,
@@ -28,7 +27,6 @@ from jobs.contract import (
 )
 from jobs.spec import RunSpec
 from jobs.verdict.state_diff import (
-    final_findings,
     groups_after_optimizer_load,
     mutation_findings,
     restore_findings,
@@ -208,6 +206,9 @@ def collect_evidence(
             for i in b["issues"]
         ]
         ev["bucket-offset-unaligned"] = {"count": len(issues), "items": issues[:MAX_ITEMS]}
+    skipped = not_applicable(baseline, resumed)
+    if skipped:
+        ev["probe-not-applicable"] = {"probes": skipped}
     view = _fp32_view(resumed)
     if view:
         hidden["fp32-view-inplace-load"] = {"by": LOAD_NO_GRAD if LOAD_NO_GRAD in spec.workarounds else REALIGN,
@@ -217,9 +218,17 @@ def collect_evidence(
     return ev
 
 
-def final_state_evidence(baseline: PhaseDocument | None, resumed: PhaseDocument | None) -> dict[str, Any]:
-    """Evidence that the state after the last step differs between the runs, or {}."""
-    return final_findings(_probes(baseline).get(STATE_FINAL), _probes(resumed).get(STATE_FINAL))
+def not_applicable(baseline: PhaseDocument | None, resumed: PhaseDocument | None) -> dict[str, Any]:
+    """{"phase.probe": reason} for every build probe that could not look on this build (compat.guarded)."""
+    phases: tuple[tuple[str, PhaseDocument | None], ...] = (("train_and_save", baseline), ("resume", resumed))
+    out: dict[str, Any] = {}
+    for phase, doc in phases:
+        probes = _probes(doc)
+        for key in (INDEX_MAP, INDEX_MAP_EFFECTIVE, BUCKETS):
+            report = probes.get(key)
+            if report and not report.get("applicable", True):
+                out[f"{phase}.{key}"] = report.get("reason") or "not applicable on this build"
+    return out
 
 
 MAX_FINDINGS = 200

@@ -207,6 +207,14 @@ _TABLE = (
         (PARAM_AND_GRAD_BUFFER,),
     ),
     Signature(
+        "probe-not-applicable",
+        "latent",
+        "A probe could not run on this build",
+        "A probe read a Megatron-Core attribute this build lays out differently (compat.guarded): "
+        "it reports 'not applicable on this build' with the reason, so its silence is not a clean bill.",
+        (),
+    ),
+    Signature(
         "checkpoint-format-unsupported",
         "cause",
         "Checkpoint format cannot be saved",

@@ -41,6 +41,9 @@ CLEAN = {
     "state_after_load_raw": [{}],
     "param_groups_after_optimizer_load": [{}],
     "state_final": [{}],
+    "state_final_deltas": {"view": "per-rank", "ranks": 1, "sections": {
+        s: {"max_rel": 0.0, "max_abs": 0.0, "worst": None, "differing": 0, "items": 1}
+        for s in ("model", "main", "moments")}},
 }
 
 

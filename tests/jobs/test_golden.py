@@ -41,7 +41,10 @@ def test_known_good_resumes_bit_identically() -> None:
     r = _evaluate("good")
     assert r["verdict"] == "pass" and r["signatures"] == [] and r["errors"] == []
     assert r["lanes"]["exact"]["pass"] and r["first_divergent_step"] is None
-    assert r["worked_around"] == ["optimizer-index-misalignment"]
+    assert r["worked_around"] == ["optimizer-index-misalignment", "adam-step-not-restored", "fp32-view-inplace-load"]
+    assert r["lanes"]["final_state"]["measured"] and all(
+        s["differing"] == 0 for s in r["lanes"]["final_state"]["sections"].values()
+    )
     resumed = [s for s in r["steps"] if s["resumed_phase"]]
     assert [s["step"] for s in resumed] == [4, 5, 6] and all(s["loss_abs_delta"] == 0.0 for s in resumed)
     assert all(f["ok"] for f in r["probe_findings"] if f["param_name"] is None and f["probe"] != "bucket_offsets")
@@ -50,10 +53,21 @@ def test_known_good_resumes_bit_identically() -> None:
 def test_the_golden_resume_without_restore_adam_step_would_fail() -> None:
     # The detector's other side on the same real documents: undo the workaround's effect on the probe.
     docs = documents("good")
-    after = docs["resume"]["probes"]["fingerprints_after_load"]["owned"]
-    for owned in after:
-        for state in (owned or {}).values():
-            if "step" in state:
-                state["step"] = 1.0
+    probes = docs["resume"]["probes"]
+    probes["state_after_load"] = probes["state_after_load_raw"]  # as the load left it, before restore-adam-step
     r = evaluate(expected("good")["spec"], docs["train_and_save"], docs["resume"])
     assert r["verdict"] == "fail" and "adam-step-not-restored" in r["signatures"]
+    assert r["evidence"]["adam-step-not-restored"]["section"] == "steps"
+
+
+@pytest.mark.parametrize(("phase", "probe"), [
+    ("train_and_save", "state_at_save"), ("train_and_save", "state_final"),
+    ("resume", "state_after_load_raw"), ("resume", "state_final_deltas"),
+])
+def test_the_golden_documents_without_a_state_probe_are_errors(phase: str, probe: str) -> None:
+    docs = documents("good")
+    assert docs[phase]["schema_version"] == 3
+    del docs[phase]["probes"][probe]  # type: ignore[misc]
+    r = evaluate(expected("good")["spec"], docs["train_and_save"], docs["resume"])
+    assert r["verdict"] == "error" and [e["type"] for e in r["errors"]] == ["MissingProbe"]
+    assert f"probes.{probe}" in r["errors"][0]["message"]

@@ -6,7 +6,10 @@ shards of the main params and moments, puts them back together per parameter, an
 the full tensors: a load is still a copy, so the saved and the restored views must be identical
 bit for bit at any DP size. Sections are those of `state.snapshot`, minus `rng` (per-rank
 generators cannot be resharded; configs with dropout are refused by the spec) and minus each
-group's rank-local `local_params`. It is a collective: every rank calls it and gets the same view.
+group's rank-local `local_params`. `model`, `groups`, `scheduler` and `iteration` come from every
+rank: an item the ranks hold alike is its value, one they hold differently is `ranks-differ(...)`
+naming each rank's value, so a rank whose replica drifted shows in the view (and differs from the
+other phase's). It is a collective: every rank calls it and gets the same view.
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ def local_shards(tr: Any) -> dict[str, Any]:
     return out
 
 
-def _assemble(pieces: list[dict[str, Any]], key: str, moment: str | None) -> str:
-    """Fingerprint one full tensor from its shards, or say how much of it no rank held."""
+def full_tensor(pieces: list[dict[str, Any]], moment: str | None) -> tuple[torch.Tensor, int]:
+    """(one full tensor put together from its shards, how many of its elements some rank held)."""
     first = pieces[0]
     tensors = [(p["range"], p["main"] if moment is None else p["moments"].get(moment)) for p in pieces]
     dtype = next((t.dtype for _, t in tensors if t is not None), torch.float32)
@@ -64,45 +67,73 @@ def _assemble(pieces: list[dict[str, Any]], key: str, moment: str | None) -> str
         if t is not None and t.numel() == end - start:
             full[start:end] = t
             covered[start:end] = True
-    held = int(covered.sum())
-    if held != first["numel"]:
-        return f"incomplete:{held}/{first['numel']}"
-    return fingerprint(full.reshape(first["shape"]))
+    return full.reshape(first["shape"]), int(covered.sum())
 
 
-def assemble(per_rank: list[dict[str, Any]], rank0: dict[str, Any]) -> dict[str, Any]:
-    """The DP-size-independent snapshot from every rank's shards and rank 0's own snapshot."""
-    by_name: dict[str, list[dict[str, Any]]] = {}
+def _assemble(pieces: list[dict[str, Any]], moment: str | None) -> str:
+    """Fingerprint one full tensor from its shards, or say how much of it no rank held."""
+    full, held = full_tensor(pieces, moment)
+    if held != pieces[0]["numel"]:
+        return f"incomplete:{held}/{pieces[0]['numel']}"
+    return fingerprint(full)
+
+
+def by_param(per_rank: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Every rank's shards grouped by parameter name."""
+    out: dict[str, list[dict[str, Any]]] = {}
     for shards in per_rank:
         for name, piece in shards.items():
-            by_name.setdefault(name, []).append(piece)
+            out.setdefault(name, []).append(piece)
+    return out
+
+
+def merge_ranks(per_rank: list[dict[str, str]]) -> dict[str, str]:
+    """One value per item when every rank holds the same; `ranks-differ(r0=a, r1=b)` when they do not."""
+    out: dict[str, str] = {}
+    for key in sorted(set().union(*per_rank)) if per_rank else []:
+        values = [section.get(key, "missing") for section in per_rank]
+        if len(set(values)) == 1:
+            out[key] = values[0]
+        else:
+            out[key] = "ranks-differ(" + ", ".join(f"r{r}={v}" for r, v in enumerate(values)) + ")"
+    return out
+
+
+def assemble(per_rank: list[dict[str, Any]], snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """The DP-size-independent snapshot from every rank's shards and every rank's own snapshot."""
+    by_name = by_param(per_rank)
     main: dict[str, str] = {}
     moments: dict[str, str] = {}
     steps: dict[str, str] = {}
     for name in sorted(by_name):
         pieces = by_name[name]
-        main[name] = _assemble(pieces, name, None)
+        main[name] = _assemble(pieces, None)
         for moment in sorted({m for p in pieces for m in p["moments"]}):
-            moments[f"{name}/{moment}"] = _assemble(pieces, name, moment)
+            moments[f"{name}/{moment}"] = _assemble(pieces, moment)
         values = sorted({p["step"] for p in pieces if p["step"] is not None})
         if values:
             steps[name] = values[0] if len(values) == 1 else "mixed(" + ", ".join(values) + ")"
-    groups = {k: v for k, v in rank0["groups"].items() if not k.endswith(".local_params")}
+    groups = [{k: v for k, v in s["groups"].items() if not k.endswith(".local_params")} for s in snapshots]
     return {
         # not a compared section (state_diff.SECTIONS): says what the one entry is, and over how many ranks
         "view": {"kind": VIEW, "ranks": str(len(per_rank))},
-        "model": rank0["model"],
+        "model": merge_ranks([s["model"] for s in snapshots]),
         "main": main,
         "moments": moments,
         "steps": steps,
-        "groups": groups,
-        "scheduler": rank0["scheduler"],
-        "iteration": rank0["iteration"],
+        "groups": merge_ranks(groups),
+        "scheduler": merge_ranks([s["scheduler"] for s in snapshots]),
+        "iteration": merge_ranks([s["iteration"] for s in snapshots]),
     }
 
 
+def _replicated(snap: dict[str, Any]) -> dict[str, Any]:
+    # what every DP rank must hold alike (rng is per rank and not part of the view)
+    return {k: snap[k] for k in ("model", "groups", "scheduler", "iteration")}
+
+
 def global_snapshot(tr: Any, gather: Callable[[Any], list[Any]]) -> dict[str, Any]:
-    """Gather every rank's shards (a collective) and return the one global snapshot."""
+    """Gather every rank's shards and replicated state (a collective) and return the one global snapshot."""
     per_rank = gather(local_shards(tr))
-    rank0 = gather(snapshot(tr) if torch.distributed.get_rank() == 0 else None)[0]
-    return assemble(per_rank, rank0)
+    snapshots = gather(_replicated(snapshot(tr)))
+    return assemble(per_rank, snapshots)

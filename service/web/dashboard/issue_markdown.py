@@ -70,4 +70,8 @@ def issue_markdown(ctx: dict[str, Any], base_url: str) -> str:
             lines.append("No environment, package, spec or label differs.")
     lines += ["", "### Reproduce", "", "```sh", ctx["local_command"], ctx["python_command"], ctx["submit_command"],
               "```"]
+    smallest = (run.summary or {}).get("shrink")
+    if smallest and smallest.get("strictly_smaller"):  # recorded by `parity shrink RUN`
+        lines += ["", f"Smallest reproduction (same verdict and signatures, {smallest['runs']} trial runs):",
+                  "", "```sh", smallest["command"], "```"]
     return "\n".join(lines) + "\n"

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from jobs.spec import RESHARD_TOLERANCE
-from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile
+from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile, calibrated_reshard_profile
 from models import ProbeFinding, Run, RunEvent, StepMetric
 from service.web.dashboard.findings import fingerprint_summary
 from service.web.dashboard.logs import link_path, listed_logs
@@ -36,7 +36,10 @@ def tolerance_of(run: Run) -> ToleranceProfile | None:
     """The tolerance profile the run was judged with (`reshard` for a resharded resume left at exact)."""
     name = str(run.spec.get("tolerance", ""))
     if run.spec.get("resume_dp") is not None and name in ("exact", ""):
-        name = RESHARD_TOLERANCE
+        spec = run.spec  # judged by the bounds measured for its config and direction, where there are some
+        measured, _ = calibrated_reshard_profile(str(spec["config"]), int(spec["dp"]), int(spec["resume_dp"]),
+                                                 int(spec["steps"]) - int(spec["save_step"]))
+        return measured or TOLERANCE_PROFILES.get(RESHARD_TOLERANCE)
     return TOLERANCE_PROFILES.get(name)
 
 

@@ -1,0 +1,50 @@
+"""Which tolerance profile a run is judged by, and what a resharded run's result records about it (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs.contract import ErrorRecord, error_record
+from jobs.spec import RESHARD_TOLERANCE, RunSpec
+from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile, calibrated_reshard_profile
+
+
+def judged_profile(
+    spec: RunSpec, calibration: dict[str, Any] | None = None
+) -> tuple[ToleranceProfile, ErrorRecord | None]:
+    """(the profile, an error when the run cannot be judged by one).
+
+    A resume at another DP size left at `reshard` is judged by the bounds measured for its config
+    and direction; with no such measurement it is not judged at all (`NotCalibrated`), since a
+    guessed band is what let training-path bugs through before.
+    """
+    name = spec.effective_tolerance
+    if not (spec.reshards and name == RESHARD_TOLERANCE):
+        return TOLERANCE_PROFILES[name], None
+    assert spec.resume_dp is not None
+    profile, why = calibrated_reshard_profile(
+        spec.config, spec.dp, spec.resume_dp, len(spec.resumed_steps), calibration
+    )
+    if profile is None:
+        return TOLERANCE_PROFILES[name], error_record("NotCalibrated", why, stage="evaluate")
+    return profile, None
+
+
+def reshard_fields(spec: RunSpec, profile: ToleranceProfile, final_lane: dict[str, Any]) -> dict[str, Any]:
+    """`reshard`: what a resume at another DP size ran with and was judged by (nothing at one DP size)."""
+    if not spec.reshards:
+        return {}
+    return {
+        "reshard": {
+            "dp": spec.dp,
+            "resume_dp": spec.resume_dp,
+            "global_microbatches": spec.global_microbatches,
+            "microbatches_per_rank": {p: spec.microbatches(p) for p in ("train_and_save", "resume")},
+            "tolerance": profile.name,
+            "bound": profile.to_dict(),
+            "isolation": spec.effective_isolation,
+            "isolation_requested": spec.isolation,
+            "state_view": "global",
+            "final_state": final_lane,
+        }
+    }
