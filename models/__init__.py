@@ -1,5 +1,6 @@
 """The ORM: one module per table; importing this package registers every table on Base.metadata."""
 
+from models.artifact import Artifact
 from models.base import Base
 from models.bisect import Bisect
 from models.environment import Environment
@@ -11,10 +12,13 @@ from models.phase import Phase
 from models.probe import ProbeFinding
 from models.regression import Regression
 from models.run import Run
+from models.suite import Suite
+from models.suite_run import SuiteRun
 from models.token import ApiToken
 
 __all__ = [
     "ApiToken",
+    "Artifact",
     "Base",
     "Bisect",
     "Environment",
@@ -29,4 +33,6 @@ __all__ = [
     "RunEvent",
     "SchedulerHeartbeat",
     "StepMetric",
+    "Suite",
+    "SuiteRun",
 ]

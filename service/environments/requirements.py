@@ -1,9 +1,10 @@
 """Requirement lines a build accepts, and the content hash that lets identical sets share one build.
 
 A line is one of: a PEP 508 requirement (`megatron-core==0.15.3`), an absolute path to a local
-wheel or source directory, or `git+https://…@<commit sha>`. Pip options (`-e`, `--index-url`, …)
-are refused: the build decides how pip runs. A local path is hashed by content, so editing a
-source directory gives a new build instead of silently reusing the old one.
+wheel or source directory, `git+https://…@<commit sha>`, or `artifact:<sha256>` (a wheel or sdist
+uploaded to POST /api/v1/artifacts; `requirement_kind` tells the kinds apart for permission rules).
+Pip options (`-e`, `--index-url`, …) are refused: the build decides how pip runs. A local path is
+hashed by content, so editing a source directory gives a new build instead of silently reusing the old one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 RECIPE_VERSION = "1"
 MAX_LINES = 32
 MAX_LINE_LENGTH = 500
+ARTIFACT_PREFIX = "artifact:"
+ARTIFACT_LINE = re.compile(r"^artifact:([0-9a-f]{64})$")
 GIT_URL = re.compile(r"^git\+https://[A-Za-z0-9._~:/%\-]+@[0-9a-f]{7,40}(#egg=[A-Za-z0-9_.\-]+)?$")
 # Source trees carry caches and build output that do not change what gets installed.
 SKIP_PARTS = {"__pycache__", ".git", "build", "dist", ".eggs"}
@@ -30,7 +33,8 @@ class RequirementError(ValueError):
         self.field = f"requirements[{index}]"
         super().__init__(
             f"{self.field}: {message}; allowed: a requirement such as megatron-core==0.15.3, an absolute "
-            "path to a local wheel or source directory, or git+https://HOST/REPO@<commit sha>"
+            "path to a local wheel or source directory, git+https://HOST/REPO@<commit sha>, or artifact:<sha256> "
+            "of an uploaded wheel/sdist"
         )
 
 
@@ -51,7 +55,28 @@ def normalize(lines: list[str]) -> list[str]:
     return sorted(set(out))
 
 
+def artifact_sha(line: str) -> str | None:
+    """The SHA-256 an `artifact:<sha256>` line names, else None."""
+    match = ARTIFACT_LINE.match(line.strip())
+    return match.group(1) if match else None
+
+
+def requirement_kind(line: str) -> str:
+    """What a normalised line installs from: 'artifact' (an upload), 'path', 'git' or 'index' (a PyPI-style pin)."""
+    if line.startswith(ARTIFACT_PREFIX):
+        return "artifact"
+    if line.startswith("/"):
+        return "path"
+    if line.startswith("git+"):
+        return "git"
+    return "index"
+
+
 def _check(i: int, line: str) -> str:
+    if line.startswith(ARTIFACT_PREFIX):
+        if not ARTIFACT_LINE.match(line.lower()):
+            raise RequirementError(i, f"{line!r} is not artifact:<64 hex digits of the upload's sha256>")
+        return line.lower()
     if line.startswith("-"):
         raise RequirementError(i, f"pip options are not accepted ({line.split()[0]!r})")
     if line.startswith("git+"):
