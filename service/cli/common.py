@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import logging
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 from service.core.errors import ConfigError
-from service.core.settings import Settings, get_settings
+
+if TYPE_CHECKING:  # the settings need the [service] extra; the client commands never load them
+    from service.core.settings import Settings
 
 
 def load_settings() -> Settings:
     """Settings, or a ConfigError naming the PARITY_* variable and what it accepts."""
+    from pydantic import ValidationError
+
+    from service.core.settings import get_settings
+
     try:
         return get_settings()
     except ValidationError as exc:

@@ -12,6 +12,7 @@ from service.core.errors import ConfigError
 COMMANDS = (
     "server.serve", "server.scheduler", "server.db", "server.token", "client.submit", "client.env", "client.sweep",
     "client.bisect", "server.demo", "engine.run_local", "client.configs", "client.notify", "engine.selftest",
+    "client.suite",
 )
 
 

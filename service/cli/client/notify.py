@@ -7,7 +7,8 @@ import sys
 
 import httpx
 
-from service.cli.common import load_settings
+from service.cli.client.config import service_url
+from service.cli.client.config import token as env_token
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,9 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def list_channels(args: argparse.Namespace) -> int:
     """Print one line per channel; exit 2 when the service cannot be asked."""
-    settings = load_settings()
-    url = (args.url or settings.service_url or settings.base_url).rstrip("/")
-    token = args.token or settings.token
+    url = service_url(args.url)
+    token = env_token(args.token)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         resp = httpx.get(f"{url}/api/v1/notifications/channels", headers=headers, timeout=30)
