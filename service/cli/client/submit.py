@@ -61,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--gitlab-status", action="store_true",
                         help="post commit statuses (CI_API_V4_URL, CI_PROJECT_ID, CI_COMMIT_SHA, GITLAB_TOKEN)")
     p.add_argument("--status-context", help="the status's name (default parity/<suite or config>)")
+    p.add_argument("--status-sha", help="the commit the status is for (default GITHUB_SHA / CI_COMMIT_SHA)")
     p.add_argument("--url", help="service URL (default PARITY_SERVICE_URL)")
     p.add_argument("--token", help="bearer token (default PARITY_TOKEN)")
     p.set_defaults(func=run)
@@ -96,7 +97,7 @@ def _forge(args: argparse.Namespace) -> forges.Forge | None:
     kind = "github" if getattr(args, "github_status", False) else "gitlab" if getattr(args, "gitlab_status", False) \
         else None
     context = getattr(args, "status_context", None) or f"parity/{getattr(args, 'suite', None) or args.config}"
-    return forges.from_environment(kind, context=context, sha=None)
+    return forges.from_environment(kind, context=context, sha=getattr(args, "status_sha", None) or None)
 
 
 def _environment(client: httpx.Client, args: argparse.Namespace) -> str:
