@@ -1,4 +1,4 @@
-"""The base install is the client: no torch, Megatron-Core, submitit, SQLAlchemy or FastAPI, and it drives a real service."""
+"""The base install is the client (no torch, Megatron-Core, submitit, SQLAlchemy, FastAPI) and drives a real service."""
 
 from __future__ import annotations
 
