@@ -98,7 +98,7 @@ def test_the_documented_ci_jobs_gate_a_pull_request_on_its_own_build(committed_d
                 assert "`lr-schedule-mismatch`" in lines[0] and "**fail**" in lines[0], lines
             else:
                 assert junit.get("failures") is None and junit.get("errors") is None, ET.tostring(junit)
-                assert "| pass |" in lines[0], lines
+                assert "| pass" in lines[0], lines  # "pass (worked around)": the gate hides the open upstream bugs
 
         # GitLab: the same bug, through the GitLab job's lines; the status is form-encoded, "failed"
         gl_env = {**runner, "PARITY_TOKEN": tokens["submit"], "PARITY_SERVICE_URL": url, "GITLAB_TOKEN": "gl-token",
