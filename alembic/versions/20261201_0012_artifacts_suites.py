@@ -51,10 +51,13 @@ def upgrade() -> None:
     sa.Column('environment', sa.String(length=200), nullable=False),
     sa.Column('labels', postgresql.JSONB(astext_type=sa.Text()), nullable=False),
     sa.Column('requester', sa.String(length=200), nullable=True),
+    sa.Column('token_id', sa.Integer(), nullable=True),
+    sa.Column('idempotency_key', sa.String(length=200), nullable=True),
     sa.Column('runs', postgresql.JSONB(astext_type=sa.Text()), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['suite_id'], ['suites.id'], name=op.f('fk_suite_runs_suite_id_suites')),
-    sa.PrimaryKeyConstraint('id', name=op.f('pk_suite_runs'))
+    sa.PrimaryKeyConstraint('id', name=op.f('pk_suite_runs')),
+    sa.UniqueConstraint('token_id', 'idempotency_key', name='uq_suite_runs_token_id_idempotency_key')
     )
     op.create_index(op.f('ix_suite_runs_created_at'), 'suite_runs', ['created_at'], unique=False)
     op.create_index(op.f('ix_suite_runs_suite_id'), 'suite_runs', ['suite_id'], unique=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.core.deps import AdminToken, ReadAccess, SessionDep, SettingsDep, SubmitToken
@@ -67,12 +67,17 @@ def suite(name: SuiteName, session: SessionDep, _: ReadAccess,
 
 
 @runs_router.post("", status_code=202)
-def create_suite_run(body: SuiteRunIn, session: SessionDep, settings: SettingsDep, base: BaseUrl,
-                     token: SubmitToken) -> dict[str, Any]:
-    """Queue every check of the suite on the environment as one suite run."""
-    suite_run = runs.create_suite_run(
+def create_suite_run(
+    body: SuiteRunIn, session: SessionDep, settings: SettingsDep, base: BaseUrl, token: SubmitToken,
+    response: Response, idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+) -> dict[str, Any]:
+    """Queue every check of the suite on the environment as one suite run (a repeated Idempotency-Key: that one)."""
+    suite_run, created = runs.create_suite_run(
         session, suite_name=body.suite, version=body.version, environment=body.environment, labels=body.labels,
-        requester=token.name, settings=settings, caps=caps(settings), token_id=token.id)
+        requester=token.name, settings=settings, caps=caps(settings), token_id=token.id,
+        idempotency_key=idempotency_key)
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
     return runs.suite_run_view(session, suite_run_id=suite_run.id, base=base)
 
 

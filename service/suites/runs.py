@@ -9,11 +9,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from models import Run, Suite, SuiteRun
-from service.core.errors import NotFound
+from service.core.errors import Conflict, NotFound
 from service.core.settings import Settings
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
@@ -32,14 +32,28 @@ RESERVED_LABELS = ("suite", "suite_run", "suite_check")
 def create_suite_run(
     session: Session, *, suite_name: str, version: int | None, environment: str, labels: dict[str, str],
     requester: str | None, settings: Settings, caps: Caps | None = None, token_id: int | None = None,
-) -> SuiteRun:
-    """Queue one run per check of the suite on the environment; returns the suite run."""
+    idempotency_key: str | None = None,
+) -> tuple[SuiteRun, bool]:
+    """Queue one run per check of the suite on the environment. -> (suite run, created)."""
     suite = get_suite(session, name=suite_name, version=version)
     env = (ensure_default_environment(session, settings=settings) if environment == DEFAULT_ENVIRONMENT
            else get_environment(session, name=environment))
+    base = {k: v for k, v in labels.items() if k not in RESERVED_LABELS}
+    if idempotency_key is not None:
+        # one request per (token, key) at a time: a concurrent retry waits here, then finds the first one's row
+        session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"suite-run:{token_id}:{idempotency_key}"))))
+        existing = session.scalar(select(SuiteRun).where(SuiteRun.token_id == token_id,
+                                                         SuiteRun.idempotency_key == idempotency_key))
+        if existing is not None:
+            differs = [name for name, same in (("suite", existing.suite_id == suite.id),
+                                               ("environment", existing.environment == env.name),
+                                               ("labels", existing.labels == base)) if not same]
+            if differs:
+                raise Conflict(f"Idempotency-Key: already used by this token for a suite run with a different "
+                               f"{', '.join(differs)} ({existing.id})", field="Idempotency-Key")
+            return existing, False
     use_environment(env)
     suite_run_id = uuid.uuid4().hex[:12]
-    base = {k: v for k, v in labels.items() if k not in RESERVED_LABELS}
     runs = []
     for check in suite.checks:
         run, _ = create_run(
@@ -49,10 +63,10 @@ def create_suite_run(
         )
         runs.append({"name": check["name"], "run_id": run.id})
     suite_run = SuiteRun(id=suite_run_id, suite_id=suite.id, environment=env.name, labels=base,
-                         requester=requester, runs=runs)
+                         requester=requester, runs=runs, token_id=token_id, idempotency_key=idempotency_key)
     session.add(suite_run)
     session.flush()
-    return suite_run
+    return suite_run, True
 
 
 def outcome(run: dict[str, Any]) -> str:

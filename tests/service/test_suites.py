@@ -95,3 +95,16 @@ def test_overall_verdict_order() -> None:
     assert overall(["pass", "error", "fail"]) == "fail"
     assert overall(["pass", "error"]) == "error"
     assert overall(["pass", "pending", "fail"]) == "pending"
+
+
+def test_a_retried_suite_run_with_the_same_idempotency_key_is_the_same_one(client: TestClient, make_token) -> None:
+    client.post("/api/v1/suites", json=SMALL, headers=make_token("admin"))
+    submit = {**make_token("submit", name="ci"), "Idempotency-Key": "gha-77-1"}
+    body = {"suite": "small", "labels": {"commit": "abc"}}
+    first = client.post("/api/v1/suite-runs", json=body, headers=submit)
+    again = client.post("/api/v1/suite-runs", json=body, headers=submit)
+    assert first.status_code == again.status_code == 202 and again.headers.get("Idempotent-Replayed") == "true"
+    assert again.json()["id"] == first.json()["id"]
+    assert len(client.get("/api/v1/runs", params={"label": "suite=small"}).json()["items"]) == 2
+    changed = client.post("/api/v1/suite-runs", json={**body, "labels": {"commit": "def"}}, headers=submit)
+    assert changed.status_code == 409 and changed.json()["field"] == "Idempotency-Key"
