@@ -15,12 +15,13 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from service.artifacts.lines import ARTIFACT_LINE, ARTIFACT_PREFIX, artifact_sha
+
+__all__ = ["ARTIFACT_PREFIX", "RequirementError", "artifact_sha", "content_hash", "normalize", "requirement_kind"]
 # Bump when the build recipe changes what an environment contains: old builds stop being reused.
 RECIPE_VERSION = "1"
 MAX_LINES = 32
 MAX_LINE_LENGTH = 500
-ARTIFACT_PREFIX = "artifact:"
-ARTIFACT_LINE = re.compile(r"^artifact:([0-9a-f]{64})$")
 GIT_URL = re.compile(r"^git\+https://[A-Za-z0-9._~:/%\-]+@[0-9a-f]{7,40}(#egg=[A-Za-z0-9_.\-]+)?$")
 # Source trees carry caches and build output that do not change what gets installed.
 SKIP_PARTS = {"__pycache__", ".git", "build", "dist", ".eggs"}
@@ -53,12 +54,6 @@ def normalize(lines: list[str]) -> list[str]:
             raise RequirementError(i, f"must be 1..{MAX_LINE_LENGTH} characters")
         out.append(_check(i, line))
     return sorted(set(out))
-
-
-def artifact_sha(line: str) -> str | None:
-    """The SHA-256 an `artifact:<sha256>` line names, else None."""
-    match = ARTIFACT_LINE.match(line.strip())
-    return match.group(1) if match else None
 
 
 def requirement_kind(line: str) -> str:
