@@ -69,12 +69,13 @@ def test_the_documented_ci_jobs_gate_a_pull_request_on_its_own_build(committed_d
             "secrets.PARITY_TOKEN": tokens["submit"], "vars.PARITY_URL": url, "secrets.GITHUB_TOKEN": "gh-token",
             "github.repository_owner": "NVIDIA", "github.repository": "NVIDIA/Megatron-LM", "github.sha": MERGE_SHA,
             "github.event.pull_request.head.sha": HEAD_SHA, "github.head_ref": "pr-branch", "github.base_ref": "main",
-            "github.server_url": "https://github.com", "github.run_id": "77",
+            "github.server_url": "https://github.com", "github.run_attempt": "1",
         }
         gh_env = {**runner, "GITHUB_API_URL": forge.url, "GITHUB_REPOSITORY": "NVIDIA/Megatron-LM",
                   "GITHUB_SHA": MERGE_SHA}
         path = f"/repos/NVIDIA/Megatron-LM/statuses/{HEAD_SHA}"
         for name, change, code, state in (("bug", LR_OFF_BY_ONE, 1, "failure"), ("clean", None, 0, "success")):
+            context["github.run_id"] = f"77{name}"  # each push of the PR is a workflow run of its own
             tree = make_source(tmp_path / name, local_version=f"pr.{name}", change=change)
             summary = tmp_path / f"{name}-summary.md"
             steps = github_job(context, cwd=tree, env={**gh_env, "GITHUB_STEP_SUMMARY": str(summary)}, log=log)
@@ -104,7 +105,7 @@ def test_the_documented_ci_jobs_gate_a_pull_request_on_its_own_build(committed_d
         gl_env = {**runner, "PARITY_TOKEN": tokens["submit"], "PARITY_SERVICE_URL": url, "GITLAB_TOKEN": "gl-token",
                   "CI_API_V4_URL": f"{forge.url}/api/v4", "CI_PROJECT_ID": "42", "CI_COMMIT_SHA": HEAD_SHA,
                   "CI_COMMIT_BRANCH": "mr-branch", "CI_DEFAULT_BRANCH": "main",
-                  "CI_PIPELINE_URL": "https://gitlab.example/p/1"}
+                  "CI_PIPELINE_URL": "https://gitlab.example/p/1", "CI_PIPELINE_ID": "1", "CI_JOB_ID": "2"}
         steps = gitlab_job(cwd=tmp_path / "bug", env=gl_env, log=log)
         assert steps[-1].returncode == 1, log.read_text()[-6000:]
         gl = _statuses(forge, f"/api/v4/projects/42/statuses/{HEAD_SHA}")
