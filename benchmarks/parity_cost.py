@@ -26,14 +26,14 @@ from typing import Any
 
 from jobs.contract import ParityResult
 from jobs.launch.local import launch_phase, run_parity
-from jobs.layout import RunLayout
+from jobs.run_folder import RunFolder
 from jobs.spec import ISOLATION_MODES, RunSpec
 
 WORKAROUNDS = ("realign-param-index", "restore-adam-step")
 
 
 def _rank_docs(folder: Path, phase: str, dp: int) -> list[dict[str, Any]]:
-    return [json.loads(RunLayout(folder).attempt(phase, 1).result(r).read_text()) for r in range(dp)]
+    return [json.loads(RunFolder(folder).attempt(phase, 1).result(r).read_text()) for r in range(dp)]
 
 
 def _info(result: ParityResult, index: int) -> dict[str, Any]:

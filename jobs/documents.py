@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 from jobs.contract import ErrorRecord, PhaseDocument
 from jobs.errors import dedupe_errors, with_rank_errors
-from jobs.layout import RunLayout
-
-
-def read_rank_documents(run_folder: Path, phase: str, dp: int, attempt: int = 1) -> list[PhaseDocument]:
-    """The result.rank{r}.json documents the ranks of one attempt of a phase wrote (those that exist)."""
-    docs = []
-    where = RunLayout(run_folder).attempt(phase, attempt)
-    for rank in range(dp):
-        path = where.result(rank)
-        if path.exists():
-            docs.append(json.loads(path.read_text()))
-    return docs
-
 
 # Errors a rank sees because a peer died: the peer's own error is the root cause.
 _PEER_FAILURE = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|StageTimeout|timed out", re.I)

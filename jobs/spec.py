@@ -7,7 +7,7 @@ inverse and rejects unknown keys, so a typo in CI is an error rather than a sile
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from jobs import parallel_layout
@@ -33,13 +33,13 @@ REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
 # "job": each phase is its own job (resume in another allocation, possibly another node).
 ISOLATION_MODES = ("process", "job")
 DEFAULT_ISOLATION = "process"
-# --- resume under another DP layout (resume_dp) ---
+# resume under another DP layout (resume_dp)
 # The global batch is lcm(dp, resume_dp) microbatches, each phase's ranks accumulating their share;
 # more than this many microbatches per rank is a spec that costs far more than the check it buys.
 MAX_MICROBATCHES_PER_RANK = 4
 # The profile a resharded resume is judged by unless the spec names a non-exact one itself.
 RESHARD_TOLERANCE = "reshard"
-# --- multi-node (nodes) -------------------------------------------------------------------------
+# multi-node (nodes)
 # Ranks are spread evenly over `nodes` Slurm nodes (dp / nodes tasks per node).
 DEFAULT_NODES = 1
 
@@ -47,7 +47,24 @@ DEFAULT_NODES = 1
 def allowed_nodes(dp: int) -> list[int]:
     """The node counts a run of dp ranks can be spread over evenly (the divisors of dp)."""
     return [n for n in range(1, dp + 1) if dp % n == 0]
-# --- end multi-node -----------------------------------------------------------------------------
+
+
+# Check identity.
+# A check is the canonical stored spec: service/core/checks.py hashes to_dict(). These fields were in
+# the first schema and are always stored. Every other field is stored only when it differs from its
+# default, so a field added later, at a default meaning "as before", leaves every stored spec, check
+# key (and with it all regression history) and golden document unchanged. tests/jobs/test_check_identity.py
+# holds the rule: to add a field, give it such a default; nothing else is needed.
+ALWAYS_STORED = ("config", "dp", "steps", "save_step", "sharding", "seed", "tolerance", "workarounds", "isolation")
+
+
+def field_default(f: Any) -> Any:
+    """A dataclass field's default value (calling its factory), or MISSING for a required field."""
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return MISSING
 
 
 class SpecError(ValueError):
@@ -86,21 +103,17 @@ class RunSpec:
     # Injected resume bugs (jobs/selftest/catalogue.py): only the detector's self-test sets them.
     mutants: tuple[str, ...] = ()
     isolation: str = DEFAULT_ISOLATION
-    # --- resume under another DP layout: the resume phase runs with resume_dp ranks (None: dp) ---
+    # The resume phase runs with resume_dp ranks (None: dp, a resume at the same DP size).
     resume_dp: int | None = None
-    # --- end resume_dp ---
-    # --- multi-node: Slurm nodes the ranks are spread over (omitted from to_dict() when 1) ---
+    # Slurm nodes the ranks are spread over.
     nodes: int = DEFAULT_NODES
-    # --- custom shape (jobs/shape.py) ---------------------------------------------------------
-    # Overrides of the preset's model shape ({} = the preset); omitted from to_dict() when empty.
+    # Overrides of the preset's model shape (jobs/shape.py; {} = the preset).
     shape: dict[str, Any] = field(default_factory=dict, hash=False)
-    # --- end custom shape ---------------------------------------------------------------------
-    # --- parallel layout (jobs/parallel_layout.py): tensor, pipeline and expert parallel sizes beside
-    # dp, which stays the data-parallel size; world size = dp * tp * pp. Omitted from to_dict() at 1.
+    # Tensor, pipeline and expert parallel sizes beside dp, which stays the data-parallel size;
+    # world size = dp * tp * pp (jobs/parallel_layout.py).
     tp: int = 1
     pp: int = 1
     ep: int = 1
-    # --- end parallel layout
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
@@ -145,12 +158,11 @@ class RunSpec:
             raise SpecError("isolation", f"unknown isolation mode {self.isolation!r}", list(ISOLATION_MODES))
         self._check_nodes()
         self._check_resume_dp(max_dp)  # after nodes: the resume's ranks are spread over the same nodes
-        # --- custom shape: validated against the preset, after the config is known ---
+        # custom shape: validated against the preset, after the config is known
         try:
             object.__setattr__(self, "shape", validate_shape(CONFIGS[self.config], self.shape))
         except ShapeError as exc:
             raise SpecError(exc.field, exc.message, exc.allowed) from None
-        # --- end custom shape ---
         # parallel layout: Megatron-Core's constraints on the model as shaped, before anything is launched
         parallel_layout.validate(
             apply_shape(CONFIGS[self.config], self.shape), self.dp, self.tp, self.pp, self.ep, SpecError
@@ -163,7 +175,7 @@ class RunSpec:
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
 
-    # --- multi-node -------------------------------------------------------------------------------
+    # multi-node
     def _check_nodes(self) -> None:
         allowed = allowed_nodes(self.dp)
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int):
@@ -177,7 +189,6 @@ class RunSpec:
     def tasks_per_node(self) -> int:
         """Return the ranks each node runs: world size (dp * tp * pp) / nodes."""
         return self.world_size // self.nodes
-    # --- end multi-node ----------------------------------------------------------------------------
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSpec:
@@ -198,24 +209,17 @@ class RunSpec:
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the spec as JSON-ready plain data."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["workarounds"] = list(self.workarounds)
-        if self.mutants:
-            out["mutants"] = list(self.mutants)
-        else:  # absent unless set, so ordinary specs (and their stored forms) are unchanged
-            del out["mutants"]
-        if self.resume_dp is None:  # likewise: check keys and golden documents stay as they were
-            del out["resume_dp"]
-        if self.nodes == DEFAULT_NODES:  # multi-node: absent at 1, so stored specs and check keys stay unchanged
-            del out["nodes"]
-        if self.shape:  # custom shape: absent unless set, like mutants
-            out["shape"] = dict(self.shape)
-        else:
-            del out["shape"]
-        for name in parallel_layout.LAYOUT_FIELDS:  # likewise: a default layout leaves stored specs as they were
-            if out[name] == 1:
-                del out[name]
+        """Return the spec as JSON-ready plain data: the stored form, and the check's identity.
+
+        The rule (see ALWAYS_STORED): the original fields always; every other field only when it
+        differs from its default.
+        """
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ALWAYS_STORED and value == field_default(f):
+                continue
+            out[f.name] = list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, dict) else value
         return out
 
     @property
@@ -228,7 +232,7 @@ class RunSpec:
         """Return the steps the resume phase runs: N+1..M."""
         return list(range(self.save_step + 1, self.steps + 1))
 
-    # --- resume under another DP layout (resume_dp) ---
+    # resume under another DP layout (resume_dp)
 
     def _check_resume_dp(self, max_dp: int) -> None:
         if self.resume_dp is None:
@@ -303,21 +307,6 @@ class RunSpec:
         """
         return RESHARD_TOLERANCE if self.reshards and self.tolerance == "exact" else self.tolerance
 
-    # --- end resume_dp ---
-
-
-def phase_tasks(spec: dict[str, Any], phase: str) -> int:
-    """The number of ranks a phase of a stored spec runs with: its DP size (resume_dp for a resharded
-    resume) times the model-parallel sizes."""
-    dp = spec["resume_dp"] if phase == "resume" and spec.get("resume_dp") is not None else spec["dp"]
-    return int(dp) * int(spec.get("tp", 1)) * int(spec.get("pp", 1))
-
-
-def spec_isolation(spec: dict[str, Any]) -> str:
-    """The isolation a stored spec runs under (see RunSpec.effective_isolation); "job" if it predates the field."""
-    if spec.get("resume_dp") is not None:
-        return "job"
-    return str(spec.get("isolation", "job"))
 
 
 def allowed_values() -> dict[str, Any]:
@@ -335,8 +324,3 @@ def allowed_values() -> dict[str, Any]:
         "shape": shape_fields(),
         **parallel_layout.allowed(CONFIGS),
     }
-
-
-def world_size_of(spec: dict[str, Any]) -> int:
-    """Return the number of ranks of a stored spec (dp * tp * pp; fields absent at their default 1)."""
-    return int(spec.get("dp", 1)) * int(spec.get("tp", 1)) * int(spec.get("pp", 1))

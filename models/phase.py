@@ -34,7 +34,7 @@ class Phase(CreatedAt, Base):
     job_name: Mapped[str | None] = mapped_column(String(200))
     # local executor: the controller's start time, so a reused pid is never taken for our job
     process_started_at: Mapped[float | None]
-    # this attempt's folder (jobs.layout): rank logs, documents, checkpoint
+    # this attempt's folder (jobs.run_folder): rank logs, documents, checkpoint
     folder: Mapped[str | None] = mapped_column(String(1000))
     # submitit's folder of the job running this phase (a resume forked in its train_and_save job shares it)
     job_folder: Mapped[str | None] = mapped_column(String(1000))

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite against real Postgres, real Slurm, real Megatron-Core and a
 # real headless Chromium. Extra arguments go to pytest (e.g. scripts/test.sh -k scheduler).
+#   scripts/test.sh --fast   the fast lane: everything that needs no Megatron, Slurm or browser
+#                            (Postgres only; ~2 minutes). Run it first, and before every commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -8,6 +10,15 @@ say() { printf '\n== [%s +%ds] %s\n' "$(date +%H:%M:%S)" $(( $(date +%s) - T0 ))
 
 say "python environment"
 scripts/setup.sh
+if [[ "${1:-}" == "--fast" ]]; then
+  shift
+  say "postgres"
+  scripts/postgres-up.sh
+  say "pytest (fast lane)"
+  .venv/bin/python -m pytest -q -m "not megatron and not slurm and not browser" "$@"
+  say "fast lane done"
+  exit 0
+fi
 say "chromium (browser tests)"
 if ! command -v chromium >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive

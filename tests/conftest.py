@@ -26,6 +26,18 @@ from service.core.settings import get_settings
 # tests that exercise it turn it on themselves.
 os.environ.setdefault("PARITY_SELFTEST_INTERVAL_HOURS", "0")
 
+# Fixtures that reach the Postgres server: a test using any of them is marked `postgres`
+# (`pytest -m "not postgres"` runs what needs nothing at all).
+POSTGRES_FIXTURES = frozenset({"database_url", "settings_env", "db_session", "committed_db", "client"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the database as `postgres`."""
+    for item in items:
+        if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.postgres)
+
+
 SERVER_URL = os.environ.get(
     "PARITY_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )

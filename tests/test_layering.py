@@ -16,12 +16,14 @@ FORBIDDEN = {
     "jobs": {"service", "models", "sqlalchemy", "psycopg", "fastapi", "pydantic"},
     "models": {"service", "jobs"},
 }
-SHARED = sorted(p for p in (ROOT / "jobs").glob("*.py"))
+SHARED = sorted(p for p in (ROOT / "jobs").glob("*.py") if p.name != "protocol.py")
 # role folder (or the shared modules) -> the jobs.* modules and third-party roots it must not import
 ROLE_RULES: dict[str, tuple[list[Path], set[str]]] = {
     "rank": (sorted((ROOT / "jobs" / "rank").rglob("*.py")), {"jobs.launch", "jobs.verdict"}),
     "verdict": (sorted((ROOT / "jobs" / "verdict").rglob("*.py")), {"jobs.launch", "jobs.rank", "torch", "megatron"}),
     "shared": (SHARED, {"jobs.launch", "jobs.rank", "jobs.verdict", "torch", "megatron"}),
+    # the run protocol names the rank entry points it launches (imported lazily), nothing above it
+    "protocol": ([ROOT / "jobs" / "protocol.py"], {"jobs.launch", "jobs.verdict", "torch", "megatron"}),
 }
 
 
@@ -77,3 +79,68 @@ def test_importing_the_service_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, f"importing the service imported: {out.stdout.strip()} {out.stderr[-2000:]}"
+
+
+# service/ by feature: each slice may import only the slices listed (all import core/); nothing
+# imports scheduler/ but the command line; web/ and cli/ sit on top. Listed once, so a new import
+# between slices is a decision made here, not an accident (and a circle cannot form: the order is fixed).
+SLICE_DEPENDENCIES: dict[str, set[str]] = {
+    "core": set(),
+    "executors": {"core"},
+    "environments": {"core", "executors"},
+    "oncall": {"core"},
+    "runs": {"core", "executors", "environments", "oncall"},
+    "bisects": {"core", "environments", "runs"},
+    "sweeps": {"core", "environments", "runs"},
+    "selftest": {"core", "environments", "runs"},
+    "scheduler": {"core", "executors", "environments", "oncall", "runs", "bisects", "sweeps", "selftest"},
+    "web": {"core", "executors", "environments", "oncall", "runs", "bisects", "sweeps", "selftest"},
+    "cli": {"core", "executors", "environments", "oncall", "runs", "bisects", "sweeps", "selftest", "scheduler",
+            "web"},
+}
+
+
+def _slice_imports(path: Path) -> set[str]:
+    return {m.split(".")[1] for m in _modules(path) if m.startswith("service.") and m.count(".") >= 1}
+
+
+def test_every_service_module_lives_in_a_known_slice() -> None:
+    stray = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "service").glob("*.py") if p.name != "__init__.py")
+    folders = {p.name for p in (ROOT / "service").iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert stray == [] and folders == set(SLICE_DEPENDENCIES)
+
+
+@pytest.mark.parametrize("slice_name", sorted(SLICE_DEPENDENCIES))
+def test_slices_import_only_the_slices_below_them(slice_name: str) -> None:
+    allowed = SLICE_DEPENDENCIES[slice_name] | {slice_name}
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(_slice_imports(p) - allowed)
+        for p in (ROOT / "service" / slice_name).rglob("*.py")
+        if _slice_imports(p) - allowed
+    }
+    assert offenders == {}
+
+
+def test_the_slice_order_has_no_circle() -> None:
+    seen: list[str] = []
+    pending = dict(SLICE_DEPENDENCIES)
+    while pending:
+        ready = sorted(name for name, deps in pending.items() if deps <= set(seen))
+        assert ready, f"circular slice dependencies among {sorted(pending)}"
+        seen += ready
+        for name in ready:
+            del pending[name]
+
+
+def test_the_slice_rule_catches_an_upward_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from service.scheduler.loop import run\nfrom service.core.db import get_engine\n")
+    assert _slice_imports(bad) - SLICE_DEPENDENCIES["runs"] - {"runs"} == {"scheduler"}
+
+
+def test_no_module_is_imported_for_its_side_effect() -> None:
+    # an unused import kept (and silenced) to register something hides a dependency; registration is a call
+    offenders = [
+        str(p.relative_to(ROOT)) for p in (ROOT / "service").rglob("*.py") if "F401" in p.read_text()
+    ]
+    assert offenders == []

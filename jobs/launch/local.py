@@ -1,26 +1,24 @@
-"""Run both phases of a parity check through submitit (local processes by default) and evaluate.
+"""run-local: execute a run's plan (jobs/protocol.py) in place through submitit, and evaluate.
 
-Isolation "process" (the default): one job whose tasks fork a fresh child per phase
-(jobs/rank/attempt.py). Isolation "job": each phase is its own job in a fresh submitit folder.
-Either way resumed ranks are new processes that never saw the training state. A phase that dies
-without a result still yields a document: the rank files the phase writes itself, or an error
-record with the tail of its log.
+The plan decides everything the scheduler also decides from it: the phases, the tasks of each, the
+isolation (under "process" one job forks a fresh child per phase; under "job" each phase is its own
+job) and each job's payload; the phase documents are read from the ranks' files exactly as the
+scheduler reads them. So a reproduction runs what the service ran. A phase that dies without a
+document still yields one: an error record saying so.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
 from jobs.contract import ParityResult, PhaseDocument, PhaseName, error_record, phase_document
-from jobs.documents import merge_rank_documents, read_rank_documents
-from jobs.layout import RunLayout
-from jobs.rank.attempt import run_attempt
+from jobs.protocol import PHASES, Payload, RunPlan
 from jobs.rank.context import write_json
-from jobs.rank.dist import free_port
-from jobs.rank.entry import run_rank_phase
+from jobs.run_folder import RunFolder
 from jobs.spec import RunSpec
 from jobs.verdict.compare import evaluate
 
@@ -41,14 +39,12 @@ def _failed_doc(spec: RunSpec, phase: str, message: str, tb: str = "") -> PhaseD
     return phase_document(spec.to_dict(), cast(PhaseName, phase), 0, status="error", error=error)
 
 
-def _submit_and_wait(
-    spec: RunSpec, folder: Path, executor: Any, timeout_s: float, function: Any, *args: Any, tasks: int | None = None
-) -> tuple[Any, bool]:
-    """Submit function(*args) with tasks_per_node = tasks (default the world size) and wait; (job, finished in time)."""
+def _run_job(plan: RunPlan, payload: Payload, folder: Path, executor: Any, timeout_s: float) -> tuple[Any, bool]:
+    """Submit one job of the plan (its tasks on this host) and wait; (job, finished in time)."""
     ex = executor(folder) if callable(executor) else executor or local_executor(folder)
-    ex.update_parameters(tasks_per_node=tasks or spec.world_size, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
+    ex.update_parameters(tasks_per_node=payload.tasks, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
     t0 = time.perf_counter()
-    job = ex.submit(function, *args)
+    job = ex.submit(payload.function(), *payload.args)
     # submitit's own wait() polls once a second; a tighter poll keeps launch overhead honest.
     while not job.done():
         if time.perf_counter() - t0 > timeout_s:
@@ -58,93 +54,61 @@ def _submit_and_wait(
     return job, True
 
 
-def launch_phase(
-    spec: RunSpec, run_folder: Path, phase: str, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
-) -> PhaseDocument:
-    """Submit one phase, one task per rank (dp * tp * pp; resume_dp for a reshard); wait; rank 0's document."""
-    folder = RunLayout(run_folder).attempt(phase, 1).submitit
-    t0 = time.perf_counter()
-    tasks = spec.phase_dp(phase) * spec.tp * spec.pp
-    job, in_time = _submit_and_wait(
-        spec, folder, executor, timeout_s, run_rank_phase, spec.to_dict(), str(run_folder), phase, free_port(),
-        tasks=tasks,
-    )
-    if not in_time:
-        return _failed_doc(spec, phase, f"phase {phase} timed out after {timeout_s:.0f} s")
-    try:
-        doc = merge_rank_documents(list(job.results()))
-    except Exception as exc:  # noqa: BLE001 - a dead task: fall back to what the ranks wrote
-        doc = merge_rank_documents(read_rank_documents(run_folder, phase, tasks))
-        if doc is None:
-            doc = _failed_doc(spec, phase, f"{type(exc).__name__}: {exc}", str(exc))
-    assert doc is not None
-    doc.setdefault("info", {})["launch_wall_seconds"] = round(time.perf_counter() - t0, 4)
-    doc["info"]["submitit"] = {"folder": str(folder), "job_id": str(job.job_id)}
+def _collected(plan: RunPlan, run_folder: Path, phase: PhaseName, job: Any) -> PhaseDocument | None:
+    """The phase's document from its ranks' files, as the scheduler reads it (jobs/protocol.py)."""
+    doc, refused = plan.collect(plan.attempt_folder(run_folder, phase, 1), phase)
+    if doc is None and refused:
+        return _failed_doc(plan.spec, phase, "; ".join(refused))
     return doc
 
 
-def attempt_documents(
-    spec: RunSpec, run_folder: Path, task_results: list[Any]
-) -> tuple[PhaseDocument, PhaseDocument | None]:
-    """(train_and_save, resume or None) merged over ranks from the tasks' attempt documents.
-
-    A task that died without returning (a parent killed from outside) leaves its rank files; a
-    phase no rank reached has no document.
-    """
-    merged: list[PhaseDocument | None] = []
-    for phase in ("train_and_save", "resume"):
-        docs: list[PhaseDocument] = [
-            r["phases"][phase] for r in task_results if isinstance(r, dict) and phase in r.get("phases", {})
-        ]
-        if len(docs) < spec.world_size:
-            docs = read_rank_documents(run_folder, phase, spec.world_size)
-        merged.append(merge_rank_documents(docs))
-    baseline, resumed = merged
-    if baseline is None:
-        baseline = _failed_doc(spec, "train_and_save", "no rank of the attempt returned a document")
-    return baseline, resumed if baseline["status"] == "ok" else None
-
-
-def run_attempt_job(
-    spec: RunSpec, run_folder: Path, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
-) -> tuple[PhaseDocument, PhaseDocument | None]:
-    """Isolation "process": one job runs both phases in forked children; (baseline, resumed)."""
-    folder = RunLayout(run_folder).attempt("train_and_save", 1).submitit  # the job of the whole attempt
+def run_job(
+    plan: RunPlan, run_folder: Path, phase: PhaseName, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
+) -> dict[PhaseName, PhaseDocument | None]:
+    """Run the job of attempt 1 of `phase` (under "process" it forks the resume too); each phase's document."""
+    payload = plan.payload(run_folder, phase)
+    folder = RunFolder(run_folder).attempt(phase, 1).submitit  # the job's own folder
+    limit = timeout_s * len(payload.phases)
     t0 = time.perf_counter()
-    job, in_time = _submit_and_wait(
-        spec, folder, executor, 2 * timeout_s, run_attempt, spec.to_dict(), str(run_folder)
-    )
-    if not in_time:
-        return _failed_doc(spec, "train_and_save", f"attempt timed out after {2 * timeout_s:.0f} s"), None
-    results: list[Any] = []
-    for task in range(spec.world_size):
-        try:
-            results.append(job.task(task).result())
-        except Exception:  # noqa: BLE001 - a dead task: its rank files speak for it
-            results.append(None)
-    baseline, resumed = attempt_documents(spec, run_folder, results)
+    job, in_time = _run_job(plan, payload, folder, executor, limit)
     wall = round(time.perf_counter() - t0, 4)
-    for doc in (baseline, resumed):
+    docs: dict[PhaseName, PhaseDocument | None] = {p: _collected(plan, run_folder, p, job) for p in payload.phases}
+    if docs[phase] is None:
+        why = f"{phase} timed out after {limit:.0f} s" if not in_time else "no rank of the job wrote a document"
+        docs[phase] = _failed_doc(plan.spec, phase, why)
+    for doc in docs.values():
         if doc is not None:
+            doc.setdefault("info", {})["launch_wall_seconds"] = wall
             doc["info"]["submitit"] = {"folder": str(folder), "job_id": str(job.job_id)}
-            doc["info"]["attempt_wall_seconds"] = wall
-    return baseline, resumed
+    return docs
+
+
+def launch_phase(
+    spec: RunSpec, run_folder: Path, phase: PhaseName, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
+) -> PhaseDocument:
+    """One phase as its own job (isolation "job"): the benchmarks' plain launch of `uninterrupted`."""
+    plan = RunPlan.of(replace(spec, isolation="job"))
+    doc = run_job(plan, Path(run_folder), phase, executor, timeout_s)[phase]
+    assert doc is not None
+    return doc
 
 
 def run_parity(
     spec: RunSpec, run_folder: Path, executor: Any = None, timeout_s: float = PHASE_TIMEOUT_S
 ) -> ParityResult:
-    """Run train_and_save then resume (if a checkpoint was written) and evaluate them."""
+    """Run the run's plan in place: train_and_save, then resume if a checkpoint was written; evaluate."""
     run_folder = Path(run_folder)
     run_folder.mkdir(parents=True, exist_ok=True)
+    plan = RunPlan.of(spec)
     t0 = time.perf_counter()
-    resumed: PhaseDocument | None = None
-    if spec.effective_isolation == "process":  # a resharded resume always runs as its own job
-        baseline, resumed = run_attempt_job(spec, run_folder, executor, timeout_s)
-    else:
-        baseline = launch_phase(spec, run_folder, "train_and_save", executor, timeout_s)
-        if baseline.get("status") == "ok":
-            resumed = launch_phase(spec, run_folder, "resume", executor, timeout_s)
+    docs = run_job(plan, run_folder, PHASES[0], executor, timeout_s)
+    baseline = docs[PHASES[0]]
+    assert baseline is not None
+    resumed = docs.get(PHASES[1])
+    if baseline.get("status") != "ok":
+        resumed = None
+    elif not plan.forks_resume(PHASES[0]):
+        resumed = run_job(plan, run_folder, PHASES[1], executor, timeout_s)[PHASES[1]]
     result = evaluate(spec.to_dict(), baseline, resumed)
     result["run_folder"] = str(run_folder)
     result["timing"] = {
@@ -158,7 +122,7 @@ def run_parity(
 
 def _phase_seconds(doc: PhaseDocument) -> float | None:
     info = doc.get("info", {})
-    value = info.get("launch_wall_seconds", info.get("child_wall_seconds"))
+    value = info.get("child_wall_seconds", info.get("launch_wall_seconds"))
     return None if value is None else float(value)
 
 

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from jobs.contract import PhaseDocument, PhaseName, error_record, phase_document
-from jobs.layout import RunLayout
 from jobs.rank.context import write_json
 from jobs.rank.dist import job_master_port
 from jobs.rank.entry import _env_rank, arm_fast_exit, run_rank_phase
-from jobs.spec import world_size_of
+from jobs.run_folder import RunFolder
+from jobs.spec import RunSpec
 
 # Everything a phase imports lazily that is slow to import; pre-importing is pure module loading.
 PRELOAD = (
@@ -87,13 +87,13 @@ def run_attempt(
 ) -> dict[str, Any]:
     """The submitit payload under isolation "process": this rank's documents of every phase run.
 
-    `attempts` names each phase's attempt (its folder, `jobs.layout`; 1 when absent); resume loads
+    `attempts` names each phase's attempt (its folder, `jobs.run_folder`; 1 when absent); resume loads
     the checkpoint of train_and_save attempt `checkpoint_attempt` (the one this job saved, if it ran).
     """
     attempts = attempts or {}
     if "train_and_save" in phases:
         checkpoint_attempt = attempts.get("train_and_save", 1)
-    rank, world = _env_rank(), world_size_of(spec)  # every rank of the layout: dp * tp * pp
+    rank, world = _env_rank(), RunSpec.from_dict(spec).world_size  # every rank of the layout: dp * tp * pp
     info = preload()
     out: dict[str, Any] = {"isolation": "process", "rank": rank, "phases": {}, "info": info}
     job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getpid())
@@ -106,7 +106,7 @@ def run_attempt(
         doc["info"]["isolation"] = "process"
         out["phases"][phase] = doc
         # every rank takes the same decision from the same documents, so no rank waits alone
-        peers = wait_for_peers(RunLayout(Path(run_folder)).attempt(phase, attempt).folder, world, PEER_WAIT_S)
+        peers = wait_for_peers(RunFolder(Path(run_folder)).attempt(phase, attempt).folder, world, PEER_WAIT_S)
         if index + 1 < len(phases) and not all(d.get("status") == "ok" for d in peers):
             break
     arm_fast_exit()  # the parent skips its teardown too, once its result is pickled
@@ -118,7 +118,7 @@ def run_child(
     checkpoint_attempt: int = 1,
 ) -> PhaseDocument:
     """Fork a fresh child that runs one phase on this rank; return its document (never raises)."""
-    folder = RunLayout(Path(run_folder)).attempt(phase, attempt).folder
+    folder = RunFolder(Path(run_folder)).attempt(phase, attempt).folder
     folder.mkdir(parents=True, exist_ok=True)
     crash_path = folder / f"crash.rank{rank}.txt"
     sys.stdout.flush()

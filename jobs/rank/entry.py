@@ -21,8 +21,8 @@ from typing import Any, cast
 
 from jobs.contract import PHASE_NAMES, PhaseDocument, PhaseName, exception_record, phase_document
 from jobs.errors import with_rank_errors
-from jobs.layout import RunLayout
 from jobs.rank.context import PhaseAbort, RankContext, write_json
+from jobs.run_folder import RunFolder
 from jobs.spec import RunSpec, SpecError
 
 COLLECTIVE_TIMEOUT_S = 90.0
@@ -82,14 +82,14 @@ def run_rank_phase(
     """Run one phase on this rank and return its result document (never raises).
 
     Logs, documents and (for train_and_save) the checkpoint go to this attempt's own folder
-    (`jobs.layout`); resume loads the checkpoint of train_and_save attempt `checkpoint_attempt`.
+    (`jobs.run_folder`); resume loads the checkpoint of train_and_save attempt `checkpoint_attempt`.
     """
     t_start = time.time()
     rank = _env_rank()
     doc = phase_document(spec, cast(PhaseName, phase), rank)
     doc["node"] = socket.gethostname()  # which node this rank ran on (merged into the phase's rank_nodes)
-    layout = RunLayout(Path(run_folder))
-    folder = layout.attempt(phase, attempt).folder
+    run_dir = RunFolder(Path(run_folder))
+    folder = run_dir.attempt(phase, attempt).folder
     folder.mkdir(parents=True, exist_ok=True)
     _setup_logging(folder, rank)
     ctx = RankContext(folder, rank, doc)
@@ -97,7 +97,7 @@ def run_rank_phase(
         if phase not in PHASE_NAMES:
             raise SpecError("phase", f"unknown phase {phase!r}", list(PHASE_NAMES))
         run_spec = RunSpec.from_dict(spec)
-        saver = layout.attempt("train_and_save", attempt if phase == "train_and_save" else checkpoint_attempt)
+        saver = run_dir.attempt("train_and_save", attempt if phase == "train_and_save" else checkpoint_attempt)
         _run(ctx, run_spec, phase, saver.checkpoint(run_spec.save_step), master_port)
         doc["status"] = "ok"
     except PhaseAbort as abort:

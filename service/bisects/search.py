@@ -29,7 +29,8 @@ from service.environments.registry import (
     get_environment,
     use_environment,
 )
-from service.runs.records import Caps, create_run
+from service.runs.admission import Caps
+from service.runs.records import create_run
 
 BISECT_LABEL = "bisect"
 MAX_ENVIRONMENTS = 64

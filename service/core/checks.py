@@ -80,7 +80,12 @@ def identify(run: Run, environment_name: str) -> None:
     run.track = track_of(run.labels, environment_name)[:200]
 
 
-@event.listens_for(Run, "before_insert")
+def install_identity_listener() -> None:
+    """Give every inserted run its check identity (core/db.py calls this once, explicitly)."""
+    if not event.contains(Run, "before_insert", _identify_on_insert):
+        event.listen(Run, "before_insert", _identify_on_insert)
+
+
 def _identify_on_insert(_mapper: Any, connection: Connection, run: Run) -> None:
     # every writer of runs (API, reruns, tests, seeds) gets an identity, not only create_run
     if run.check_key and run.check_name and run.track:

@@ -14,11 +14,14 @@ from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
-import service.core.checks  # noqa: F401  (registers the listener that gives every inserted run its check identity)
+from service.core.checks import install_identity_listener
 from service.core.errors import ConfigError
 from service.core.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+# Every writer of runs (API, reruns, scheduler, tests, seeds) goes through this module's sessions or
+# at least imports it: each inserted run gets its check identity, not only those create_run makes.
+install_identity_listener()
 
 
 def normalise_url(url: str) -> str:
@@ -143,10 +146,7 @@ def session_scope() -> Iterator[Session]:
 
 
 def reset_engine() -> None:
-    """Forget the cached engine (tests and settings changes), and the admission counts read through it."""
-    from service.runs.admission import forget_counts
-
-    forget_counts()
+    """Forget the cached engine (tests and settings changes); counts cached per engine go with it."""
     if get_engine.cache_info().currsize:
         get_engine().dispose()
     get_engine.cache_clear()

@@ -9,5 +9,5 @@ scheduler that missed a notification (not listening yet, or reconnecting after a
 
 from __future__ import annotations
 
-# keep in step with alembic/versions/20261130_0008_notify_queued_runs.py
+# keep in step with alembic/versions/04_rev0008_notify_queued_runs.py
 RUNS_CHANNEL = "parity_runs_queued"

@@ -7,6 +7,7 @@ submitted from it is adopted, never submitted twice (the same rule as phases).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -18,18 +19,20 @@ from typing import Any
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
+from jobs.protocol import UnreadableDocument, read_job_file
 from models import Environment, Run
 from models.base import utcnow
 from service.artifacts.store import resolve_lines
 from service.core.errors import DomainError
 from service.core.run_state import TERMINAL, RunState, transition
 from service.core.settings import Settings
-from service.environments.recipe import build_environment
+from service.environments.recipe import RESULT_NAME, build_environment
 from service.environments.registry import set_state
 from service.executors import launcher
 from service.executors.selection import pick_executor
 
 log = logging.getLogger(__name__)
+MAX_RESULT_BYTES = 16 * 1024 * 1024  # a pip freeze of a few hundred lines is a few KB
 
 
 def _job(env: Environment) -> launcher.PhaseJob:
@@ -95,7 +98,9 @@ def reconcile_builds(session: Session) -> int:
         if status.kind in ("active", "running"):
             continue
         done += 1
-        doc, error = _result(jobs[env.id]) if status.kind == "done" else (None, f"build job {status.raw}")
+        # a build that crashed still leaves its error in its result document: read it whatever sacct says
+        doc, error = _result(env, jobs[env.id]) if status.kind in ("done", "failed") else (
+            None, f"build job {status.raw}")
         if doc is None:
             env.error_message = error
             set_state(env, "failed")
@@ -108,11 +113,45 @@ def reconcile_builds(session: Session) -> int:
     return done
 
 
-def _result(job: launcher.PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
+def _result(env: Environment, job: launcher.PhaseJob) -> tuple[dict[str, Any] | None, str | None]:
     try:
-        return launcher.job_result(job), None
-    except Exception as exc:  # submitit carries the build's own exception text (pip's output tail)
-        return None, f"{type(exc).__name__}: {exc}"[-6000:]
+        return read_build_result(Path(env.folder or "")), None
+    except BuildResultError as exc:
+        return None, f"{exc}\n{launcher.failure_text(job)}"[-6000:]
+
+
+class BuildResultError(ValueError):
+    """The build job left no usable outcome document (or one saying it failed)."""
+
+
+def read_build_result(folder: Path) -> dict[str, Any]:
+    """The outcome the build job wrote (recipe.RESULT_NAME), read as bounded JSON and checked field by field.
+
+    A build runs code nobody reviewed: its document is data to validate, and the interpreter it
+    names must be the one inside its own folder.
+    """
+    try:
+        doc = json.loads(read_job_file(folder / RESULT_NAME, MAX_RESULT_BYTES))
+    except FileNotFoundError:
+        raise BuildResultError("the build job ended without writing its result") from None
+    except (UnreadableDocument, OSError, ValueError) as exc:
+        raise BuildResultError(f"the build's result is unreadable: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BuildResultError("the build's result is not a JSON object")
+    if isinstance(doc.get("error"), str):
+        raise BuildResultError(doc["error"])
+    expected = str(folder / "venv" / "bin" / "python")
+    if doc.get("python") != expected:
+        raise BuildResultError(f"the build's result names python {str(doc.get('python'))[:200]!r}, not {expected}")
+    for key in ("torch", "megatron_core"):
+        if not isinstance(doc.get(key), str) or len(doc[key]) > 100:
+            raise BuildResultError(f"the build's result: {key} is not a version string")
+    freeze = doc.get("freeze")
+    if not isinstance(freeze, list) or not all(isinstance(x, str) and len(x) < 2000 for x in freeze):
+        raise BuildResultError("the build's result: freeze is not a list of requirement lines")
+    if not isinstance(doc.get("seconds"), (int, float)):
+        raise BuildResultError("the build's result: seconds is not a number")
+    return doc
 
 
 def fail_runs_on_failed_builds(session: Session) -> int:

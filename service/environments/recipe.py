@@ -91,10 +91,34 @@ def _run(cmd: list[str], log: Path, what: str) -> str:
     return proc.stdout
 
 
+RESULT_NAME = "build.json"
+
+
 def build_environment(folder: str, requirements: list[str]) -> dict[str, Any]:
-    """Create folder/venv with the shared torch and the requirements; return its python and packages."""
-    t0 = time.time()
+    """The build job: build the environment and leave its outcome in folder/build.json (JSON, never a pickle).
+
+    The scheduler reads that document as data (build_steps.read_build_result); what the job returns
+    is only for a caller running it in place.
+    """
     root = Path(folder)
+    try:
+        doc = _build(root, requirements)
+    except Exception as exc:  # pip's output tail, or why the venv could not be made
+        _write_result(root, {"error": f"{type(exc).__name__}: {exc}"[-6000:]})
+        raise
+    _write_result(root, doc)
+    return doc
+
+
+def _write_result(root: Path, doc: dict[str, Any]) -> None:
+    tmp = root / f".{RESULT_NAME}.tmp"
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(root / RESULT_NAME)
+
+
+def _build(root: Path, requirements: list[str]) -> dict[str, Any]:
+    """Create root/venv with the shared torch and the requirements; return its python and packages."""
+    t0 = time.time()
     root.mkdir(parents=True, exist_ok=True)
     log = root / "build.log"
     venv, shared = root / "venv", root / "shared"

@@ -8,7 +8,6 @@ are known by pid + start time (`local_jobs`), so a restarted scheduler can still
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -20,13 +19,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import submitit
 from submitit.core.core import Job
 
-from jobs.contract import PhaseDocument
-from jobs.documents import merge_rank_documents
+from jobs.protocol import read_job_file_tail
 from service.core.settings import Settings
 from service.executors.local_jobs import IsolatedLocalExecutor, kill_group, local_process, start_time
 
@@ -228,14 +226,6 @@ def poll(jobs: list[PhaseJob]) -> dict[PhaseJob, JobStatus]:
     return out
 
 
-def results_on_disk(attempt_folder: Path, tasks: int) -> PhaseDocument | None:
-    """The phase's merged document once every rank has written its own into the attempt folder, else None."""
-    paths = [attempt_folder / f"result.rank{rank}.json" for rank in range(tasks)]
-    if not all(p.exists() for p in paths):
-        return None
-    return merge_rank_documents([json.loads(p.read_text()) for p in paths])
-
-
 def _kind(raw: str) -> str:
     if raw in ("COMPLETED", "FINISHED"):
         return "done"
@@ -248,33 +238,19 @@ def _kind(raw: str) -> str:
     return "active"
 
 
-def fetch_result(job: PhaseJob, phase: str) -> tuple[PhaseDocument | None, str | None]:
-    """(the phase's document, None) or (None, the error of a job whose ranks all raised or vanished).
+def failure_text(job: PhaseJob, max_bytes: int = 8000) -> str:
+    """Why a job's ranks ended without documents: the tail of each task's stderr, read as text.
 
-    Every rank's document is read: when one rank fails, its own error is the root cause, not the
-    "connection reset" its peers saw. Under isolation "process" a task returns every phase it ran.
+    The job's result pickles are never loaded: whatever a job writes is data, and a pickle is code
+    (service/runs/reconciler.py reads the ranks' JSON documents instead).
     """
     handle = _submitit_job(job)
-    docs, errors = [], []
+    tails = []
     for task in range(job.tasks):
-        try:
-            doc = handle.task(task).result()
-        except Exception as exc:  # submitit wraps the remote traceback in the exception text
-            errors.append(f"rank {task}: {type(exc).__name__}: {exc}"[-8000:])
-            continue
-        if isinstance(doc, dict) and "phases" in doc:
-            doc = doc["phases"].get(phase)
-        docs.append(doc)
-    # unvalidated here: the reconciler validates what it ingests
-    merged = merge_rank_documents(cast(list[PhaseDocument], [d for d in docs if isinstance(d, dict)]))
-    if merged is not None:
-        return merged, None
-    return None, "\n".join(errors) or f"no rank returned a {phase} result"
-
-
-def job_result(job: PhaseJob) -> Any:
-    """The return value of a one-task job; raises the job's own exception when it failed."""
-    return _submitit_job(job).result()
+        tail = read_job_file_tail(handle.task(task).paths.stderr, max_bytes // max(1, job.tasks)).strip()
+        if tail:
+            tails.append(f"rank {task}: {tail}")
+    return "\n".join(tails) or f"job {job.job_id} ended without a result and without output on stderr"
 
 
 def cancel(job: PhaseJob) -> None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Select, func, select
+from sqlalchemy import Connection, Engine, Select, func, select
 from sqlalchemy.orm import Session
 
 from models import Run
@@ -42,13 +43,14 @@ class _Counts:
 
 
 _lock = threading.Lock()
-_counts: dict[str, _Counts] = {}  # per database (tests switch databases within one process)
+# Per engine (tests switch databases within one process): a new engine after reset_engine() starts
+# with no counts, and a disposed one's counts go with it.
+_counts: weakref.WeakKeyDictionary[Engine, _Counts] = weakref.WeakKeyDictionary()
 
 
-def _database(session: Session) -> str:
+def _database(session: Session) -> Engine:
     bind = session.get_bind()
-    engine = bind.engine if isinstance(bind, Connection) else bind  # a Connection in tests
-    return str(engine.url)
+    return bind.engine if isinstance(bind, Connection) else bind  # a Connection in tests
 
 
 def _upto(query: Select[tuple[int]], cap: int) -> Any:
@@ -93,12 +95,6 @@ def admitted(session: Session, requester: str | None) -> None:
             known.total += 1
             if requester in known.mine:
                 known.mine[requester] += 1
-
-
-def forget_counts() -> None:
-    """Drop the cached counts (a setting or the database changed)."""
-    with _lock:
-        _counts.clear()
 
 
 def check_caps(session: Session, caps: Caps, requester: str | None) -> None:

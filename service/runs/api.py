@@ -37,6 +37,7 @@ from service.environments.registry import (
 from service.oncall.flagging import regression_text
 from service.oncall.known_failures import RUN_VERDICTS
 from service.runs import records as run_service
+from service.runs.admission import Caps
 
 # the contract's verdicts plus the service's known-failure, whatever names they grow
 VERDICT_PATTERN = "^(" + "|".join(re.escape(v) for v in RUN_VERDICTS) + ")$"
@@ -53,9 +54,9 @@ def run_links(run_id: int, base: str) -> RunLinks:
     )
 
 
-def caps(settings: Settings) -> run_service.Caps:
+def caps(settings: Settings) -> Caps:
     """The admission limits from settings."""
-    return run_service.Caps(max_in_flight=settings.max_in_flight,
+    return Caps(max_in_flight=settings.max_in_flight,
                             max_queued_per_requester=settings.max_queued_per_requester)
 
 

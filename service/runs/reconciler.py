@@ -19,8 +19,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobs.contract import ErrorRecord, PhaseDocument, PhaseName, error_record, phase_document
-from jobs.layout import AttemptLayout
-from jobs.spec import phase_tasks
+from jobs.protocol import RunPlan
+from jobs.run_folder import AttemptFolder
 from models import Phase, Run
 from models.base import utcnow
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
@@ -29,7 +29,7 @@ from service.core.settings import Settings
 from service.executors import launcher
 from service.runs import row_guard as guard
 from service.runs.phase_documents import InvalidDocument, rejected_document, validate_phase_document
-from service.runs.submitter import PHASES, SUBMITTED_STATE, isolation, job_of, new_phase, retry_or_give_up
+from service.runs.submitter import PHASES, SUBMITTED_STATE, job_of, new_phase, plan_of, retry_or_give_up
 
 log = logging.getLogger(__name__)
 RUNNING_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
@@ -65,27 +65,27 @@ def watched_files(session: Session, *, settings: Settings) -> list[Path]:
         select(Phase.folder, Phase.name, Run.spec).join(Run, Run.id == Phase.run_id)
         .where(Phase.state.in_((PhaseState.SUBMITTED.value, PhaseState.RUNNING.value)))
     ).tuples().all()
-    return [
-        AttemptLayout(Path(folder or ".")).result(rank)
-        for folder, name, spec in rows
-        for rank in range(phase_tasks(spec, name))
-    ]
+    return [path for folder, name, spec in rows for path in RunPlan.of(spec).result_paths(Path(folder or "."), name)]
 
 
 def _reconcile_one(
     session: Session, phase: Phase, run: Run, status: launcher.JobStatus, settings: Settings, executor: str
 ) -> None:
-    layout = AttemptLayout(Path(phase.folder or "."))
+    attempt_dir = AttemptFolder(Path(phase.folder or "."))
     cancelling = run.cancel_requested or phase.state == PhaseState.CANCELLING
-    doc = None if cancelling else launcher.results_on_disk(layout.folder, phase_tasks(run.spec, phase.name))
+    doc: PhaseDocument | None = None
+    refused: list[str] = []
+    if not cancelling and plan_of(run).finished(attempt_dir.folder, phase.name):
+        doc, refused = plan_of(run).collect(attempt_dir.folder, phase.name)
     if cancelling:
         _cancel(session, phase, run, status)
-    elif doc is not None or status.kind in ("done", "failed"):
-        # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so
-        _finished(session, phase, run, settings, executor, doc)
+    elif doc is not None or refused or status.kind in ("done", "failed"):
+        # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so; a
+        # document refused as unreadable is the job's answer too (an error), never an infra retry
+        _finished(session, phase, run, settings, executor, doc, refused)
     elif status.kind == "infra":
         _infra_failure(session, phase, run, f"job {phase.job_id} ended {status.raw}", settings, executor)
-    elif phase.state == PhaseState.SUBMITTED and (status.kind == "running" or layout.rank_log(0).exists()):
+    elif phase.state == PhaseState.SUBMITTED and (status.kind == "running" or attempt_dir.rank_log(0).exists()):
         move_phase(session, phase, PhaseState.RUNNING, f"{phase.executor} job {phase.job_id} running")
         if run.state == SUBMITTED_STATE[phase.name]:
             transition(session, run, RUNNING_STATE[phase.name], f"{phase.executor} job {phase.job_id} running")
@@ -110,8 +110,8 @@ def _past(since: object, seconds: float) -> bool:
 
 def collect_log_paths(phase: Phase, job: launcher.PhaseJob) -> list[str]:
     """The attempt's own per-rank logs (where a caught traceback lands) first, then submitit's stdout/stderr."""
-    layout = AttemptLayout(Path(phase.folder or "."))
-    own = [layout.rank_log(rank) for rank in range(job.tasks)]
+    attempt_dir = AttemptFolder(Path(phase.folder or "."))
+    own = [attempt_dir.rank_log(rank) for rank in range(job.tasks)]
     return [str(p) for p in own if p.is_file()] + launcher.log_paths(job)
 
 
@@ -122,13 +122,16 @@ def _end(session: Session, phase: Phase, run: Run, state: PhaseState, reason: st
 
 def _finished(
     session: Session, phase: Phase, run: Run, settings: Settings, executor: str, raw: PhaseDocument | None = None,
+    refused: list[str] | None = None,
 ) -> None:
-    error = None
     if raw is None:
-        raw, error = launcher.fetch_result(job_of(phase, run), phase.name)
-    if raw is None:
-        _job_raised(session, phase, run, error)
-        return
+        # the job ended before every rank wrote its document: what the others wrote speaks for the
+        # phase; with none, the ranks' own stderr says why (read as text, never unpickled)
+        if not refused:
+            raw, refused = plan_of(run).collect(Path(phase.folder or "."), phase.name)
+        if raw is None:
+            _job_raised(session, phase, run, "\n".join([*refused, launcher.failure_text(job_of(phase, run))]).strip())
+            return
     try:
         doc = validate_phase_document(raw)
     except InvalidDocument as exc:
@@ -140,7 +143,7 @@ def _finished(
     phase.save_s, phase.load_s = info.get("save_seconds"), info.get("load_seconds")
     ok = doc["status"] == "ok"
     _end(session, phase, run, PhaseState.SUCCEEDED if ok else PhaseState.FAILED, "" if ok else _doc_error(doc["error"]))
-    if ok and phase.name == PHASES[0] and isolation(run) == "process":
+    if ok and plan_of(run).forks_resume(phase.name):
         _resume_in_same_job(session, phase, run, settings, executor)
     elif ok and phase.name == PHASES[0]:
         new_phase(session, run=run, name=PHASES[1], attempt=1, settings=settings, executor=executor)

@@ -15,7 +15,7 @@ from models import Environment, Run, RunEvent
 from service.core.checks import identify
 from service.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
 from service.core.run_state import TERMINAL, RunState, transition
-from service.runs.admission import Caps, admitted, check_caps  # noqa: F401  (Caps: re-exported for the API and sweeps)
+from service.runs.admission import Caps, admitted, check_caps
 
 
 def validate_spec(spec: dict[str, Any]) -> RunSpec:

@@ -13,16 +13,14 @@ import hashlib
 import logging
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from jobs.contract import PhaseName
-from jobs.layout import AttemptLayout, RunLayout
-from jobs.rank.attempt import run_attempt
-from jobs.rank.entry import run_rank_phase
-from jobs.spec import phase_tasks, spec_isolation
+from jobs.protocol import PHASES, Payload, RunPlan
+from jobs.run_folder import AttemptFolder, RunFolder
 from models import Environment, Phase, Run
 from models.base import utcnow
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
@@ -32,14 +30,12 @@ from service.executors import launcher, slurm_jobs
 from service.oncall.notification_events import infra_error_streak
 
 log = logging.getLogger(__name__)
-# The phases the service runs, in order (the benchmark's "uninterrupted" phase is not one of them).
-PHASES: tuple[PhaseName, PhaseName] = ("train_and_save", "resume")
 SUBMITTED_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
 
 
-def run_layout(settings: Settings, run_id: int) -> RunLayout:
+def run_folder_of(settings: Settings, run_id: int) -> RunFolder:
     """Where one run's attempts (logs, documents, checkpoints, submitit folders) live."""
-    return RunLayout(settings.resolved_run_folder / f"run-{run_id}")
+    return RunFolder(settings.resolved_run_folder / f"run-{run_id}")
 
 
 def job_name(settings: Settings, phase: Phase) -> str:
@@ -56,10 +52,10 @@ def new_phase(
     session: Session, *, run: Run, name: str, attempt: int, settings: Settings, executor: str, delay_s: float = 0
 ) -> Phase:
     """Add a pending phase row whose attempt folder is fixed now, before any submission."""
-    folder = run_layout(settings, run.id).attempt(name, attempt).folder
+    folder = run_folder_of(settings, run.id).attempt(name, attempt).folder
     phase = Phase(
         run_id=run.id, name=name, attempt=attempt, state=PhaseState.PENDING.value, executor=executor,
-        folder=str(folder), job_folder=str(AttemptLayout(folder).submitit), info={}, log_paths=[],
+        folder=str(folder), job_folder=str(AttemptFolder(folder).submitit), info={}, log_paths=[],
     )
     if delay_s:
         phase.not_before = utcnow() + timedelta(seconds=delay_s)
@@ -155,43 +151,40 @@ def launch(session: Session, phase: Phase, *, settings: Settings, executor: str)
     move_phase(session, phase, PhaseState.SUBMITTED, f"{phase.executor} job {job.job_id}")
 
 
-def isolation(run: Run) -> str:
-    """The run's isolation mode as it runs: "job" before the field existed, and for a resharded resume."""
-    return spec_isolation(run.spec)
+def plan_of(run: Run) -> RunPlan:
+    """The run's plan (jobs/protocol.py): its phases, their tasks, the isolation, each attempt's payload."""
+    return RunPlan.of(run.spec)
 
 
-def _payload(session: Session, run: Run, phase: Phase, root: Path) -> tuple[Any, tuple[Any, ...]]:
-    """(function, args): one phase per job, or under "process" the rest of the attempt in one job."""
+def payload_of(session: Session, run: Run, phase: Phase, settings: Settings) -> Payload:
+    """The job that runs this phase attempt; a resume loads the checkpoint of the attempt that saved it."""
     checkpoint_attempt = _saved_attempt(session, run) if phase.name == PHASES[1] else phase.attempt
-    if isolation(run) == "process":
-        # train_and_save attempt k forks its resume as resume attempt 1 (the reconciler records it so)
-        attempts = {PHASES[0]: phase.attempt, PHASES[1]: 1} if phase.name == PHASES[0] else {phase.name: phase.attempt}
-        phases = PHASES if phase.name == PHASES[0] else (phase.name,)
-        return run_attempt, (run.spec, str(root), phases, None, attempts, checkpoint_attempt)
-    return run_rank_phase, (run.spec, str(root), phase.name, None, phase.attempt, checkpoint_attempt)
+    return plan_of(run).payload(
+        run_folder_of(settings, run.id).root, cast(PhaseName, phase.name), phase.attempt, checkpoint_attempt
+    )
 
 
 def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Settings) -> launcher.PhaseJob:
     env = session.get(Environment, run.environment_id)
     assert env is not None
-    function, args = _payload(session, run, phase, run_layout(settings, run.id).root)
+    payload = payload_of(session, run, phase, settings)
     return launcher.submit_phase(
-        executor=phase.executor, folder=folder, python=env.python, tasks=phase_tasks(run.spec, phase.name),
-        settings=settings, name=job_name(settings, phase), function=function, args=args,
-        nodes=int(run.spec.get("nodes", 1)),  # multi-node: absent from specs at its default, 1
+        executor=phase.executor, folder=folder, python=env.python, tasks=payload.tasks,
+        settings=settings, name=job_name(settings, phase), function=payload.function(), args=payload.args,
+        nodes=payload.nodes,
     )
 
 
 def launcher_folder(phase: Phase) -> Path:
     """submitit's folder of the job that runs a phase attempt (a forked resume shares its saver's)."""
-    return Path(phase.job_folder) if phase.job_folder else AttemptLayout(Path(phase.folder or "")).submitit
+    return Path(phase.job_folder) if phase.job_folder else AttemptFolder(Path(phase.folder or "")).submitit
 
 
 def job_of(phase: Phase, run: Run) -> launcher.PhaseJob:
     """The launcher's handle of a submitted phase."""
     return launcher.PhaseJob(
         executor=phase.executor, folder=str(launcher_folder(phase)), job_id=phase.job_id or "",
-        tasks=phase_tasks(run.spec, phase.name), started=phase.process_started_at,
+        tasks=plan_of(run).tasks(phase.name), started=phase.process_started_at,
     )
 
 

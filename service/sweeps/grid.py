@@ -22,7 +22,8 @@ from service.environments.registry import (
     get_environment,
     use_environment,
 )
-from service.runs.records import Caps, create_run, validate_spec
+from service.runs.admission import Caps
+from service.runs.records import create_run, validate_spec
 
 SWEEP_LABEL = "sweep"
 MAX_RUNS = 200

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 from jobs.contract import PHASE_NAMES
-from jobs.documents import merge_rank_documents, read_rank_documents
 from jobs.launch.local import run_parity
+from jobs.protocol import RunPlan
 from jobs.spec import RunSpec
 
 HERE = Path(__file__).resolve().parent
@@ -29,7 +29,8 @@ def write_case(name: str, run_folder: Path) -> None:
     out.mkdir(exist_ok=True)
     spec = RunSpec.from_dict({**BASE, "workarounds": CASES[name]})
     for phase in PHASE_NAMES:
-        doc = merge_rank_documents(read_rank_documents(run_folder, phase, spec.dp))
+        plan = RunPlan.of(spec)
+        doc, _ = plan.collect(plan.attempt_folder(run_folder, phase, 1), phase)
         if doc is not None:
             (out / f"{phase}.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
     result = json.loads((run_folder / "result.json").read_text())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jobs.launch.local import run_parity
-from jobs.layout import RunLayout
+from jobs.run_folder import RunFolder
 from jobs.spec import RunSpec
 from service.cli.engine import run_local
 
@@ -54,4 +54,4 @@ def test_run_local_json_prints_one_document(tmp_path: Path, capsys: pytest.Captu
     doc = json.loads(out)
     assert out.count("\n") == 1 and doc["verdict"] == "pass" and doc["spec"]["dp"] == 1
     assert (tmp_path / "result.json").exists()
-    assert RunLayout(tmp_path).attempt("train_and_save", 1).checkpoint(2).is_dir()
+    assert RunFolder(tmp_path).attempt("train_and_save", 1).checkpoint(2).is_dir()

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from jobs.contract import ParityResult
-from jobs.documents import read_rank_documents
 from jobs.launch.local import run_parity
+from jobs.protocol import RunPlan
 from jobs.spec import RunSpec
 
 pytestmark = pytest.mark.megatron
@@ -49,8 +49,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParityResult]
 
 def _rank_docs(result: ParityResult, phase: str) -> list[dict[str, Any]]:
     """Every rank's own document of a phase (the result carries rank 0's)."""
-    world = RunSpec.from_dict(result["spec"]).world_size
-    return [dict(d) for d in read_rank_documents(Path(result["run_folder"]), phase, world)]
+    plan = RunPlan.of(result["spec"])
+    docs, _ = plan.rank_documents(plan.attempt_folder(Path(result["run_folder"]), phase, 1), phase)
+    return [dict(d) for d in docs]
 
 
 @pytest.mark.parametrize("name", ["ep2_bad", "tp2_bad", "pp2_bad"])

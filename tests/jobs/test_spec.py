@@ -176,10 +176,8 @@ def test_default_layout_is_omitted_so_stored_specs_are_unchanged() -> None:
 
 
 def test_world_size_of_stored_specs() -> None:
-    from jobs.spec import world_size_of
-
-    assert world_size_of({**MOE, "dp": 2}) == 2
-    assert world_size_of(RunSpec.from_dict({**MOE, "dp": 2, "tp": 2}).to_dict()) == 4
+    assert RunSpec.from_dict({**MOE, "dp": 2}).world_size == 2
+    assert RunSpec.from_dict(RunSpec.from_dict({**MOE, "dp": 2, "tp": 2}).to_dict()).world_size == 4
 
 
 def test_allowed_values_list_the_layout() -> None:
@@ -279,15 +277,16 @@ def test_bad_resume_dp_is_refused_naming_the_field(change: dict, message: str, a
         assert info.value.allowed is not None and allowed_has in info.value.allowed
 
 
-def test_stored_spec_helpers_read_resume_dp() -> None:
-    from jobs.spec import phase_tasks, spec_isolation
+def test_the_plan_of_a_stored_spec_reads_resume_dp() -> None:
+    from jobs.protocol import RunPlan
 
-    stored = RunSpec.from_dict({**GOOD, "resume_dp": 1}).to_dict()
-    assert (phase_tasks(stored, "train_and_save"), phase_tasks(stored, "resume")) == (2, 1)
-    assert spec_isolation(stored) == "job"
-    plain = RunSpec.from_dict(GOOD).to_dict()
-    assert phase_tasks(plain, "resume") == 2 and spec_isolation(plain) == "process"
-    assert spec_isolation({"config": "dense-bf16", "dp": 1}) == "job"  # stored before isolation existed
+    stored = RunPlan.of(RunSpec.from_dict({**GOOD, "resume_dp": 1}).to_dict())
+    assert (stored.tasks("train_and_save"), stored.tasks("resume")) == (2, 1)
+    assert stored.isolation == "job"
+    plain = RunPlan.of(RunSpec.from_dict(GOOD).to_dict())
+    assert plain.tasks("resume") == 2 and plain.isolation == "process"
+    legacy = {k: v for k, v in RunSpec.from_dict(GOOD).to_dict().items() if k != "isolation"}
+    assert RunPlan.of(legacy).isolation == "job"  # stored before isolation existed
     assert allowed_values()["resume_dp"]["max"] == MAX_DP
 
 
@@ -296,7 +295,7 @@ def test_resume_dp_with_a_model_parallel_layout_is_refused() -> None:
         RunSpec.from_dict({**MOE, "dp": 2, "ep": 2, "resume_dp": 1})
     assert info.value.field == "resume_dp"
     # the task count of each phase is its DP size times the model-parallel sizes
-    from jobs.spec import phase_tasks
+    from jobs.protocol import RunPlan
 
-    stored = RunSpec.from_dict({**MOE, "dp": 1, "tp": 2}).to_dict()
-    assert (phase_tasks(stored, "train_and_save"), phase_tasks(stored, "resume")) == (2, 2)
+    stored = RunPlan.of(RunSpec.from_dict({**MOE, "dp": 1, "tp": 2}).to_dict())
+    assert (stored.tasks("train_and_save"), stored.tasks("resume")) == (2, 2)

@@ -21,3 +21,26 @@ def test_upgrade_downgrade_upgrade_and_no_pending_diff() -> None:
         with engine.connect() as conn:
             diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
         assert diff == [], f"models and migrations disagree: {diff}"
+
+
+def test_migration_files_sort_in_their_chain_order() -> None:
+    import re
+    from pathlib import Path
+
+    versions = Path(__file__).resolve().parents[2] / "alembic" / "versions"
+    down: dict[str, str | None] = {}
+    files: dict[str, str] = {}
+    for path in versions.glob("*.py"):
+        text = path.read_text()
+        rev = re.search(r"^revision = '(\w+)'", text, re.M)
+        prev = re.search(r"^down_revision = (?:'(\w+)'|None)", text, re.M)
+        assert rev and prev, path.name
+        down[rev.group(1)], files[rev.group(1)] = prev.group(1), path.name
+    chain: list[str] = []
+    head: str | None = next(r for r in down if r not in set(down.values()))
+    while head is not None:
+        chain.append(head)
+        head = down[head]
+    chain.reverse()
+    assert sorted(files.values()) == [files[r] for r in chain]
+    assert all(re.match(rf"\d\d_rev{r}_", files[r]) for r in chain)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.layout import AttemptLayout
+from jobs.run_folder import AttemptFolder
 from tests.service.scheduler_harness import GOOD, phases, queue, run_to_end, service_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
@@ -30,6 +30,6 @@ def test_resume_dp_run_saves_at_dp_2_and_resumes_in_a_one_rank_job(
     ]
     assert len({p.job_id for p in rows}) == 2  # the resume ran in its own allocation
     assert rows[0].info["info"]["world_size"] == 2 and rows[1].info["info"]["world_size"] == 1
-    saved, resumed = (AttemptLayout(Path(p.folder or "")) for p in rows)
+    saved, resumed = (AttemptFolder(Path(p.folder or "")) for p in rows)
     assert saved.rank_log(1).is_file()
     assert resumed.rank_log(0).is_file() and not resumed.rank_log(1).exists()  # one task, one rank

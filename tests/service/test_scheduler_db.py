@@ -6,8 +6,10 @@ test_end_to_end.py; here each scheduler step runs against the real Postgres, one
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from jobs.rank.entry import run_rank_phase
+from jobs.run_folder import RunFolder
 from jobs.spec import RunSpec
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
 from service.core.settings import Settings, get_settings
@@ -29,7 +32,7 @@ from tests.golden import documents, expected
 
 @dataclass
 class FakeLauncher:
-    """Stands in for submitit: records submissions, reports a state, returns a chosen document per phase."""
+    """Stands in for submitit: records submissions, reports a state, and leaves a chosen document per phase."""
 
     docs: dict[str, Any]
     state: JobStatus = field(default_factory=lambda: JobStatus(kind="done", raw="COMPLETED"))
@@ -49,10 +52,27 @@ class FakeLauncher:
     def cancel(self, job: PhaseJob) -> None:
         self.cancelled.append(job.job_id)
 
-    def fetch_result(self, job: PhaseJob, phase: str) -> tuple[Any, str | None]:
-        if self.raised:
-            return None, self.raised
-        return self.docs[phase], None
+    def poll(self, jobs: list[PhaseJob]) -> dict[PhaseJob, JobStatus]:
+        """A job that ended leaves its ranks' documents in their attempt folders, as the real ranks do."""
+        if self.state.kind in ("done", "failed") and not self.raised:
+            for kw in self.submitted:
+                self._write_documents(kw["args"], kw["tasks"])
+        return {j: self.state for j in jobs}
+
+    def _write_documents(self, args: tuple[Any, ...], tasks: int) -> None:
+        root, phases, attempts = Path(args[1]), args[2], args[4]
+        if isinstance(phases, str):  # one phase per job: (spec, root, phase, port, attempt, checkpoint_attempt)
+            phases, attempts = (phases,), {phases: attempts}
+        for phase in phases:
+            if phase not in self.docs:
+                continue
+            folder = RunFolder(root).attempt(phase, attempts.get(phase, 1))
+            folder.folder.mkdir(parents=True, exist_ok=True)
+            for rank in range(tasks):
+                folder.result(rank).write_text(json.dumps({**self.docs[phase], "rank": rank}))
+
+    def failure_text(self, job: PhaseJob) -> str:
+        return self.raised or "no output"
 
 
 @pytest.fixture
@@ -69,9 +89,8 @@ def _fake(monkeypatch: pytest.MonkeyPatch, docs: dict[str, Any], **kw: Any) -> F
     fake = FakeLauncher(docs=docs, **kw)
     monkeypatch.setattr(launcher, "submit_phase", fake.submit_phase)
     monkeypatch.setattr(launcher, "find_submitted", lambda folder: fake.already_submitted)
-    monkeypatch.setattr(launcher, "poll", lambda jobs: {j: fake.state for j in jobs})
-    monkeypatch.setattr(launcher, "fetch_result", fake.fetch_result)
-    monkeypatch.setattr(launcher, "results_on_disk", lambda folder, tasks: None)  # fetch_result says
+    monkeypatch.setattr(launcher, "poll", fake.poll)
+    monkeypatch.setattr(launcher, "failure_text", fake.failure_text)
     monkeypatch.setattr(launcher, "log_paths", lambda job: [])
     monkeypatch.setattr(launcher, "cancel", fake.cancel)
     return fake

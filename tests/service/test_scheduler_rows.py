@@ -19,7 +19,7 @@ import psutil
 import pytest
 from sqlalchemy import select, text
 
-from jobs.layout import AttemptLayout
+from jobs.run_folder import AttemptFolder
 from models import Phase, PhaseEvent, Run, StepMetric
 from models.base import utcnow
 from service.core.db import session_scope
@@ -252,5 +252,5 @@ def test_a_phase_past_its_wall_clock_limit_is_stopped_and_retried(settings: Sett
     assert [(p.attempt, p.state) for p in rows] == [(1, "infra_failed"), (2, "pending")]
     assert "wall-clock" in (rows[0].exit_reason or "")
     assert not _alive(ranks), "the old attempt must be stopped before a retry exists"
-    assert AttemptLayout(Path(rows[1].folder or "")).folder.name == "attempt-2"
+    assert AttemptFolder(Path(rows[1].folder or "")).folder.name == "attempt-2"
     assert run_row(run_id).state == "train_submitted"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.layout import AttemptLayout
+from jobs.run_folder import AttemptFolder
 from tests.service.scheduler_harness import (
     GOOD,
     job_name,
@@ -81,7 +81,7 @@ def test_scheduler_killed_mid_run_resumes_without_double_submission(
         else:  # the resume ran inside the train_and_save attempt's job
             assert rows[1].job_name == rows[0].job_name
     # every attempt keeps its own rank logs, and the checkpoint lives in the attempt that saved it
-    saved, resumed = (AttemptLayout(Path(p.folder or "")) for p in rows)
+    saved, resumed = (AttemptFolder(Path(p.folder or "")) for p in rows)
     assert saved.rank_log(0).is_file() and resumed.rank_log(1).is_file()
     # (retention deletes a passing run's checkpoint once the verdict is stored: check where it was written)
     assert rows[0].info["info"]["checkpoint"]["path"] == str(saved.checkpoint(4))  # save_step 4

@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-from jobs.layout import LOG_SUFFIXES, AttemptLayout
+from jobs.run_folder import LOG_SUFFIXES, AttemptFolder
 from models import Phase
 from service.web.dashboard.rendering import PageError
 
@@ -52,7 +52,7 @@ def listed_logs(phase: Phase) -> list[str]:
     """A phase's logs: those recorded when it ended, else (still running) what its attempt folder holds now."""
     if phase.log_paths:
         return list(phase.log_paths)
-    return [str(p) for p in AttemptLayout(Path(phase.folder)).logs()] if phase.folder else []
+    return [str(p) for p in AttemptFolder(Path(phase.folder)).logs()] if phase.folder else []
 
 
 def resolve_log(run_folder: Path, phase: Phase, requested: str) -> Path:

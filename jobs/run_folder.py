@@ -1,4 +1,4 @@
-"""The run-folder layout, written down once: where each attempt of each phase keeps its files.
+"""The run folder, written down once: where each attempt of each phase keeps its files.
 
 ```
 <run folder>/
@@ -24,7 +24,7 @@ LOG_SUFFIXES = (".log", ".out", ".err")
 
 
 @dataclass(frozen=True)
-class AttemptLayout:
+class AttemptFolder:
     """The folder of one attempt of one phase and the files in it."""
 
     folder: Path
@@ -54,13 +54,13 @@ class AttemptLayout:
 
 
 @dataclass(frozen=True)
-class RunLayout:
+class RunFolder:
     """The folder of one run; every attempt of every phase is a subfolder."""
 
     root: Path
 
-    def attempt(self, phase: str, attempt: int) -> AttemptLayout:
+    def attempt(self, phase: str, attempt: int) -> AttemptFolder:
         """The folder of attempt `attempt` (1-based) of `phase`."""
         if attempt < 1:
             raise ValueError(f"attempt: must be 1 or more, got {attempt}")
-        return AttemptLayout(Path(self.root) / phase / f"attempt-{attempt}")
+        return AttemptFolder(Path(self.root) / phase / f"attempt-{attempt}")

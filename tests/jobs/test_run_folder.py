@@ -1,4 +1,4 @@
-"""The run-folder layout: every attempt of every phase has its own folder, logs and checkpoint."""
+"""The run folder: every attempt of every phase has its own folder, logs and checkpoint."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from jobs.layout import RunLayout
+from jobs.run_folder import RunFolder
 
 
 def test_attempts_never_share_a_folder_or_a_checkpoint(tmp_path: Path) -> None:
-    layout = RunLayout(tmp_path)
-    first, retry = layout.attempt("train_and_save", 1), layout.attempt("train_and_save", 2)
-    resume = layout.attempt("resume", 1)
+    run_dir = RunFolder(tmp_path)
+    first, retry = run_dir.attempt("train_and_save", 1), run_dir.attempt("train_and_save", 2)
+    resume = run_dir.attempt("resume", 1)
     assert len({first.folder, retry.folder, resume.folder}) == 3
     assert first.checkpoint(4) != retry.checkpoint(4)
     assert first.rank_log(0) == tmp_path / "train_and_save" / "attempt-1" / "rank0.log"
@@ -21,7 +21,7 @@ def test_attempts_never_share_a_folder_or_a_checkpoint(tmp_path: Path) -> None:
 
 
 def test_logs_lists_rank_logs_then_job_output_only(tmp_path: Path) -> None:
-    attempt = RunLayout(tmp_path).attempt("resume", 1)
+    attempt = RunFolder(tmp_path).attempt("resume", 1)
     attempt.submitit.mkdir(parents=True)
     for path in (attempt.rank_log(1), attempt.rank_log(0), attempt.submitit / "7_0_log.out",
                  attempt.submitit / "7_0_log.err", attempt.submitit / "7_submitted.pkl", attempt.result(0)):
@@ -31,4 +31,4 @@ def test_logs_lists_rank_logs_then_job_output_only(tmp_path: Path) -> None:
 
 def test_attempts_count_from_one(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="attempt"):
-        RunLayout(tmp_path).attempt("resume", 0)
+        RunFolder(tmp_path).attempt("resume", 0)
