@@ -52,9 +52,17 @@ def test_the_base_install_is_a_client_that_drives_a_real_service(committed_db: s
             env={**client_env, "PARITY_TOKEN": tokens["submit"]}, capture_output=True, text=True)
         assert queued.returncode == 0, queued.stdout + queued.stderr
         assert "suite run" in queued.stdout and "/suite-runs/" in queued.stdout and "artifact" in queued.stderr
+        single = subprocess.run(  # one check on the same upload: stored once, the same build reused
+            [*parity, "submit", "--config", "dense-bf16", "--dp", "1", "--steps", "4", "--save-step", "2",
+             "--wheel", str(wheel)], env={**client_env, "PARITY_TOKEN": tokens["submit"]}, capture_output=True,
+            text=True)
+        assert single.returncode == 0 and "already stored" in single.stderr and "(reused)" in single.stderr, (
+            single.stdout + single.stderr)
         listed = subprocess.run([*parity, "env", "list"], env=client_env, capture_output=True, text=True)
         assert listed.returncode == 0 and "artifact:" in listed.stdout, listed.stdout + listed.stderr
         runs = httpx.get(f"{url}/api/v1/runs", params={"label": "suite=small"}).json()["items"]
         assert len(runs) == 1 and runs[0]["labels"]["commit"] == "abc"
+        built = httpx.get(f"{url}/api/v1/runs", params={"limit": 5}).json()["items"]
+        assert len({r["environment"] for r in built}) == 1 and len(built) == 2
     finally:
         stop(api)
