@@ -17,6 +17,7 @@ from service.suites import definitions, runs
 router = APIRouter(prefix="/api/v1/suites", tags=["suites"], responses=ERROR_RESPONSES)
 runs_router = APIRouter(prefix="/api/v1/suite-runs", tags=["suites"], responses=ERROR_RESPONSES)
 SuiteName = Annotated[str, Path(pattern=definitions.NAME.pattern)]
+MAX_VERSION = 2**31 - 1  # a Postgres integer: a larger one cannot name a row (and must not reach the database)
 SuiteRunId = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$")]
 
 
@@ -38,7 +39,7 @@ class SuiteRunIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     suite: str = Field(max_length=100)
-    version: int | None = Field(default=None, ge=1)
+    version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
     environment: str = Field(default="default", max_length=200)
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS - 3)
 
@@ -61,7 +62,7 @@ def suites(session: SessionDep, _: ReadAccess) -> list[dict[str, Any]]:
 
 @router.get("/{name}")
 def suite(name: SuiteName, session: SessionDep, _: ReadAccess,
-          version: Annotated[int | None, Query(ge=1)] = None) -> dict[str, Any]:
+          version: Annotated[int | None, Query(ge=1, le=MAX_VERSION)] = None) -> dict[str, Any]:
     """One suite (its newest version unless `version` is given)."""
     return definitions.suite_doc(definitions.get_suite(session, name=name, version=version))
 
