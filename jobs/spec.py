@@ -40,7 +40,7 @@ MAX_MICROBATCHES_PER_RANK = 4
 # The profile a resharded resume is judged by unless the spec names a non-exact one itself.
 RESHARD_TOLERANCE = "reshard"
 # multi-node (nodes)
-# Ranks are spread evenly over `nodes` Slurm nodes (dp / nodes tasks per node).
+# Ranks are spread evenly over `nodes` Slurm nodes (world size / nodes tasks per node).
 DEFAULT_NODES = 1
 
 

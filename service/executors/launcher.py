@@ -169,8 +169,8 @@ def submit_phase(
 def private_dirs(root: Path, folder: Path) -> None:
     """Create root and every folder down to `folder` as 0700 (owner only).
 
-    A run folder holds checkpoints, logs and the result pickles the scheduler unpickles: whoever can
-    write there can run code in the scheduler, so nobody but the service's user may.
+    A run folder holds checkpoints, logs and the ranks' documents other runs must not read or forge;
+    the scheduler reads them as data (jobs/protocol.py), never loading what a job wrote as code.
     """
     for path in [root, *reversed([p for p in folder.parents if p.is_relative_to(root) and p != root]), folder]:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)

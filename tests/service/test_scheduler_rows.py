@@ -32,7 +32,7 @@ from service.runs.reconciler import reconcile
 from service.runs.records import cancel_run
 from service.runs.submitter import job_of, launcher_folder, new_phase
 from tests.service.scheduler_harness import phases, queue, run_row, wait_for
-from tests.service.scheduler_jobs import SPEC, phase_doc, return_document, sleep_forever
+from tests.service.scheduler_jobs import SPEC, phase_doc, sleep_forever, write_document
 
 
 @pytest.fixture
@@ -48,6 +48,8 @@ def _submit(run_id: int, settings: Settings, function: object, *args: object) ->
         assert run is not None
         phase = new_phase(session, run=run, name="train_and_save", attempt=1, settings=settings, executor="local")
         transition(session, run, RunState.TRAIN_SUBMITTED, "test")
+        if function is write_document:  # the ranks' documents go to the attempt's own folder
+            args = (str(phase.folder), *args)
         job = launcher.submit_phase(executor="local", folder=launcher_folder(phase), python=sys.executable,
                                     tasks=int(SPEC["dp"]), settings=settings, name="t", function=function, args=args)
         phase.job_id, phase.process_started_at = job.job_id, job.started
@@ -70,8 +72,8 @@ def _reconcile(settings: Settings) -> None:
 def test_a_refused_document_ends_its_own_run_and_stalls_no_other(settings: Settings) -> None:
     bad = queue(SPEC)  # the lower id: a pass that stops at the first bad row would never reach `good`
     good = queue(SPEC)
-    _submit(bad, settings, return_document, phase_doc("train_and_save", save_seconds="n/a"))
-    _submit(good, settings, return_document, phase_doc("train_and_save", save_seconds=1.5))
+    _submit(bad, settings, write_document, phase_doc("train_and_save", save_seconds="n/a"))
+    _submit(good, settings, write_document, phase_doc("train_and_save", save_seconds=1.5))
     wait_for(lambda: _job_done(bad) and _job_done(good), 60, "both jobs to finish")
 
     _reconcile(settings)
