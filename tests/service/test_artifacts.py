@@ -26,8 +26,8 @@ OCTET = {"content-type": "application/octet-stream"}
 
 def _wheel(payload: bytes = b"x") -> bytes:
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("megatron/__init__.py", payload)
+    with zipfile.ZipFile(buf, "w") as zf:  # a fixed time stamp: the same payload is the same bytes
+        zf.writestr(zipfile.ZipInfo("megatron/__init__.py", date_time=(2026, 12, 1, 0, 0, 0)), payload)
     return buf.getvalue()
 
 
