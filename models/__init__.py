@@ -1,5 +1,6 @@
 """The ORM: one module per table; importing this package registers every table on Base.metadata."""
 
+from models.artifact import Artifact
 from models.base import Base
 from models.bisect import Bisect
 from models.environment import Environment
@@ -12,10 +13,13 @@ from models.probe import ProbeFinding
 from models.regression import Regression
 from models.run import Run
 from models.session import EndedSession
+from models.suite import Suite
+from models.suite_run import SuiteRun
 from models.token import ApiToken
 
 __all__ = [
     "ApiToken",
+    "Artifact",
     "Base",
     "Bisect",
     "EndedSession",
@@ -31,4 +35,6 @@ __all__ = [
     "RunEvent",
     "SchedulerHeartbeat",
     "StepMetric",
+    "Suite",
+    "SuiteRun",
 ]

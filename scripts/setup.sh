@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install the project with its dev tools (idempotent; torch is pinned to the CPU 2.13.0).
+# Create .venv and install the project with every extra (service, engine) and its dev tools (idempotent; torch is pinned to the CPU 2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # torch 2.13.0 comes from the machine's wheel folder when it has one (PyPI otherwise).
@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all,dev]'
 echo "setup: $(.venv/bin/python --version), torch $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))'), megatron-core $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("megatron-core"))')"

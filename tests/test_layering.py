@@ -87,16 +87,20 @@ def test_importing_the_service_does_not_import_torch() -> None:
 SLICE_DEPENDENCIES: dict[str, set[str]] = {
     "core": set(),
     "executors": {"core"},
-    "environments": {"core", "executors"},
+    "artifacts": {"core"},
+    "environments": {"core", "executors", "artifacts"},
     "oncall": {"core"},
     "runs": {"core", "executors", "environments", "oncall"},
     "bisects": {"core", "environments", "runs"},
     "sweeps": {"core", "environments", "runs"},
+    "suites": {"core", "environments", "runs"},
     "selftest": {"core", "environments", "runs"},
-    "scheduler": {"core", "executors", "environments", "oncall", "runs", "bisects", "sweeps", "selftest"},
-    "web": {"core", "executors", "environments", "oncall", "runs", "bisects", "sweeps", "selftest"},
-    "cli": {"core", "executors", "environments", "oncall", "runs", "bisects", "sweeps", "selftest", "scheduler",
-            "web"},
+    "scheduler": {"core", "executors", "artifacts", "environments", "oncall", "runs", "bisects", "sweeps",
+                  "selftest"},
+    "web": {"core", "executors", "artifacts", "environments", "oncall", "runs", "bisects", "sweeps", "suites",
+            "selftest"},
+    "cli": {"core", "executors", "artifacts", "environments", "oncall", "runs", "bisects", "sweeps", "suites",
+            "selftest", "scheduler", "web"},
 }
 
 

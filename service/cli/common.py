@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 import warnings
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 from service.core.errors import ConfigError
-from service.core.settings import Settings, get_settings
+
+if TYPE_CHECKING:  # the settings need the [service] extra; the client commands never load them
+    from service.core.settings import Settings
 
 
 def load_settings() -> Settings:
     """Settings, or a ConfigError naming the PARITY_* variable and what it accepts."""
+    from pydantic import ValidationError
+
+    from service.core.settings import get_settings
+
     try:
         return get_settings()
     except ValidationError as exc:
@@ -34,22 +37,6 @@ def ready_database(*, migrate: bool) -> str:
     if migrate:
         upgrade(url)
     return url
-
-
-def service_target(args: argparse.Namespace, command: str) -> tuple[str, str | None]:
-    """The service URL and token a client command uses: --url/--token, else PARITY_SERVICE_URL/PARITY_TOKEN;
-    says on stderr which one is missing and what is used instead."""
-    settings = load_settings()
-    url = getattr(args, "url", None) or settings.service_url
-    if not url:
-        from service.core.links import recorded_url
-
-        url = recorded_url(settings) or settings.base_url  # a `parity serve` on this host's run folder
-        print(f"parity {command}: PARITY_SERVICE_URL is not set (nor --url); trying {url}", file=sys.stderr)
-    token = getattr(args, "token", None) or settings.token
-    if not token:
-        print(f"parity {command}: PARITY_TOKEN is not set (nor --token); sending no token", file=sys.stderr)
-    return url.rstrip("/"), token
 
 
 def setup_logging(verbose: bool = False) -> None:

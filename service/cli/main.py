@@ -13,7 +13,42 @@ COMMANDS = (
     "server.serve", "server.scheduler", "server.db", "server.token", "client.submit", "client.env", "client.sweep",
     "client.bisect", "server.demo", "engine.run_local", "client.configs", "client.notify", "engine.selftest",
     "engine.calibrate", "engine.shrink",
+    "client.suite",
 )
+# The base install is the client; these commands need an extra (and are named here so the client can say so).
+NEEDS_EXTRA = {
+    "server.serve": "serve", "server.scheduler": "scheduler", "server.db": "db", "server.token": "token",
+    "server.demo": "demo", "engine.run_local": "run-local", "engine.selftest": "selftest",
+}
+ENGINE_MODULES = {"torch", "megatron", "numpy"}
+PIP_NAME = "megatron-resume-parity"
+
+
+def extra_for(module: str | None, command: str = "") -> str:
+    """Which extra brings a missing module: engine for torch/Megatron, else service."""
+    root = (module or "").split(".")[0]
+    return "engine" if root in ENGINE_MODULES or (command.startswith("engine.") and root in ("submitit", "psutil")) \
+        else "service"
+
+
+def missing_extra_message(command: str, exc: ModuleNotFoundError) -> str:
+    """One line naming the extra to install for a command whose dependencies are not installed."""
+    extra = extra_for(exc.name, command)
+    return (f"parity {command.split('.')[-1].replace('_', '-')}: needs the [{extra}] extra "
+            f"(pip install '{PIP_NAME}[{extra}]', or [all]); missing module {exc.name!r}")
+
+
+def _stub(sub: argparse._SubParsersAction, module: str, exc: ModuleNotFoundError) -> None:
+    """Register a command whose module cannot be imported here: it says which extra to install."""
+    p = sub.add_parser(NEEDS_EXTRA.get(module, module.split(".")[-1]), add_help=False,
+                       help=f"(needs the [{extra_for(exc.name, module)}] extra)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def explain(_: argparse.Namespace) -> int:
+        print(missing_extra_message(module, exc), file=sys.stderr)
+        return 2
+
+    p.set_defaults(func=explain)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"service.cli.{name}").register(sub)
+        try:
+            module = importlib.import_module(f"service.cli.{name}")
+        except ModuleNotFoundError as exc:  # a client-only install: the command says which extra it needs
+            if exc.name and exc.name.split(".")[0] in ("service", "jobs", "models"):
+                raise
+            _stub(sub, name, exc)
+            continue
+        module.register(sub)
     return parser
 
 
@@ -38,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConfigError as exc:
         print(f"parity: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # a command that imports the service or engine lazily
+        if exc.name and exc.name.split(".")[0] in ("service", "jobs", "models"):
+            raise
+        module = {cmd: mod for mod, cmd in NEEDS_EXTRA.items()}.get(str(args.command), str(args.command))
+        print(missing_extra_message(module, exc), file=sys.stderr)
         return 2
 
 

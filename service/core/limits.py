@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,11 +29,16 @@ class BodyLimit:
 
     A Content-Length over the limit is refused before a byte is read; a chunked body is read up to
     limit + 1 bytes and then replayed to the app, so the JSON parser never sees an oversize body.
+    `streamed` maps a path to the limit of its own (a callable, read per request): such a route
+    takes its body as a stream (an upload) and enforces the limit while it writes; here only a declared
+    Content-Length over it is refused, and the body is never buffered.
     """
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES,
+                 streamed: dict[str, Callable[[], int]] | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.streamed = dict(streamed or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on, or answer 413."""
@@ -41,13 +47,15 @@ class BodyLimit:
             return
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
-        if declared is not None:
+        own = self.streamed.get(scope.get("path", ""))
+        limit = own() if own is not None else self.limit
+        if declared is not None or own is not None:
             try:
-                too_big = int(declared) > self.limit
+                too_big = declared is not None and int(declared) > limit
             except ValueError:
                 too_big = False  # the server already rejects a malformed length
             if too_big:
-                await _send_413(send, self.limit)
+                await _send_413(send, limit)
                 return
             await self.app(scope, receive, send)
             return

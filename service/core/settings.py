@@ -43,7 +43,7 @@ class Settings(BaseSettings):
 
     # what a submit token may build (service/environments/build_policy.py): project names (released
     # versions, pinned), git+https repository URLs (at a full commit), `artifact` (artifact:<sha256>)
-    build_allow: str = "megatron-core"
+    build_allow: str = "megatron-core, artifact"
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
@@ -73,6 +73,12 @@ class Settings(BaseSettings):
     phase_timeout_min: int = Field(default=60, ge=1)
     # Built environments no run has used for this many days have their virtualenv deleted.
     env_keep_days: float = Field(default=14.0, ge=0)
+    # uploaded builds (POST /api/v1/artifacts): where they are stored (unset: <run folder>/artifacts, so every
+    # Slurm node that builds from one sees it), the largest upload accepted, and how many days an artifact no
+    # build asked for is kept
+    artifact_folder: Path | None = None
+    artifact_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    artifact_keep_days: float = Field(default=30.0, ge=0)
     # the detector-health self-test batch (service/selftest/batch.py); 0 turns it off
     selftest_interval_hours: float = Field(default=24.0, ge=0)
     # a phase not running this long after submission (PENDING, or a state nobody can read) is
@@ -109,6 +115,11 @@ class Settings(BaseSettings):
     def resolved_run_folder(self) -> Path:
         """The run folder, defaulting to data_dir/runs."""
         return self.run_folder or (self.data_dir / "runs")
+
+    @property
+    def resolved_artifact_folder(self) -> Path:
+        """The artifact folder, defaulting to <run folder>/artifacts."""
+        return self.artifact_folder or (self.resolved_run_folder / "artifacts")
 
     @property
     def base_url(self) -> str:

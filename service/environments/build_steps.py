@@ -22,6 +22,8 @@ from sqlalchemy.orm import Session
 from jobs.protocol import UnreadableDocument, read_job_file
 from models import Environment, Run
 from models.base import utcnow
+from service.artifacts.store import resolve_lines
+from service.core.errors import DomainError
 from service.core.run_state import TERMINAL, RunState, transition
 from service.core.settings import Settings
 from service.environments.recipe import RESULT_NAME, build_environment
@@ -60,11 +62,17 @@ def launch_builds(session: Session, *, settings: Settings, executor: str | None 
         if job_id is None:
             if job_folder.exists():  # a previous (failed) attempt's files: start clean
                 shutil.rmtree(job_folder)
+            try:  # the job installs uploaded artifacts from their stored files
+                lines = resolve_lines(session, list(env.requirements or []))
+            except DomainError as exc:
+                env.error_message = exc.detail
+                set_state(env, "failed")
+                continue
             try:
                 job = launcher.submit_phase(
                     executor=executor, folder=job_folder, python=sys.executable, tasks=1,
                     settings=settings, name=f"parity-env-{env.id}", function=build_environment,
-                    args=(str(folder), list(env.requirements or [])), env_names=pip_environment(),
+                    args=(str(folder), lines), env_names=pip_environment(),
                 )
             except Exception as exc:  # sbatch refused: the build cannot start, say why
                 env.error_message = f"submitting the build failed: {exc}"[-4000:]

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from models import Environment
 from models.base import utcnow
+from service.artifacts.store import resolve_lines
 from service.core.errors import Conflict, DomainError, NotFound
 from service.core.settings import Settings
 from service.environments.requirements import RequirementError, content_hash, normalize
@@ -180,6 +181,7 @@ def request_build(
         digest = content_hash(lines, torch_version=torch_version, python_version=_python_version())
     except RequirementError as exc:
         raise InvalidEnvironment(str(exc), field=exc.field) from None
+    resolve_lines(session, lines)  # every uploaded artifact must be there (422 naming the line otherwise)
     env = session.scalar(select(Environment).where(Environment.content_hash == digest).with_for_update())
     if env is not None:
         if name is not None and name != env.name:

@@ -2,7 +2,8 @@
 
 A line is one of: a PEP 508 requirement (`megatron-core==0.15.3`), an absolute path to a local
 wheel or source directory (admin tokens only), `git+https://…@<commit sha>`, or `artifact:<sha256>`
-(an uploaded wheel, named by its hash). Pip options (`-e`, `--index-url`, …) are refused: the build
+(a wheel or sdist uploaded to POST /api/v1/artifacts, named by its hash; `requirement_kind` tells the
+kinds apart for the permission rules). Pip options (`-e`, `--index-url`, …) are refused: the build
 decides how pip runs. Who may use which kind of line: service/environments/build_policy.py.
 
 A local path is only checked for its shape here: the API never stats, opens or reads it (reading a
@@ -20,6 +21,9 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from service.artifacts.lines import ARTIFACT_LINE, ARTIFACT_PREFIX, artifact_sha
+
+__all__ = ["ARTIFACT_PREFIX", "RequirementError", "artifact_sha", "content_hash", "normalize", "requirement_kind"]
 # Bump when the build recipe changes what an environment contains: old builds stop being reused.
 RECIPE_VERSION = "1"
 MAX_LINES = 32
@@ -37,7 +41,8 @@ class RequirementError(ValueError):
         self.field = f"requirements[{index}]"
         super().__init__(
             f"{self.field}: {message}; allowed: a requirement such as megatron-core==0.15.3, an absolute "
-            "path to a local wheel or source directory, or git+https://HOST/REPO@<commit sha>"
+            "path to a local wheel or source directory, git+https://HOST/REPO@<commit sha>, or artifact:<sha256> "
+            "of an uploaded wheel/sdist"
         )
 
 
@@ -58,7 +63,22 @@ def normalize(lines: list[str]) -> list[str]:
     return sorted(set(out))
 
 
+def requirement_kind(line: str) -> str:
+    """What a normalised line installs from: 'artifact' (an upload), 'path', 'git' or 'index' (a PyPI-style pin)."""
+    if line.startswith(ARTIFACT_PREFIX):
+        return "artifact"
+    if line.startswith("/"):
+        return "path"
+    if line.startswith("git+"):
+        return "git"
+    return "index"
+
+
 def _check(i: int, line: str) -> str:
+    if line.startswith(ARTIFACT_PREFIX):
+        if not ARTIFACT_LINE.match(line.lower()):
+            raise RequirementError(i, f"{line!r} is not artifact:<64 hex digits of the upload's sha256>")
+        return line.lower()
     if line.startswith("-"):
         raise RequirementError(i, f"pip options are not accepted ({line.split()[0]!r})")
     if line.startswith("git+"):

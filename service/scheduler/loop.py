@@ -24,6 +24,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from models import Run, SchedulerHeartbeat
 from models.base import utcnow
+from service.artifacts.store import prune_artifacts
 from service.bisects import search as bisects
 from service.core.db import get_engine, session_scope
 from service.core.settings import Settings
@@ -74,6 +75,7 @@ def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[s
         done["builds"] += builds.reconcile_builds(session)
         builds.fail_runs_on_failed_builds(session)
         builds.prune_builds(session, keep_days=settings.env_keep_days)
+        prune_artifacts(session, settings=settings)
     with session_scope() as session:
         done["claimed"] = claim_queued(session, settings=settings, executor=executor)
     slots = max_launches

@@ -8,13 +8,16 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.artifacts import api as artifacts
 from service.bisects import api as bisects
 from service.core.errors import DomainError
 from service.core.inputs import refuse_unstorable
 from service.core.limits import BodyLimit
+from service.core.settings import get_settings
 from service.environments import api as environments
 from service.oncall import api as oncall
 from service.runs import api as runs
+from service.suites import api as suites
 from service.sweeps import api as sweeps
 from service.web import meta
 from service.web.dashboard import routes as dashboard
@@ -76,9 +79,13 @@ def create_app() -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(InterfaceError, _database_down)
-    app.add_middleware(BodyLimit)
+    # uploads stream past the JSON limit under their own (read per request, so tests can change it)
+    app.add_middleware(BodyLimit, streamed={"/api/v1/artifacts": lambda: get_settings().artifact_max_bytes})
     app.include_router(runs.router)
     app.include_router(environments.router)
+    app.include_router(artifacts.router)
+    app.include_router(suites.router)
+    app.include_router(suites.runs_router)
     app.include_router(sweeps.router)
     app.include_router(bisects.router)
     app.include_router(oncall.router)

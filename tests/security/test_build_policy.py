@@ -27,7 +27,6 @@ def _build(client: TestClient, headers: dict[str, str], *lines: str):
     "megatron-core==0.15.3; python_version>'3'",       # markers
     f"{REPO}@{SHA[:7]}",                               # a short sha names nothing for sure
     f"git+https://github.com/mallory/Megatron-LM@{SHA}",  # another repository
-    "artifact:" + "a" * 64,                            # artifacts not allow-listed by default
 ])
 def test_a_submit_token_may_not_build_what_is_not_allow_listed(client: TestClient, make_token, line: str) -> None:
     resp = _build(client, make_token("submit"), "megatron-core==0.16.1", line)
@@ -39,9 +38,22 @@ def test_a_submit_token_may_not_build_what_is_not_allow_listed(client: TestClien
 def test_allow_listed_sources_build_with_a_submit_token(client: TestClient, make_token, monkeypatch) -> None:
     configure(monkeypatch, PARITY_BUILD_ALLOW=f"megatron-core, {REPO}.git, artifact")
     submit = make_token("submit")
-    for line in ("megatron-core==0.15.3", f"{REPO}@{SHA}", f"{REPO}.git@{SHA}", "artifact:" + "b" * 64):
+    for line in ("megatron-core==0.15.3", f"{REPO}@{SHA}", f"{REPO}.git@{SHA}"):
         resp = _build(client, submit, line)
         assert resp.status_code == 201, (line, resp.text)
+    # an artifact line passes the policy; that the bytes were uploaded is checked next
+    resp = _build(client, submit, "artifact:" + "b" * 64)
+    assert resp.status_code == 422 and resp.json()["error"] == "invalid_artifact", resp.text
+
+
+def test_artifacts_are_allow_listed_by_default_and_can_be_taken_off(
+    client: TestClient, make_token, monkeypatch
+) -> None:
+    line = "artifact:" + "c" * 64
+    assert _build(client, make_token("submit"), line).status_code == 422  # allowed; never uploaded
+    configure(monkeypatch, PARITY_BUILD_ALLOW="megatron-core")
+    resp = _build(client, make_token("submit"), line)
+    assert resp.status_code == 403 and "PARITY_BUILD_ALLOW" in resp.json()["detail"]
 
 
 def test_the_build_scope_may_install_any_line_but_not_local_paths(client: TestClient, make_token) -> None:

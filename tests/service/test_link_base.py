@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from service.cli.common import service_target, setup_logging
+from service.cli.client.config import service_target
+from service.cli.common import setup_logging
 from service.core.links import public_base, record_serving, recorded_url, warn_if_unknown
 from service.core.settings import Settings, get_settings
 

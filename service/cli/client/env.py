@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from service.cli.common import load_settings, service_target
+from service.cli.client.config import add_client_args, http_client
 
 WAIT_STATES = ("pending", "building")
 
@@ -44,15 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.set_defaults(func=prune)
 
 
-def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="service URL (default PARITY_SERVICE_URL)")
-    p.add_argument("--token", help="bearer token (default PARITY_TOKEN)")
+_client_args = add_client_args
 
 
 def client(args: argparse.Namespace) -> httpx.Client:
-    """An HTTP client for the service named by --url/--token or the settings."""
-    url, token = service_target(args, str(getattr(args, "command", "env")))
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=300)
+    """An HTTP client for the service named by --url/--token or the environment."""
+    return http_client(args)
 
 
 def ensure_build(http: httpx.Client, requirements: list[str], *, name: str | None = None,
@@ -114,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def prune(args: argparse.Namespace) -> int:
-    from service.cli.common import ready_database
+    from service.cli.common import load_settings, ready_database
     from service.core.db import session_scope
     from service.environments.build_steps import prune_builds
 

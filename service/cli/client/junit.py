@@ -1,4 +1,4 @@
-"""JUnit XML for `parity submit --junit`: one test case per run, failures carrying the triage link."""
+"""JUnit XML for `parity submit --junit`: a test case per run (per check of a suite), failures with the triage link."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 
-def junit_xml(run: dict[str, Any], *, timed_out: bool, strict: bool = False) -> bytes:
-    """A JUnit document describing one parity run."""
-    name = f"resume-parity[{run['config']}]"
-    suite = ET.Element("testsuite", name="megatron-resume-parity", tests="1")
-    case = ET.SubElement(suite, "testcase", classname="parity", name=name)
+def _case(suite: ET.Element, run: dict[str, Any], *, name: str, classname: str, timed_out: bool,
+          strict: bool) -> str:
+    """Add one test case for run; returns its outcome (error | skipped | failure | pass)."""
+    case = ET.SubElement(suite, "testcase", classname=classname, name=name)
     verdict = run.get("verdict")
     text = (
         f"run {run['id']}: state {run['state']}, verdict {run.get('verdict_label') or verdict},"
@@ -19,18 +18,47 @@ def junit_xml(run: dict[str, Any], *, timed_out: bool, strict: bool = False) -> 
         + (f", {run['regression_text']}" if run.get("regression_text") else "")
         + f"\ntriage: {run['links']['triage']}"
     )
-    if timed_out:
+    finished = run.get("state") in ("passed", "failed", "error", "cancelled")
+    if timed_out and not finished:
         ET.SubElement(case, "error", message="timed out waiting for a verdict").text = text
-        suite.set("errors", "1")
+        outcome = "error"
     elif verdict == "known-failure" and not strict:
         known = ", ".join(f"{k['signature']} ({k['link']})" for k in run.get("known_failures") or [])
         ET.SubElement(case, "skipped", message=f"known upstream failure: {known or '-'}").text = text
-        suite.set("skipped", "1")
+        outcome = "skipped"
     elif verdict in ("fail", "known-failure") or run.get("regression"):
         ET.SubElement(case, "failure", message=", ".join(run["signatures"]) or "parity failure").text = text
-        suite.set("failures", "1")
+        outcome = "failure"
     elif verdict != "pass":
         ET.SubElement(case, "error", message=run.get("error_message") or f"verdict {verdict}").text = text
-        suite.set("errors", "1")
+        outcome = "error"
+    else:
+        outcome = "pass"
     ET.SubElement(case, "system-out").text = text
+    return outcome
+
+
+def _count(suite: ET.Element, outcomes: list[str]) -> None:
+    suite.set("tests", str(len(outcomes)))
+    for key, attr in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
+        if outcomes.count(key):
+            suite.set(attr, str(outcomes.count(key)))
+
+
+def junit_xml(run: dict[str, Any], *, timed_out: bool, strict: bool = False) -> bytes:
+    """A JUnit document describing one parity run."""
+    suite = ET.Element("testsuite", name="megatron-resume-parity", tests="1")
+    outcome = _case(suite, run, name=f"resume-parity[{run['config']}]", classname="parity", timed_out=timed_out,
+                    strict=strict)
+    _count(suite, [outcome])
+    return ET.tostring(suite, xml_declaration=True, encoding="utf-8")
+
+
+def suite_junit_xml(view: dict[str, Any], *, timed_out: bool, strict: bool = False) -> bytes:
+    """A JUnit document for a suite run: one test case per check, named by the check."""
+    suite = ET.Element("testsuite", name=f"megatron-resume-parity[{view['suite']}]")
+    ET.SubElement(ET.SubElement(suite, "properties"), "property", name="suite_run", value=view["links"]["dashboard"])
+    outcomes = [_case(suite, c["run"], name=c["name"], classname=f"parity.{view['suite']}", timed_out=timed_out,
+                      strict=strict) for c in view["checks"]]
+    _count(suite, outcomes)
     return ET.tostring(suite, xml_declaration=True, encoding="utf-8")

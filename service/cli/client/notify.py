@@ -7,7 +7,7 @@ import sys
 
 import httpx
 
-from service.cli.common import service_target
+from service.cli.client.config import service_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:

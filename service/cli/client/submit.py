@@ -1,4 +1,7 @@
-"""`parity submit`: what CI runs — queue a parity run over REST, wait, print, write JUnit, exit 0/1/2."""
+"""`parity submit`: what CI runs — queue a parity run (or a suite) over REST, wait, print, write JUnit, exit 0/1/2.
+
+`--wheel`/`--sdist` upload the pull request's build first and run on an environment built from it.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +13,20 @@ from typing import Any
 
 import httpx
 
+from service.cli.client import forge as forges
+from service.cli.client.artifacts import upload
+from service.cli.client.config import service_target
 from service.cli.client.junit import junit_xml
 from service.cli.client.shape_arg import add_shape_argument, parse_shape
-from service.cli.common import service_target
+from service.cli.client.summary import run_summary
 
 TERMINAL = {"passed", "failed", "error", "cancelled"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="queue a parity run on the service (for CI)")
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", help="the config to check (or --suite)")
+    p.add_argument("--suite", help="run every check of this suite (parity suite list) as one suite run")
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--save-step", type=int, default=10)
@@ -40,12 +47,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--environment", default="default")
     p.add_argument("--requirement", "-r", action="append", default=[],
                    help="build (or reuse) an environment from these requirement lines and run on it (repeatable)")
+    p.add_argument("--wheel", type=Path, action="append", default=[],
+                   help="upload this wheel (the PR's build) and run on an environment built from it (repeatable)")
+    p.add_argument("--sdist", type=Path, action="append", default=[], help="the same for an sdist")
     p.add_argument("--label", action="append", default=[], help="key=value, repeatable (commit, branch, pr...)")
     p.add_argument("--idempotency-key")
     p.add_argument("--wait", action="store_true", help="wait for the verdict")
     p.add_argument("--timeout", type=float, default=3600, help="seconds to wait (with --wait)")
     p.add_argument("--junit", type=Path, help="write a JUnit XML report here")
     p.add_argument("--strict", action="store_true", help="a known-failure verdict exits 1 instead of 0")
+    p.add_argument("--summary", type=Path, help="append a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
+    status = p.add_mutually_exclusive_group()
+    status.add_argument("--github-status", action="store_true",
+                        help="post commit statuses (GITHUB_REPOSITORY, GITHUB_SHA, GITHUB_TOKEN, GITHUB_API_URL)")
+    status.add_argument("--gitlab-status", action="store_true",
+                        help="post commit statuses (CI_API_V4_URL, CI_PROJECT_ID, CI_COMMIT_SHA, GITLAB_TOKEN)")
+    p.add_argument("--status-context", help="the status's name (default parity/<suite or config>)")
+    p.add_argument("--status-sha", help="the commit the status is for (default GITHUB_SHA / CI_COMMIT_SHA)")
     p.add_argument("--url", help="service URL (default PARITY_SERVICE_URL)")
     p.add_argument("--token", help="bearer token (default PARITY_TOKEN)")
     p.set_defaults(func=run)
@@ -68,13 +86,37 @@ def build_body(args: argparse.Namespace) -> dict[str, Any]:
     for flag in ("async_save", "fully_parallel"):  # checkpoint I/O strategies: absent when off
         if getattr(args, flag, False):
             spec[flag] = True
+    return {"spec": spec, "environment": args.environment, "labels": parse_labels(args.label)}
+
+
+def parse_labels(items: list[str]) -> dict[str, str]:
+    """--label key=value items as a dict."""
     labels = {}
-    for item in args.label:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"parity submit: --label expects key=value, got {item!r}")
         labels[key] = value
-    return {"spec": spec, "environment": args.environment, "labels": labels}
+    return labels
+
+
+def _forge(args: argparse.Namespace) -> forges.Forge | None:
+    kind = "github" if getattr(args, "github_status", False) else "gitlab" if getattr(args, "gitlab_status", False) \
+        else None
+    context = getattr(args, "status_context", None) or f"parity/{getattr(args, 'suite', None) or args.config}"
+    return forges.from_environment(kind, context=context, sha=getattr(args, "status_sha", None) or None)
+
+
+def _environment(client: httpx.Client, args: argparse.Namespace) -> str:
+    """The environment to run on: built from the uploads and requirement lines, else --environment."""
+    requirements = list(args.requirement)
+    for path in [*getattr(args, "wheel", []), *getattr(args, "sdist", [])]:
+        requirements.append(upload(client, path)["requirement"])
+    if not requirements:
+        return str(args.environment)
+    from service.cli.client.env import ensure_build
+
+    return str(ensure_build(client, requirements)["name"])
 
 
 def step_table(metrics: dict[str, Any]) -> str:
@@ -99,29 +141,44 @@ def poll_interval(waited_s: float) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not (args.config or getattr(args, "suite", None)) or (args.config and getattr(args, "suite", None)):
+        print("parity submit: give --config (one check) or --suite (every check of a suite)", file=sys.stderr)
+        return 2
     url, token = service_target(args, "submit")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if args.idempotency_key:
         headers["Idempotency-Key"] = args.idempotency_key
+    labels = parse_labels(args.label)
+    forge = _forge(args)
     with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
         try:
-            body = build_body(args)
-            if args.requirement:  # the run queues at once and starts when its environment is built
-                from service.cli.client.env import ensure_build
+            environment = _environment(client, args)  # runs queue at once and start when the build is ready
+            if getattr(args, "suite", None):
+                from service.cli.client.suite import submit_suite
 
-                body["environment"] = ensure_build(client, args.requirement)["name"]
+                return submit_suite(client, suite=args.suite, environment=environment, labels=labels,
+                                    wait=args.wait, timeout=args.timeout, junit=args.junit,
+                                    summary=getattr(args, "summary", None), strict=args.strict, forge=forge)
+            body = build_body(args)
+            body["environment"] = environment
             resp = client.post("/api/v1/runs", json=body)
         except httpx.HTTPError as exc:
             print(f"parity submit: cannot reach {url}: {exc}", file=sys.stderr)
+            if forge:
+                forge.post("error", url=url, description="the parity service could not be reached")
             return 2
         if resp.status_code != 202:
             body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
             print(f"parity submit: {resp.status_code} {body.get('error', '')}: {body.get('detail', resp.text)}",
                   file=sys.stderr)
+            if forge:
+                forge.post("error", url=url, description=f"parity run refused: {resp.status_code}")
             return 2
         run_doc = resp.json()
         print(f"run {run_doc['id']} queued: {run_doc['links']['dashboard']}")
         print(f"check {run_doc['check_key']} ({run_doc['check_name']}) on track {run_doc['track']}")
+        if forge:
+            forge.post("pending", url=run_doc["links"]["triage"], description=f"resume parity: {run_doc['check_name']}")
         if not args.wait:
             return 0
         started = time.monotonic()
@@ -134,11 +191,21 @@ def run(args: argparse.Namespace) -> int:
                 except (httpx.TransportError, ServerBusy) as exc:  # a restart is not a verdict: keep waiting
                     print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr)
             timed_out = run_doc["state"] not in TERMINAL
-            return report(client, run_doc, timed_out=timed_out, junit=args.junit, strict=args.strict)
+            code = report(client, run_doc, timed_out=timed_out, junit=args.junit, strict=args.strict)
         except (ClientFailure, httpx.HTTPError) as exc:
             # exit 1 means "parity failed": an auth or transport problem must never read as a regression
             print(f"parity submit: {exc}", file=sys.stderr)
+            if forge:
+                forge.post("error", url=run_doc["links"]["triage"], description="the parity verdict could not be read")
             return 2
+        outcome = {0: "pass", 1: "fail"}.get(code, "error")
+        if getattr(args, "summary", None):
+            with args.summary.open("a") as fh:
+                fh.write(run_summary(run_doc, outcome=outcome))
+        if forge:
+            forge.post(outcome, url=run_doc["links"]["triage"],
+                       description=f"resume parity {outcome}: {', '.join(run_doc['signatures']) or run_doc['state']}")
+        return code
 
 
 class ClientFailure(Exception):

@@ -126,7 +126,7 @@ def resolve_environment(args: argparse.Namespace) -> str:
     """The Python of the service environment named by --environment (GET /api/v1/environments/NAME)."""
     import httpx
 
-    from service.cli.common import service_target
+    from service.cli.client.config import service_target
 
     url, token = service_target(args, "run-local")
     try:

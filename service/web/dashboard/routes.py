@@ -59,6 +59,19 @@ def sweep(request: Request, sweep_id: str, session: SessionDep, _: DashboardRead
     return render(request, "sweep.html", {"g": sweep_grid(session, sweep_id=sweep_id)})
 
 
+@router.get("/suite-runs/{suite_run_id}")
+def suite_run(request: Request, suite_run_id: str, session: SessionDep, base: BaseUrl, _: DashboardRead) -> Response:
+    """A suite run: one row per check (outcome, cause, first divergent step, triage link) and the overall verdict."""
+    from service.core.errors import NotFound
+    from service.suites.runs import suite_run_view
+
+    try:
+        view = suite_run_view(session, suite_run_id=suite_run_id, base=base)
+    except NotFound:
+        raise PageError(404, f"suite run {suite_run_id} not found") from None
+    return render(request, "suite_run.html", {"s": view})
+
+
 @router.get("/bisects/{bisect_id}")
 def bisect(request: Request, bisect_id: str, session: SessionDep, base: BaseUrl, _: DashboardRead) -> Response:
     """A bisect: each environment in order with the run that decided it, and the first bad one."""

@@ -1,0 +1,14 @@
+"""The requirement line that names an uploaded artifact: `artifact:<sha256>` (its own kind, for permission rules)."""
+
+from __future__ import annotations
+
+import re
+
+ARTIFACT_PREFIX = "artifact:"
+ARTIFACT_LINE = re.compile(r"^artifact:([0-9a-f]{64})$")
+
+
+def artifact_sha(line: str) -> str | None:
+    """The SHA-256 an `artifact:<sha256>` line names, else None."""
+    match = ARTIFACT_LINE.match(line.strip())
+    return match.group(1) if match else None

@@ -1,0 +1,124 @@
+"""`parity suite apply|list|show`, and the suite-run half of `parity submit --suite`: queue, wait, report once."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from service.cli.client.config import add_client_args, http_client
+from service.cli.client.forge import Forge
+from service.cli.client.junit import suite_junit_xml
+from service.cli.client.summary import suite_summary
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("suite", help="suites: named, versioned lists of checks (apply needs an admin token)")
+    ssub = p.add_subparsers(dest="suite_command", required=True)
+    a = ssub.add_parser("apply", help="define or update a suite from a YAML file (name, description, checks)")
+    a.add_argument("file", type=Path)
+    ssub.add_parser("list", help="every suite (newest version)")
+    s = ssub.add_parser("show", help="one suite as JSON")
+    s.add_argument("name")
+    s.add_argument("--version", type=int)
+    for q in ssub.choices.values():
+        add_client_args(q)
+        q.set_defaults(func=run)
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+        return f"{body.get('error')}: {body.get('detail')}"
+    except ValueError:
+        return resp.text[:500]
+
+
+def run(args: argparse.Namespace) -> int:
+    with http_client(args) as http:
+        if args.suite_command == "apply":
+            doc = yaml.safe_load(args.file.read_text())
+            if not isinstance(doc, dict):
+                print(f"parity suite apply: {args.file} is not a mapping (name, description, checks)", file=sys.stderr)
+                return 2
+            resp = http.post("/api/v1/suites", json={k: doc[k] for k in ("name", "description", "checks") if k in doc})
+            if resp.status_code not in (200, 201):
+                print(f"parity suite apply: {resp.status_code} {_detail(resp)}", file=sys.stderr)
+                return 2
+            suite = resp.json()
+            print(f"suite {suite['name']} version {suite['version']} "
+                  f"({'new' if resp.status_code == 201 else 'unchanged'}): {len(suite['checks'])} checks")
+            return 0
+        if args.suite_command == "list":
+            for suite in http.get("/api/v1/suites").json():
+                print(f"{suite['name']:<24} v{suite['version']:<4} {len(suite['checks']):>3} checks  "
+                      f"{', '.join(c['name'] for c in suite['checks'])}")
+            return 0
+        resp = http.get(f"/api/v1/suites/{args.name}", params={"version": args.version} if args.version else {})
+        print(json.dumps(resp.json(), indent=2))
+        return 0 if resp.status_code == 200 else 2
+
+
+def poll_interval(waited_s: float) -> float:
+    """0.5 s for the first minute, growing to 3 s for long waits."""
+    return min(3.0, 0.5 + max(0.0, waited_s - 60.0) / 60.0)
+
+
+def outcome_of(view: dict[str, Any], *, timed_out: bool, strict: bool) -> str:
+    """pass | fail | error for the whole suite run (a known failure fails only with --strict)."""
+    if timed_out:
+        return "error"
+    if strict and view["counts"].get("known-failure"):
+        return "fail" if view["verdict"] != "error" else "error"
+    return str(view["verdict"])
+
+
+def submit_suite(http: httpx.Client, *, suite: str, environment: str, labels: dict[str, str], wait: bool,
+                 timeout: float, junit: Path | None, summary: Path | None, strict: bool,
+                 forge: Forge | None) -> int:
+    """POST the suite run, post a pending status, wait, report: exit 0 pass, 1 fail/regression, 2 error."""
+    resp = http.post("/api/v1/suite-runs", json={"suite": suite, "environment": environment, "labels": labels})
+    if resp.status_code != 202:
+        print(f"parity submit: {resp.status_code} {_detail(resp)}", file=sys.stderr)
+        if forge:
+            forge.post("error", url=str(http.base_url), description=f"suite {suite} could not be queued")
+        return 2
+    view = resp.json()
+    link = view["links"]["dashboard"]
+    print(f"suite run {view['id']} queued ({view['suite']} v{view['version']}, {len(view['checks'])} checks "
+          f"on {view['environment']}): {link}")
+    if forge:
+        forge.post("pending", url=link, description=f"resume parity: {len(view['checks'])} checks queued")
+    if not wait:
+        return 0
+    started = time.monotonic()
+    while view["state"] != "finished" and time.monotonic() - started < timeout:
+        time.sleep(poll_interval(time.monotonic() - started))
+        try:
+            view = http.get(f"/api/v1/suite-runs/{view['id']}").json()
+        except httpx.HTTPError as exc:  # the service restarting is not a verdict: keep waiting
+            print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr)
+    timed_out = view["state"] != "finished"
+    outcome = outcome_of(view, timed_out=timed_out, strict=strict)
+    for check in view["checks"]:
+        run = check["run"]
+        step = run.get("first_divergent_step")
+        at = f"step {step}" if step is not None else ""
+        print(f"{check['name']:<28} {(run.get('verdict') or run['state']):<14} {at:<8} {check['cause'][:60]:<60} "
+              f"{run['links']['triage']}")
+    print(f"suite verdict: {outcome}" + (" (timed out)" if timed_out else "") + f"  {link}")
+    if junit:
+        junit.write_bytes(suite_junit_xml(view, timed_out=timed_out, strict=strict))
+    if summary:
+        with summary.open("a") as fh:  # $GITHUB_STEP_SUMMARY is appended to, never replaced
+            fh.write(suite_summary(view, outcome=outcome))
+    if forge:
+        counts = ", ".join(f"{n} {k}" for k, n in view["counts"].items() if n)
+        forge.post(outcome, url=link, description=f"resume parity {outcome}: {counts}")
+    return {"pass": 0, "fail": 1}.get(outcome, 2)

@@ -1,0 +1,88 @@
+"""/api/v1/suites (admin defines named, versioned check lists) and /api/v1/suite-runs (queue one on a build)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.core.deps import AdminToken, ReadAccess, SessionDep, SettingsDep, SubmitToken
+from service.core.limits import MAX_LABELS
+from service.core.links import BaseUrl
+from service.core.schemas import ERROR_RESPONSES, LabelKey, LabelValue
+from service.runs.api import caps
+from service.suites import definitions, runs
+
+router = APIRouter(prefix="/api/v1/suites", tags=["suites"], responses=ERROR_RESPONSES)
+runs_router = APIRouter(prefix="/api/v1/suite-runs", tags=["suites"], responses=ERROR_RESPONSES)
+SuiteName = Annotated[str, Path(pattern=definitions.NAME.pattern)]
+MAX_VERSION = 2**31 - 1  # a Postgres integer: a larger one cannot name a row (and must not reach the database)
+SuiteRunId = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$")]
+
+
+class SuiteIn(BaseModel):
+    """POST /suites: the whole suite; changed checks make a new version, the same ones keep the current."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=100)
+    description: str = Field(default="", max_length=2000)
+    checks: list[dict[str, Any]] = Field(
+        min_length=1, max_length=definitions.MAX_CHECKS,
+        description="[{name, spec, why?}]: a readable check name and the run spec it stands for")
+
+
+class SuiteRunIn(BaseModel):
+    """POST /suite-runs: queue every check of the suite (newest version unless given) on one environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str = Field(max_length=100)
+    version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
+    environment: str = Field(default="default", max_length=200)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS - 3)
+
+
+@router.post("", status_code=201, responses={200: {"description": "Unchanged: the current version"}})
+def apply(body: SuiteIn, session: SessionDep, token: AdminToken, response: Response) -> dict[str, Any]:
+    """Define or update a suite (admin)."""
+    suite, new = definitions.apply_suite(session, name=body.name, checks=body.checks, description=body.description,
+                                         created_by=token.name)
+    if not new:
+        response.status_code = 200
+    return definitions.suite_doc(suite)
+
+
+@router.get("")
+def suites(session: SessionDep, _: ReadAccess) -> list[dict[str, Any]]:
+    """The newest version of every suite."""
+    return [definitions.suite_doc(s) for s in definitions.list_suites(session)]
+
+
+@router.get("/{name}")
+def suite(name: SuiteName, session: SessionDep, _: ReadAccess,
+          version: Annotated[int | None, Query(ge=1, le=MAX_VERSION)] = None) -> dict[str, Any]:
+    """One suite (its newest version unless `version` is given)."""
+    return definitions.suite_doc(definitions.get_suite(session, name=name, version=version))
+
+
+@runs_router.post("", status_code=202)
+def create_suite_run(
+    body: SuiteRunIn, session: SessionDep, settings: SettingsDep, base: BaseUrl, token: SubmitToken,
+    response: Response, idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+) -> dict[str, Any]:
+    """Queue every check of the suite on the environment as one suite run (a repeated Idempotency-Key: that one)."""
+    suite_run, created = runs.create_suite_run(
+        session, suite_name=body.suite, version=body.version, environment=body.environment, labels=body.labels,
+        requester=token.name, settings=settings, caps=caps(settings), token_id=token.id,
+        idempotency_key=idempotency_key)
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return runs.suite_run_view(session, suite_run_id=suite_run.id, base=base)
+
+
+@runs_router.get("/{suite_run_id}")
+def suite_run(suite_run_id: SuiteRunId, session: SessionDep, base: BaseUrl, _: ReadAccess) -> dict[str, Any]:
+    """A suite run: each check's run and outcome, and the overall verdict once every check ended."""
+    return runs.suite_run_view(session, suite_run_id=suite_run_id, base=base)

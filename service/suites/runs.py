@@ -1,0 +1,127 @@
+"""Suite runs: every check of a suite version queued on one environment, and the one verdict they add up to.
+
+Each check is an ordinary run (labels `suite=<name>`, `suite_run=<id>`, `suite_check=<check>`), so its
+history, regressions and triage page are the check's own; the suite run only records which runs it is.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from models import Run, Suite, SuiteRun
+from service.core.errors import Conflict, NotFound
+from service.core.settings import Settings
+from service.environments.registry import (
+    DEFAULT_ENVIRONMENT,
+    ensure_default_environment,
+    get_environment,
+    use_environment,
+)
+from service.runs.api import run_out
+from service.runs.records import Caps, create_run, validate_spec
+from service.suites.definitions import get_suite
+
+TERMINAL = {"passed", "failed", "error", "cancelled"}
+RESERVED_LABELS = ("suite", "suite_run", "suite_check")
+
+
+def create_suite_run(
+    session: Session, *, suite_name: str, version: int | None, environment: str, labels: dict[str, str],
+    requester: str | None, settings: Settings, caps: Caps | None = None, token_id: int | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[SuiteRun, bool]:
+    """Queue one run per check of the suite on the environment. -> (suite run, created)."""
+    suite = get_suite(session, name=suite_name, version=version)
+    env = (ensure_default_environment(session, settings=settings) if environment == DEFAULT_ENVIRONMENT
+           else get_environment(session, name=environment))
+    base = {k: v for k, v in labels.items() if k not in RESERVED_LABELS}
+    if idempotency_key is not None:
+        # one request per (token, key) at a time: a concurrent retry waits here, then finds the first one's row
+        session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"suite-run:{token_id}:{idempotency_key}"))))
+        existing = session.scalar(select(SuiteRun).where(SuiteRun.token_id == token_id,
+                                                         SuiteRun.idempotency_key == idempotency_key))
+        if existing is not None:
+            differs = [name for name, same in (("suite", existing.suite_id == suite.id),
+                                               ("environment", existing.environment == env.name),
+                                               ("labels", existing.labels == base)) if not same]
+            if differs:
+                raise Conflict(f"Idempotency-Key: already used by this token for a suite run with a different "
+                               f"{', '.join(differs)} ({existing.id})", field="Idempotency-Key")
+            return existing, False
+    use_environment(env)
+    suite_run_id = uuid.uuid4().hex[:12]
+    runs = []
+    for check in suite.checks:
+        run, _ = create_run(
+            session, spec=validate_spec(check["spec"]), environment=env, requester=requester, token_id=token_id,
+            labels={**base, "suite": suite.name, "suite_run": suite_run_id, "suite_check": check["name"]},
+            caps=caps,
+        )
+        runs.append({"name": check["name"], "run_id": run.id})
+    suite_run = SuiteRun(id=suite_run_id, suite_id=suite.id, environment=env.name, labels=base,
+                         requester=requester, runs=runs, token_id=token_id, idempotency_key=idempotency_key)
+    session.add(suite_run)
+    session.flush()
+    return suite_run, True
+
+
+def outcome(run: dict[str, Any]) -> str:
+    """What one check's run means for the gate: pass | known-failure | fail | error | pending."""
+    if run["state"] not in TERMINAL:
+        return "pending"
+    if run.get("regression") or run.get("verdict") == "fail":
+        return "fail"
+    if run.get("verdict") in ("pass", "known-failure"):
+        return str(run["verdict"])
+    return "error"
+
+
+def overall(outcomes: list[str]) -> str:
+    """The suite's verdict: pending until every check ended; then fail > error > pass (known failures pass)."""
+    if "pending" in outcomes:
+        return "pending"
+    if "fail" in outcomes:
+        return "fail"
+    if "error" in outcomes:
+        return "error"
+    return "pass"
+
+
+def cause(run: dict[str, Any]) -> str:
+    """One phrase for why a check did not pass: its signatures, else the error's first line."""
+    if run.get("signatures"):
+        return ", ".join(run["signatures"])
+    if run.get("error_message"):
+        return str(run["error_message"]).strip().splitlines()[0][:200]
+    return ""
+
+
+def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[str, Any]:
+    """The suite run: one row per check (its run's verdict, signatures, triage link) and the overall verdict."""
+    suite_run = session.get(SuiteRun, suite_run_id)
+    if suite_run is None:
+        raise NotFound(f"suite_run: unknown suite run {suite_run_id!r}", field="suite_run")
+    suite = session.get(Suite, suite_run.suite_id)
+    assert suite is not None
+    ids = [r["run_id"] for r in suite_run.runs]
+    by_id = {r.id: r for r in session.scalars(
+        select(Run).where(Run.id.in_(ids)).options(selectinload(Run.environment)))}
+    checks = []
+    for item in suite_run.runs:
+        run = run_out(by_id[item["run_id"]], base).model_dump(mode="json")
+        checks.append({"name": item["name"], "outcome": outcome(run), "cause": cause(run), "run": run})
+    verdict = overall([c["outcome"] for c in checks])
+    return {
+        "id": suite_run.id, "suite": suite.name, "version": suite.version, "environment": suite_run.environment,
+        "labels": suite_run.labels, "requester": suite_run.requester, "created_at": suite_run.created_at.isoformat(),
+        "state": "running" if verdict == "pending" else "finished",
+        "verdict": None if verdict == "pending" else verdict,
+        "counts": {k: sum(c["outcome"] == k for c in checks) for k in ("pass", "known-failure", "fail", "error",
+                                                                        "pending")},
+        "checks": checks,
+        "links": {"self": f"{base}/api/v1/suite-runs/{suite_run.id}", "dashboard": f"{base}/suite-runs/{suite_run.id}"},
+    }

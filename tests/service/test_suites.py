@@ -1,0 +1,110 @@
+"""Suites: versioned check lists (admin), the shipped gate suite, and suite runs with one verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import yaml
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from models import Run
+from service.cli.client.junit import suite_junit_xml
+from service.cli.client.summary import suite_summary
+from service.suites.runs import overall
+
+GATE = Path(__file__).resolve().parents[2] / "suites" / "gate.yaml"
+FIX = ["realign-param-index", "restore-adam-step"]
+SMALL = {"name": "small", "description": "two checks", "checks": [
+    {"name": "dp2-moe", "spec": {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3, "workarounds": FIX}},
+    {"name": "layerwise", "spec": {"config": "layerwise-empty-rank", "dp": 2, "steps": 6, "save_step": 3}},
+]}
+
+
+def test_applying_a_suite_versions_it_only_when_it_changes(client: TestClient, make_token) -> None:
+    admin = make_token("admin")
+    assert client.post("/api/v1/suites", json=SMALL, headers=make_token("submit")).status_code == 403
+    first = client.post("/api/v1/suites", json=SMALL, headers=admin)
+    assert first.status_code == 201 and first.json()["version"] == 1, first.text
+    assert first.json()["checks"][0]["spec"]["dp"] == 2  # stored canonical
+    same = client.post("/api/v1/suites", json=SMALL, headers=admin)
+    assert same.status_code == 200 and same.json()["version"] == 1
+    changed = {**SMALL, "checks": SMALL["checks"][:1]}
+    assert client.post("/api/v1/suites", json=changed, headers=admin).json()["version"] == 2
+    assert len(client.get("/api/v1/suites/small").json()["checks"]) == 1
+    assert len(client.get("/api/v1/suites/small", params={"version": 1}).json()["checks"]) == 2
+    assert [s["version"] for s in client.get("/api/v1/suites").json()] == [2]
+
+
+def test_a_bad_check_is_refused_naming_it(client: TestClient, make_token) -> None:
+    admin = make_token("admin")
+    bad = {"name": "bad", "checks": [SMALL["checks"][0], {"name": "x", "spec": {"config": "nope"}}]}
+    resp = client.post("/api/v1/suites", json=bad, headers=admin)
+    assert resp.status_code == 422 and resp.json()["field"].startswith("checks[1]"), resp.text
+    twice = {"name": "bad", "checks": [SMALL["checks"][0], SMALL["checks"][0]]}
+    assert "twice" in client.post("/api/v1/suites", json=twice, headers=admin).json()["detail"]
+
+
+def test_the_shipped_gate_suite_applies(client: TestClient, make_token) -> None:
+    doc = yaml.safe_load(GATE.read_text())
+    resp = client.post("/api/v1/suites", json=doc, headers=make_token("admin"))
+    assert resp.status_code == 201, resp.text
+    specs = {c["name"]: c["spec"] for c in resp.json()["checks"]}
+    assert specs["ep2-moe-fp32-router"]["ep"] == 2 and specs["pp2-moe-fp32-router"]["pp"] == 2
+    assert specs["reshard-dp2-to-dp1"]["resume_dp"] == 1
+    assert specs["layerwise-dp2"]["config"] == "layerwise-empty-rank"
+
+
+def test_a_suite_run_queues_every_check_and_adds_up_to_one_verdict(
+    client: TestClient, make_token, db_session: Session
+) -> None:
+    client.post("/api/v1/suites", json=SMALL, headers=make_token("admin"))
+    submit = make_token("submit", name="ci")
+    resp = client.post("/api/v1/suite-runs", json={"suite": "small", "labels": {"commit": "abc", "suite": "x"}},
+                       headers=submit)
+    assert resp.status_code == 202, resp.text
+    view = resp.json()
+    assert view["state"] == "running" and view["verdict"] is None and view["counts"]["pending"] == 2
+    assert [c["name"] for c in view["checks"]] == ["dp2-moe", "layerwise"]
+    run_ids = [c["run"]["id"] for c in view["checks"]]
+    labels = view["checks"][0]["run"]["labels"]
+    assert labels == {"commit": "abc", "suite": "small", "suite_run": view["id"], "suite_check": "dp2-moe"}
+    db_session.execute(update(Run).where(Run.id == run_ids[0]).values(
+        state="failed", verdict="fail", signatures=["lr-schedule-mismatch"], first_divergent_step=4))
+    db_session.execute(update(Run).where(Run.id == run_ids[1]).values(state="passed", verdict="pass"))
+    done = client.get(f"/api/v1/suite-runs/{view['id']}").json()
+    assert done["state"] == "finished" and done["verdict"] == "fail", done
+    assert done["checks"][0]["cause"] == "lr-schedule-mismatch"
+    page = client.get(f"/suite-runs/{view['id']}")
+    assert page.status_code == 200 and "lr-schedule-mismatch" in page.text and "/runs/" in page.text
+    junit = ET.fromstring(suite_junit_xml(done, timed_out=False))
+    cases = junit.findall("testcase")
+    assert [c.get("name") for c in cases] == ["dp2-moe", "layerwise"] and junit.get("failures") == "1"
+    assert "triage: http://testserver/runs/" in (cases[0].find("failure").text or "")  # type: ignore[union-attr]
+    summary = suite_summary(done, outcome="fail")
+    line = next(x for x in summary.splitlines() if x.startswith("| dp2-moe"))
+    assert "**fail**" in line and "| 4 |" in line and "`lr-schedule-mismatch`" in line and "/triage)" in line
+    assert client.post("/api/v1/suite-runs", json={"suite": "nope"}, headers=submit).status_code == 404
+    assert client.get("/suite-runs/000000000000").status_code == 404
+
+
+def test_overall_verdict_order() -> None:
+    assert overall(["pass", "known-failure"]) == "pass"
+    assert overall(["pass", "error", "fail"]) == "fail"
+    assert overall(["pass", "error"]) == "error"
+    assert overall(["pass", "pending", "fail"]) == "pending"
+
+
+def test_a_retried_suite_run_with_the_same_idempotency_key_is_the_same_one(client: TestClient, make_token) -> None:
+    client.post("/api/v1/suites", json=SMALL, headers=make_token("admin"))
+    submit = {**make_token("submit", name="ci"), "Idempotency-Key": "gha-77-1"}
+    body = {"suite": "small", "labels": {"commit": "abc"}}
+    first = client.post("/api/v1/suite-runs", json=body, headers=submit)
+    again = client.post("/api/v1/suite-runs", json=body, headers=submit)
+    assert first.status_code == again.status_code == 202 and again.headers.get("Idempotent-Replayed") == "true"
+    assert again.json()["id"] == first.json()["id"]
+    assert len(client.get("/api/v1/runs", params={"label": "suite=small"}).json()["items"]) == 2
+    changed = client.post("/api/v1/suite-runs", json={**body, "labels": {"commit": "def"}}, headers=submit)
+    assert changed.status_code == 409 and changed.json()["field"] == "Idempotency-Key"
