@@ -53,7 +53,7 @@ def _resumed(r: ParityResult) -> list[Any]:
 def test_known_good_reshard_passes_within_the_measured_bound(
     results: dict[str, ParityResult], name: str, dp: int, resume_dp: int
 ) -> None:
-    from service.runs.records.records.phase_documents import validate_result
+    from service.runs.phase_documents import validate_result
 
     r = results[name]
     validate_result(r)  # what the service ingests: the one-entry state views fit the contract

@@ -7,7 +7,7 @@ import copy
 from typing import Any
 
 import pytest
-from service.runs.records.records.phase_documents import (
+from service.runs.phase_documents import (
     InvalidDocument,
     read_summary,
     validate_phase_document,

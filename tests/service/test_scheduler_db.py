@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service.runs.records.records.evaluation import evaluate_pending
-from service.runs.records.records.reconciler import reconcile
-from service.runs.records.records.records import create_run
-from service.runs.records.records.submitter import claim_queued, launch, local_slots, next_pending
+from service.runs.evaluation import evaluate_pending
+from service.runs.reconciler import reconcile
+from service.runs.records import create_run
+from service.runs.submitter import claim_queued, launch, local_slots, next_pending
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
