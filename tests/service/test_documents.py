@@ -7,15 +7,15 @@ import copy
 from typing import Any
 
 import pytest
+
+from jobs.contract import error_record
+from jobs.verdict.compare import evaluate
 from service.runs.phase_documents import (
     InvalidDocument,
     read_summary,
     validate_phase_document,
     validate_result,
 )
-
-from jobs.contract import error_record
-from jobs.verdict.compare import evaluate
 from tests.golden import CASES, documents, expected
 
 
