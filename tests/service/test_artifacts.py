@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from service.artifacts.store import prune_artifacts, resolve_lines
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from models import Artifact, Environment
 from models.base import utcnow
+from service.artifacts.store import prune_artifacts, resolve_lines
 from service.core.limits import MAX_BODY_BYTES
 from service.core.settings import get_settings
 from service.environments.requirements import RequirementError, normalize, requirement_kind
