@@ -158,7 +158,7 @@ def test_queued_run_without_metrics_renders_cleanly(page, server, seeded):
 
 def test_a_crashed_save_says_the_resume_never_ran(page, server, seeded, database_url):
     # last in this module: it adds the golden known-bad run (Bug A: the save asserts) to the seeded rows
-    from sqlalchemy import create_engine
+    from sqlalchemy import create_engine, text
     from sqlalchemy.orm import Session
 
     from models import Environment
@@ -166,15 +166,23 @@ def test_a_crashed_save_says_the_resume_never_ran(page, server, seeded, database
 
     engine = create_engine(database_url)
     with Session(engine) as session:
-        env = Environment(name="golden", python="/usr/bin/python3", packages={})
+        # a name of its own: the seeded rows are committed for the whole package, and the golden page
+        # tests add an environment "golden" in their own (rolled back) transactions
+        env = Environment(name="golden-browser", python="/usr/bin/python3", packages={})
         session.add(env)
         session.flush()
         run_id = golden_run(session, env, "bad").id
         session.commit()
-    engine.dispose()
-    _open(page, f"/runs/{run_id}/triage", "triage-bug-a")
-    notice = page.locator("#resume-never-ran").inner_text()
-    assert "The resume never ran" in notice and "wrong parameter" in notice and "131072" in notice
-    _open(page, f"/runs/{run_id}", "run-bug-a")
-    assert "the resume never ran" in page.locator("#first-divergent").inner_text()
-    assert page.locator("#no-delta").is_visible() and page.locator("#chart-delta").count() == 0
+    try:
+        _open(page, f"/runs/{run_id}/triage", "triage-bug-a")
+        notice = page.locator("#resume-never-ran").inner_text()
+        assert "The resume never ran" in notice and "wrong parameter" in notice and "131072" in notice
+        _open(page, f"/runs/{run_id}", "run-bug-a")
+        assert "the resume never ran" in page.locator("#first-divergent").inner_text()
+        assert page.locator("#no-delta").is_visible() and page.locator("#chart-delta").count() == 0
+    finally:
+        # the seeded rows are committed for the whole package: later tests count them, so take this one out
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM runs WHERE id = :id"), {"id": run_id})
+            conn.execute(text("DELETE FROM environments WHERE name = 'golden-browser'"))
+        engine.dispose()
