@@ -36,7 +36,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParityResult]:
 def test_gradient_noise_passes_under_default(runs: dict[str, ParityResult], name: str) -> None:
     r = runs[name]
     assert r["verdict"] == "pass" and r["signatures"] == [], (r["signatures"], r["errors"], r["evidence"])
-    assert r["verdict_label"].startswith("pass (worked around) [default: loss 0.0001")
+    assert r["verdict_label"].startswith("pass (worked around: ") and "[default: loss 0.0001" in r["verdict_label"]
     assert r["lanes"]["tolerance"]["pass"]
     # the noise is real: the final states differ in every numeric section (the per-step values may
     # not show it yet after two resumed steps: a 1e-7 change rarely moves a bf16 weight)
