@@ -67,7 +67,8 @@ def free_port() -> int:
 def api_up(url: str) -> bool:
     """Whether a `parity serve` at url answers its health check."""
     try:
-        return httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200
+        # livez: the liveness that stays open when reads need a token (healthz is behind it then)
+        return httpx.get(f"{url}/api/v1/livez", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
