@@ -23,7 +23,9 @@ def test_resume_dp_run_saves_at_dp_2_and_resumes_in_a_one_rank_job(
     assert run.state == "passed", (run.state, run.error_message, run.signatures)
     assert run.spec["resume_dp"] == 1
     assert run.summary["isolation"] == "job"
-    assert run.summary["reshard"]["resume_dp"] == 1 and run.summary["reshard"]["tolerance"] == "reshard"
+    # judged by the profile measured for this config and direction (jobs/calibration/reshard.json)
+    assert run.summary["reshard"]["resume_dp"] == 1
+    assert run.summary["reshard"]["tolerance"] == "reshard:moe-fp32-router:2->1"
     rows = phases(run_id)
     assert [(p.name, p.attempt, p.state) for p in rows] == [
         ("train_and_save", 1, "succeeded"), ("resume", 1, "succeeded"),
