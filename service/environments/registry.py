@@ -110,7 +110,13 @@ def inspect_python(python: str) -> dict[str, Any]:
         raise InvalidEnvironment(
             f"python: {python!r} ran but did not report torch and megatron.core versions "
             f"(printed {(lines[-1] if lines else 'nothing')[:200]!r})", field="python")
-    return {"torch": versions["torch"], "megatron_core": versions["megatron_core"]}
+    out: dict[str, Any] = {"torch": versions["torch"], "megatron_core": versions["megatron_core"]}
+    if isinstance(versions.get("python_version"), str):
+        out["python_version"] = versions["python_version"][:40]
+    freeze = versions.get("freeze")
+    if isinstance(freeze, list) and all(isinstance(line, str) for line in freeze):
+        out["freeze"] = [line[:500] for line in freeze[:5000]]  # what triage diffs between two runs
+    return out
 
 
 def get_environment(session: Session, *, name: str) -> Environment:
