@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite against real Postgres, real Slurm, real Megatron-Core and a
 # real headless Chromium. Extra arguments go to pytest (e.g. scripts/test.sh -k scheduler).
-#   scripts/test.sh --fast   the fast lane: everything that needs no Megatron, Slurm or browser
-#                            (Postgres only; ~2 minutes). Run it first, and before every commit.
+#   scripts/test.sh --fast   the fast lane: everything that needs no Megatron, Slurm or browser and
+#                            is not marked slow (Postgres only; under 3 minutes). Run it first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -15,7 +15,7 @@ if [[ "${1:-}" == "--fast" ]]; then
   say "postgres"
   scripts/postgres-up.sh
   say "pytest (fast lane)"
-  .venv/bin/python -m pytest -q -m "not megatron and not slurm and not browser" "$@"
+  .venv/bin/python -m pytest -q -m "not megatron and not slurm and not browser and not slow" "$@"
   say "fast lane done"
   exit 0
 fi

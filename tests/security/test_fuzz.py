@@ -150,6 +150,7 @@ def _hostile(app: Any, admin: dict[str, str], tally: Tally) -> None:
                 send(f"GET {url}", "GET", f"{url}?{query}")
 
 
+@pytest.mark.slow
 def test_no_response_is_a_server_error(fuzz_app: tuple[Any, dict[str, str]]) -> None:
     app, admin = fuzz_app
     tally = Tally()

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.service.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 
 
+@pytest.mark.slow
 def test_api_matches_its_openapi_document(committed_db: str, tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"

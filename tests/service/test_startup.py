@@ -47,6 +47,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_embedded_postgres_is_real_and_persists_across_restart(tmp_path: Path) -> None:
     port = free_port()
     first = _serve(tmp_path, port)
