@@ -13,6 +13,7 @@ import httpx
 import yaml
 
 from service.cli.client.config import add_client_args, http_client
+from service.cli.client.env import _detail
 from service.cli.client.forge import Forge
 from service.cli.client.junit import suite_junit_xml
 from service.cli.client.summary import suite_summary
@@ -30,14 +31,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     for q in ssub.choices.values():
         add_client_args(q)
         q.set_defaults(func=run)
-
-
-def _detail(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-        return f"{body.get('error')}: {body.get('detail')}"
-    except ValueError:
-        return resp.text[:500]
 
 
 def run(args: argparse.Namespace) -> int:
