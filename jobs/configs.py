@@ -14,6 +14,7 @@ MODEL_KINDS = ("gpt", "linear-stack")
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 ROUTER_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
 OPTIMIZER_KINDS = ("distributed-adam", "layerwise-adam")
+MAX_MTP_LAYERS = 2
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ class ModelConfig:
     initial_loss_scale: float = 2.0**16  # fp16 only: where the dynamic scaler starts
     loss_scale_window: int = 2  # fp16 only: steps without overflow before the scale doubles
     grouped_gemm: bool = False  # moe_grouped_gemm with Transformer Engine's layer spec (GPU only)
+    # Multi-token prediction (DeepSeek-V3 style): mtp_num_layers extra depths after the decoder, each an
+    # embedding/hidden norm pair, an eh_proj and one transformer layer; their loss scaled by
+    # mtp_loss_scaling_factor / mtp_num_layers joins the main loss's backward (MTPLossAutoScaler)
+    mtp_num_layers: int = 0
+    mtp_loss_scaling_factor: float = 0.1
     # What the feature needs beyond CPU Megatron-Core ("cuda", "transformer-engine"): a GPU check
     requires: tuple[str, ...] = ()
     expected: dict[str, str] = field(default_factory=dict)
@@ -88,6 +94,12 @@ class ModelConfig:
             raise ValueError(f"{self.name}: grouped_gemm needs requires=('cuda', 'transformer-engine')")
         if self.fp16 and self.kind != "gpt":
             raise ValueError(f"{self.name}: fp16 is built for GPT configs only")
+        if not 0 <= self.mtp_num_layers <= MAX_MTP_LAYERS:
+            raise ValueError(f"{self.name}: mtp_num_layers must be in 0..{MAX_MTP_LAYERS}")
+        if self.mtp_num_layers and self.kind != "gpt":
+            raise ValueError(f"{self.name}: mtp_num_layers needs a GPT config")
+        if not 0.0 < self.mtp_loss_scaling_factor <= 1.0:
+            raise ValueError(f"{self.name}: mtp_loss_scaling_factor must be in (0, 1]")
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -117,6 +129,11 @@ class ModelConfig:
                 out["moe_shared_expert_intermediate_size"] = self.shared_expert_size
             if self.grouped_gemm:
                 out.update(moe_grouped_gemm=True, transformer_impl="transformer_engine")
+        if self.mtp_num_layers:  # GPTModel(mtp_block_spec=get_gpt_mtp_block_spec(...)) builds the head
+            out.update(mtp_num_layers=self.mtp_num_layers, mtp_loss_scaling_factor=self.mtp_loss_scaling_factor)
+            fp32 = [m for m in self.fp32_modules if ".mtp." in f".{m}."]
+            if fp32:  # the "keep in FP32" recipe applied to the MTP head's modules
+                out["fp32_mtp_modules"] = fp32
         return out
 
 
@@ -228,6 +245,17 @@ CONFIGS: dict[str, ModelConfig] = {
             "scaler's scale / growth / hysteresis trackers are checkpointed state a resume must restore.",
             kind="gpt",
             fp16=True,
+            expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+        ),
+        ModelConfig(
+            name="gpt-mtp",
+            description="GPT, 2 dense layers, hidden 128, bf16, plus a multi-token-prediction head "
+            "(mtp_num_layers 1, loss scale 0.1): norms, eh_proj and one transformer layer after the decoder",
+            why="DeepSeek-V3-style MTP: the head's params (module.mtp.*) train only through the MTP loss "
+            "that MTPLossAutoScaler adds to the main loss's backward, so a resume that loses them or "
+            "their optimizer state leaves the main loss of step N+1 untouched and shows in the state.",
+            kind="gpt",
+            mtp_num_layers=1,
             expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
         ),
         ModelConfig(

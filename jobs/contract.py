@@ -142,6 +142,7 @@ class StepRecord(TypedDict):
     num_zeros: int | None
     update_successful: bool
     wall_s: float
+    mtp_loss: NotRequired[list[float]]  # configs with an MTP head: each depth's loss (DP mean)
 
 
 class IndexMapReport(TypedDict):

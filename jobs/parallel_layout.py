@@ -43,8 +43,8 @@ def _tp_dims(cfg: ModelConfig) -> dict[str, int]:
 
 def tp_choices(cfg: ModelConfig) -> list[int]:
     """The tensor-parallel sizes a config can be split into (1 for a model without TP layers)."""
-    if cfg.kind != "gpt":
-        return [1]
+    if cfg.kind != "gpt" or getattr(cfg, "mtp_num_layers", 0):
+        return [1]  # MTP: the harness verifies its head at tp = pp = 1 only (see pp_choices)
     return [t for t in range(1, MAX_TP + 1) if all(v % t == 0 for v in _tp_dims(cfg).values())]
 
 
@@ -57,7 +57,9 @@ def ep_choices(cfg: ModelConfig) -> list[int]:
 
 def pp_choices(cfg: ModelConfig) -> list[int]:
     """The pipeline sizes that divide the config's layers (what Megatron would accept)."""
-    if cfg.kind != "gpt":
+    if cfg.kind != "gpt" or getattr(cfg, "mtp_num_layers", 0):
+        # MTP on the last stage needs its own embedding copy tied over an embedding group the
+        # harness does not build (untied output weights); not run here, so not offered
         return [1]
     return [p for p in range(1, MAX_PP + 1) if cfg.num_layers % p == 0]
 

@@ -109,6 +109,8 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
             moe.update(moe_router_bias_update_rate=1e-3)
         if cfg.shared_expert_size:
             moe.update(moe_shared_expert_intermediate_size=cfg.shared_expert_size)
+    if cfg.mtp_num_layers:  # the MTP head (GPTModel builds it from get_gpt_mtp_block_spec)
+        moe.update(mtp_num_layers=cfg.mtp_num_layers, mtp_loss_scaling_factor=cfg.mtp_loss_scaling_factor)
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -157,6 +159,12 @@ def _input_to_fp32(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict
     return (args[0].float(), *args[1:]), kwargs
 
 
+def _output_to_half(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+    # an FP32 linear between bf16 modules (the MTP's eh_proj): its output continues in the half dtype
+    out, bias = output
+    return out.to(module.half_dtype), bias  # type: ignore[union-attr]
+
+
 def _keep_fp32(model: torch.nn.Module, cfg: ModelConfig) -> None:
     # Bridge-style "keep in FP32": Float16Module cast everything to bf16; promote chosen modules
     # back. A bf16 grad buffer (embedding first) then precedes the FP32 one in DDP.
@@ -166,6 +174,11 @@ def _keep_fp32(model: torch.nn.Module, cfg: ModelConfig) -> None:
             if name.endswith("output_layer"):
                 # the FP32 head gets the bf16 decoder output: cast it, as the FP32 router does its input
                 module.register_forward_pre_hook(_input_to_fp32, with_kwargs=True)
+            elif name.endswith("eh_proj"):
+                # the MTP's projection of [embedding; hidden] (both bf16) feeds a bf16 transformer layer
+                module.half_dtype = torch.float16 if cfg.fp16 else torch.bfloat16
+                module.register_forward_pre_hook(_input_to_fp32, with_kwargs=True)
+                module.register_forward_hook(_output_to_half)
     for name, param in model.named_parameters():
         if name.endswith("residual_gate"):
             param.data = param.data.float()
@@ -186,6 +199,11 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
         spec = get_gpt_layer_with_transformer_engine_spec(num_experts=cfg.num_experts, moe_grouped_gemm=True)
     else:
         spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts or None)
+    mtp_spec = None
+    if cfg.mtp_num_layers:  # each MTP depth reuses the decoder's last layer spec (no TE on CPU)
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
+        mtp_spec = get_gpt_mtp_block_spec(tcfg, spec, use_transformer_engine=cfg.grouped_gemm)
     gpt = GPTModel(
         config=tcfg,
         transformer_layer_spec=spec,
@@ -198,6 +216,7 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=False,
+        mtp_block_spec=mtp_spec,
     )
     if cfg.fp32_residual_gates:
         _add_residual_gates(gpt)

@@ -245,6 +245,65 @@ def shared_expert_weight_skipped() -> list[Patch]:
     return model_weight_skipped(lambda name: ".shared_experts." in name)
 
 
+def mtp_head_skipped_on_load() -> list[Patch]:
+    """The model load leaves every multi-token-prediction parameter at the fresh build's value."""
+    from megatron.core.transformer.module import Float16Module
+
+    fresh: dict[int, tuple[Any, Any]] = {}
+
+    def remember(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        # torch_dist loads in place during the read: take the fresh values before it (see model_weight_skipped)
+        if not fresh:
+            fresh.update({id(p): (p, p.detach().clone()) for n, p in self.named_parameters() if ".mtp." in n})
+        return result
+
+    def put_back(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        for param, value in fresh.values():
+            param.data.copy_(value)
+        return result
+
+    return [_after(Float16Module, "sharded_state_dict", remember), _after(Float16Module, "load_state_dict", put_back)]
+
+
+MTP_SWAPPED = ("enorm.weight", "hnorm.weight")
+
+
+def _shards_by_name(opt: Any) -> dict[str, Any]:
+    """This rank's optimizer-state keys (FP32 main shards) by model parameter name."""
+    names = {p: n for chunk in opt.model_chunks for n, p in chunk.named_parameters()}
+    out = {}
+    for model_group, main_group in zip(opt.model_float16_groups, opt.shard_fp32_from_float16_groups, strict=True):
+        out.update({names[p]: main for p, main in zip(model_group, main_group, strict=True) if p in names})
+    for model_group, main_group in zip(opt.model_fp32_groups, opt.shard_fp32_groups, strict=True):  # FP32 params
+        out.update({names[p]: main for p, main in zip(model_group, main_group, strict=True) if p in names})
+    return out
+
+
+def mtp_moments_swapped() -> list[Patch]:
+    """After the optimizer load, each MTP layer's enorm and hnorm swap Adam moments (restored onto the wrong param).
+
+    Both are [hidden] norm weights of one group, so a key mix-up of the two loads without any shape
+    error. A rank holding unequal shards of the pair (the DP split runs through them) leaves them.
+    """
+
+    def swap(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        shards = _shards_by_name(self)
+        for name, main in shards.items():
+            if ".mtp." not in name or not name.endswith(MTP_SWAPPED[0]):
+                continue
+            other = shards.get(name[: -len(MTP_SWAPPED[0])] + MTP_SWAPPED[1])
+            if other is None or other.numel() != main.numel():
+                continue
+            a_state, b_state = self.optimizer.state[main], self.optimizer.state[other]
+            for key in ("exp_avg", "exp_avg_sq"):
+                held = a_state[key].clone()
+                a_state[key].copy_(b_state[key])
+                b_state[key].copy_(held)
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", swap)]
+
+
 def expert_bias_zeroed_on_load() -> list[Patch]:
     from megatron.core.transformer.module import Float16Module
 
@@ -382,6 +441,8 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "shared-expert-weight-skipped": (RESUME, shared_expert_weight_skipped),
     "async-save-stages-late": (SAVE, async_save_stages_late),
     "fully-parallel-exchange-lost-on-last-rank": (RESUME, fully_parallel_exchange_lost_on_last_rank),
+    "mtp-head-skipped-on-load": (RESUME, mtp_head_skipped_on_load),
+    "mtp-moments-swapped": (RESUME, mtp_moments_swapped),
     "benign-load-priming-noise": (RESUME, benign_load_priming_noise),
     "benign-stale-grads-after-load": (RESUME, benign_stale_grads_after_load),
     "benign-rng-drawn-before-load": (RESUME, benign_rng_drawn_before_load),

@@ -240,6 +240,7 @@ def _accumulate(tr: model.Trainee, step: int, micro: int) -> torch.Tensor:
     assert tr.micro_loss_fn is not None
     rank = parallel_state.get_data_parallel_rank()
     _set_aux_loss_scale(1.0 / micro)
+    _set_mtp_loss_scale(tr, micro)
     total = torch.zeros((), dtype=torch.float32)
     for j in range(micro):
         loss = tr.micro_loss_fn(step, rank * micro + j) / micro
@@ -254,12 +255,49 @@ def _set_aux_loss_scale(scale: float) -> None:
     MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale))
 
 
+def _set_mtp_loss_scale(tr: model.Trainee, micro: int) -> None:
+    """Scale the MTP loss's backward as Megatron's schedules do (forward_step: loss scale / microbatches).
+
+    The MTP loss is not part of the returned loss: GPTModel attaches it to the hidden states with
+    MTPLossAutoScaler, whose backward injects this scale as the MTP loss's gradient.
+    """
+    if not tr.config.mtp_num_layers:
+        return
+    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
+
+    scale = tr.optimizer.get_loss_scale().float() if tr.config.fp16 else torch.ones(())
+    MTPLossAutoScaler.set_loss_scale(scale / micro)
+
+
+def _mtp_losses(tr: model.Trainee, micro: int) -> list[float] | None:
+    """This step's MTP losses per depth, averaged over DP (what Megatron-LM's training log shows).
+
+    GPTModel records them in MTPLossLoggingHelper's tracker; track_mtp_metrics would all-reduce with
+    ReduceOp.AVG, which gloo lacks, so the sum over the DP group is divided here, then the tracker
+    cleaned as track_mtp_metrics does.
+    """
+    if not tr.config.mtp_num_layers:
+        return None
+    from megatron.core import parallel_state
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    tracker = MTPLossLoggingHelper.tracker
+    if "values" not in tracker:  # a pipeline stage without the head
+        return None
+    values = tracker["values"].detach().clone().float() / micro
+    torch.distributed.all_reduce(values, group=parallel_state.get_data_parallel_group())
+    values /= parallel_state.get_data_parallel_world_size()
+    MTPLossLoggingHelper.clean_loss_in_tracker()
+    return [float(v) for v in values]
+
+
 def _one_step(tr: model.Trainee, step: int, holders: int, micro: int = 1) -> StepRecord:
     """One training step; the recorded loss is the mean over the `holders` ranks that compute it."""
     t0 = time.perf_counter()
     lr = float(tr.optimizer.param_groups[0]["lr"])  # the lr this step applies
     tr.ddp.zero_grad_buffer()
     tr.optimizer.zero_grad()
+    _set_mtp_loss_scale(tr, micro)
     if micro == 1:  # every run at one DP size
         loss, _ = tr.forward_backward(step)  # a pipeline stage before the last contributes 0
     else:  # a resharded run (tp = pp = 1): this rank's share of the global batch
@@ -271,7 +309,8 @@ def _one_step(tr: model.Trainee, step: int, holders: int, micro: int = 1) -> Ste
     mean = loss.detach().clone().float()
     torch.distributed.all_reduce(mean)
     mean /= holders
-    return {
+    mtp = _mtp_losses(tr, micro)
+    record: StepRecord = {
         "step": step,
         "loss": float(mean),
         "lr": lr,
@@ -280,6 +319,9 @@ def _one_step(tr: model.Trainee, step: int, holders: int, micro: int = 1) -> Ste
         "update_successful": bool(ok),
         "wall_s": round(time.perf_counter() - t0, 5),
     }
+    if mtp is not None:
+        record["mtp_loss"] = mtp
+    return record
 
 
 def run_steps(
