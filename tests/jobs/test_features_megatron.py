@@ -5,6 +5,9 @@ one injected fault on the feature is caught alone, naming what it broke.
   moves every step; the non-persistent `local_tokens_per_expert` is recorded, never compared.
 - shared experts (`moe-shared-expert`), fp16 with the dynamic loss scaler (`dense-fp16`).
 - checkpoint I/O spec variations: Megatron's async save and the fully-parallel save/load wrappers.
+- a multi-token-prediction head (`gpt-mtp`, mtp_num_layers 1): trained through Megatron's MTP loss path
+  (MTPLossAutoScaler), its per-depth loss logged; a head the load skips or whose moments land on the
+  wrong params is caught naming module.mtp.* parameters.
 - `moe-grouped-gemm-te` is a GPU check: unsupported-by-build without CUDA and Transformer Engine.
 """
 
@@ -139,6 +142,55 @@ def test_fully_parallel_save_load_known_good_and_a_lost_exchange(tmp_path: Path)
     assert row["outcome"] == "caught", row
     ev = _result(tmp_path / "bad")["evidence"]["model-weights-mismatch"]
     assert ev["names"] == ["module.embedding.word_embeddings.weight"] and ev["ranks"] == [1]
+
+
+MTP = "module.mtp.layers.0."
+
+
+@pytest.fixture(scope="module")
+def mtp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("mtp")
+    run_one(None, 2, folder, base="gpt-mtp")
+    return folder
+
+
+def test_mtp_known_good_is_bit_exact_and_the_head_trains_on_its_own_loss(mtp: Path) -> None:
+    _bit_exact(_result(mtp))
+    save, resume = (json.loads((mtp / p / "attempt-1" / "result.rank0.json").read_text())
+                    for p in ("train_and_save", "resume"))
+    # the head's loss is logged every step (one depth) and the resumed steps reproduce it exactly
+    logged = {s["step"]: s["mtp_loss"] for s in save["steps"]}
+    assert sorted(logged) == [1, 2, 3, 4] and all(len(v) == 1 and 0 < v[0] < 20 for v in logged.values())
+    assert {s["step"]: s["mtp_loss"] for s in resume["steps"]} == {3: logged[3], 4: logged[4]}
+    probes = save["probes"]
+    for rank in (0, 1):
+        saved, final = probes["state_at_save"][rank], probes["state_final"][rank]
+        head = {n: v for n, v in saved["model"].items() if n.startswith(MTP)}
+        # norms, eh_proj and one transformer layer after the decoder
+        assert {f"{MTP}eh_proj.weight", f"{MTP}enorm.weight", f"{MTP}hnorm.weight",
+                f"{MTP}transformer_layer.mlp.linear_fc1.weight"} <= set(head)
+        # the head trains: the MTP loss's gradient (MTPLossAutoScaler) moves its projection after the save
+        assert final["model"][f"{MTP}eh_proj.weight"] != head[f"{MTP}eh_proj.weight"]
+
+
+def test_mtp_head_skipped_on_load_is_caught_alone_naming_the_head(tmp_path: Path) -> None:
+    row = run_one(MUTANTS["mtp-head-skipped-on-load"], 2, tmp_path)
+    assert row["outcome"] == "caught" and row["signatures"] == ["model-weights-mismatch"], row
+    ev = _result(tmp_path)["evidence"]["model-weights-mismatch"]
+    assert ev["names"] and all(n.startswith(MTP) for n in ev["names"])
+    assert f"{MTP}eh_proj.weight" in ev["names"] and ev["ranks"] == [0, 1]
+    # the head does not enter the main loss's forward: step N+1's loss matches, its grad norm does not
+    step3 = next(s for s in _result(tmp_path)["steps"] if s["step"] == 3)
+    assert step3["loss_baseline"] == step3["loss_resumed"] and row["first_divergent_step"] == 3
+
+
+def test_mtp_moments_swapped_onto_the_wrong_params_is_caught_alone(tmp_path: Path) -> None:
+    row = run_one(MUTANTS["mtp-moments-swapped"], 1, tmp_path)
+    assert row["outcome"] == "caught" and row["signatures"] == ["optimizer-moments-mismatch"], row
+    names = _result(tmp_path)["evidence"]["optimizer-moments-mismatch"]["names"]
+    assert sorted(n for n in names if "/" in n) == [
+        f"module.{MTP}{norm}.weight/{moment}" for norm in ("enorm", "hnorm") for moment in ("exp_avg", "exp_avg_sq")
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host the config runs (see the GPU check below)")
