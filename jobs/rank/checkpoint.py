@@ -47,7 +47,9 @@ def use_in_process_results_queue(synchronous: bool = True) -> bool:
     """
     if os.environ.get("PARITY_SAVE_MANAGER_QUEUE") == "1":
         return False
-    if not synchronous:  # the forked async writer reports through a queue another process can read
+    # the forked async writer reports through a queue another process can read; so does the
+    # synchronous save of 0.12.x-0.14.x, which forks its writer too (compat.sync_save_forks)
+    if not synchronous or compat.sync_save_forks():
         _own_results_manager()
         return False
     import queue
@@ -135,6 +137,7 @@ def write(state: dict[str, Any], folder: Path, fully_parallel: bool = False, asy
         calls.schedule_async_request(request)
         return calls
     dist_checkpointing.save(state, str(folder), strategy)
+    _stop_results_managers()  # a synchronous save that forked its writer (0.12.x-0.14.x) is finalized
     torch.distributed.barrier()
     return None
 
@@ -160,7 +163,7 @@ def build_load_state(tr: Trainee, sharding: str, with_rng: bool = True) -> dict[
         # torch Adam has no state before its first step; DistributedOptimizer.state_dict()
         # asserts a single `step`, so Megatron-LM primes it with dummy values the same way.
         if len(opt.optimizer.state) == 0:
-            opt._init_optimizer_states_with_dummy_values()
+            compat.prime_optimizer_state(opt)
     msd = tr.sharded_model_state()
     state = {
         "model": msd,

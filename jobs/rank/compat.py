@@ -185,6 +185,45 @@ def install_shims() -> list[str]:
     return applied
 
 
+@functools.cache
+def sync_save_forks() -> bool:
+    """Whether this build's synchronous dist_checkpointing save writes from a forked process.
+
+    0.12.x-0.14.x: `AsyncSaveShardedStrategy.save` schedules the request on the module-level
+    `AsyncCallsQueue` (a forked writer, TemporalAsyncCaller) and finalizes it at once; the writer
+    reports through `filesystem_async._results_queue`, so that queue must reach another process.
+    0.15+ call `async_request.execute_sync()` (the writer runs in this process). Read, never called.
+    """
+    from megatron.core.dist_checkpointing.strategies.base import AsyncSaveShardedStrategy
+
+    try:
+        source = inspect.getsource(AsyncSaveShardedStrategy.save)
+    except (OSError, TypeError):
+        return True  # unknown: the cross-process queue works either way
+    return "execute_sync" not in source
+
+
+def prime_optimizer_state(opt: Any) -> None:
+    """Give a DistributedOptimizer's empty torch-Adam state the entries a load fills in place.
+
+    0.16 has `_init_optimizer_states_with_dummy_values`; 0.12.x-0.14.x lack it, and their
+    `state_dict()` asserts one Adam `step` across an empty state. The same priming inline there:
+    a step on zero grads, its values overwritten by the load.
+    """
+    import torch
+
+    init = getattr(opt, "_init_optimizer_states_with_dummy_values", None)
+    if init is not None:
+        init()
+        return
+    for group in opt.optimizer.param_groups:
+        for param in group["params"]:
+            if param.numel():
+                param.grad = torch.zeros_like(param)
+    opt.optimizer.step()
+    opt.optimizer.zero_grad()
+
+
 def _is_te_fallback(fn: Callable[..., Any]) -> bool:
     # read, never call: the real implementation is collective and must not run outside a step
     try:
