@@ -15,6 +15,7 @@ ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 ROUTER_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
 OPTIMIZER_KINDS = ("distributed-adam", "layerwise-adam")
 MAX_MTP_LAYERS = 2
+FP8_FORMATS = ("", "hybrid", "e4m3")  # "": no FP8; TransformerConfig.fp8 otherwise (Transformer Engine only)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class ModelConfig:
     initial_loss_scale: float = 2.0**16  # fp16 only: where the dynamic scaler starts
     loss_scale_window: int = 2  # fp16 only: steps without overflow before the scale doubles
     grouped_gemm: bool = False  # moe_grouped_gemm with Transformer Engine's layer spec (GPU only)
+    fp8: str = ""  # TransformerConfig.fp8 with Transformer Engine's layer spec (GPU only)
     # Multi-token prediction (DeepSeek-V3 style): mtp_num_layers extra depths after the decoder, each an
     # embedding/hidden norm pair, an eh_proj and one transformer layer; their loss scaled by
     # mtp_loss_scaling_factor / mtp_num_layers joins the main loss's backward (MTPLossAutoScaler)
@@ -94,6 +96,10 @@ class ModelConfig:
             raise ValueError(f"{self.name}: grouped_gemm needs requires=('cuda', 'transformer-engine')")
         if self.fp16 and self.kind != "gpt":
             raise ValueError(f"{self.name}: fp16 is built for GPT configs only")
+        if self.fp8 not in FP8_FORMATS:
+            raise ValueError(f"{self.name}: fp8 {self.fp8!r} not in {FP8_FORMATS}")
+        if self.fp8 and not {"cuda", "transformer-engine"} <= set(self.requires):
+            raise ValueError(f"{self.name}: fp8 needs requires=('cuda', 'transformer-engine')")
         if not 0 <= self.mtp_num_layers <= MAX_MTP_LAYERS:
             raise ValueError(f"{self.name}: mtp_num_layers must be in 0..{MAX_MTP_LAYERS}")
         if self.mtp_num_layers and self.kind != "gpt":
@@ -129,6 +135,8 @@ class ModelConfig:
                 out["moe_shared_expert_intermediate_size"] = self.shared_expert_size
             if self.grouped_gemm:
                 out.update(moe_grouped_gemm=True, transformer_impl="transformer_engine")
+        if self.fp8:  # TE's layers run the GEMMs in FP8 (delayed scaling); TE's FusedAdam is the optimizer
+            out.update(fp8=self.fp8, fp8_recipe="delayed", transformer_impl="transformer_engine")
         if self.mtp_num_layers:  # GPTModel(mtp_block_spec=get_gpt_mtp_block_spec(...)) builds the head
             out.update(mtp_num_layers=self.mtp_num_layers, mtp_loss_scaling_factor=self.mtp_loss_scaling_factor)
             fp32 = [m for m in self.fp32_modules if ".mtp." in f".{m}."]
@@ -257,6 +265,18 @@ CONFIGS: dict[str, ModelConfig] = {
             kind="gpt",
             mtp_num_layers=1,
             expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+        ),
+        ModelConfig(
+            name="dense-fp8-te",
+            description="dense-bf16 with Transformer Engine's layer spec and FP8 GEMMs (fp8 hybrid, delayed "
+            "scaling) (GPU check: needs CUDA and Transformer Engine)",
+            why="FP8 training keeps per-module amax histories and scales (TE's fp8 meta, saved as _extra_state) "
+            "that a resume must restore, and with TE installed get_megatron_optimizer picks TE's FusedAdam "
+            "(no torch-Adam 'step' per param). On a CPU host the run is unsupported-by-build.",
+            kind="gpt",
+            fp8="hybrid",
+            requires=("cuda", "transformer-engine"),
+            expected={"cpu": "unsupported-by-build (needs CUDA and Transformer Engine)"},
         ),
         ModelConfig(
             name="moe-grouped-gemm-te",

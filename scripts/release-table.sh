@@ -7,7 +7,8 @@
 #                                                     # $PARITY_DATA_DIR, default /var/tmp/parity-release)
 #   PARITY_SERVICE_URL=... PARITY_TOKEN=... scripts/release-table.sh   # an existing service
 #
-# RELEASES and SHARDINGS (space-separated) choose the rows; DP, STEPS, SAVE_STEP the check.
+# RELEASES and SHARDINGS (space-separated) choose the rows, CONFIGS the columns (default all);
+# DP, STEPS, SAVE_STEP the check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RELEASES=${RELEASES:-"0.12.3 0.13.1 0.14.0 0.15.3 0.16.1"}
@@ -15,7 +16,8 @@ SHARDINGS=${SHARDINGS:-"dp_reshardable fully_sharded_model_space"}
 PY=.venv/bin/python
 [[ -x $PY ]] || scripts/setup.sh >&2
 
-args=(--config all --dp "${DP:-2}" --steps "${STEPS:-6}" --save-step "${SAVE_STEP:-3}" --wait --release-table)
+args=(--dp "${DP:-2}" --steps "${STEPS:-6}" --save-step "${SAVE_STEP:-3}" --wait --release-table)
+for config in ${CONFIGS:-all}; do args+=(--config "$config"); done
 for release in $RELEASES; do args+=(--build "megatron-core==$release"); done
 for sharding in $SHARDINGS; do args+=(--variation "{\"sharding\": \"$sharding\"}"); done
 

@@ -111,6 +111,8 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
             moe.update(moe_shared_expert_intermediate_size=cfg.shared_expert_size)
     if cfg.mtp_num_layers:  # the MTP head (GPTModel builds it from get_gpt_mtp_block_spec)
         moe.update(mtp_num_layers=cfg.mtp_num_layers, mtp_loss_scaling_factor=cfg.mtp_loss_scaling_factor)
+    if cfg.fp8:  # GPU check (compat.check_requirements refuses it without CUDA and Transformer Engine)
+        moe.update(fp8=cfg.fp8, fp8_recipe="delayed")
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -193,17 +195,19 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
         from jobs.rank.parallel_model import gpt_block_spec
 
         spec = gpt_block_spec(cfg.num_experts or None, cfg.num_layers // tcfg.pipeline_model_parallel_size)
-    elif cfg.grouped_gemm:  # GPU check (jobs/rank/compat.check_requirements refuses it elsewhere)
+    elif cfg.grouped_gemm or cfg.fp8:  # GPU checks (jobs/rank/compat.check_requirements refuses them elsewhere)
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=cfg.num_experts, moe_grouped_gemm=True)
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=cfg.num_experts or None, moe_grouped_gemm=cfg.grouped_gemm
+        )
     else:
         spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts or None)
     mtp_spec = None
     if cfg.mtp_num_layers:  # each MTP depth reuses the decoder's last layer spec (no TE on CPU)
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
 
-        mtp_spec = get_gpt_mtp_block_spec(tcfg, spec, use_transformer_engine=cfg.grouped_gemm)
+        mtp_spec = get_gpt_mtp_block_spec(tcfg, spec, use_transformer_engine=cfg.grouped_gemm or bool(cfg.fp8))
     gpt = GPTModel(
         config=tcfg,
         transformer_layer_spec=spec,

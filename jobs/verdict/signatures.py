@@ -229,8 +229,10 @@ _TABLE = (
         "optimizer-step-key-missing",
         "cause",
         "Checkpoint load misses Adam 'step'",
-        "fully_reshardable / dp_zero_gather_scatter save without the per-param Adam 'step' on the "
-        "torch-Adam path, and load raises KeyError: 'step'.",
+        "fully_reshardable / dp_zero_gather_scatter (and fully_sharded_model_space up to 0.15.x: "
+        "sharded_param_state_fs_model_space skips 'step') save without the per-param Adam 'step' on "
+        "the torch-Adam path (no TE / Apex FusedAdam), while _set_main_param_and_optimizer_states "
+        "copies every key of the primed torch-Adam state, so the load raises KeyError: 'step'.",
         (DISTRIB_OPTIMIZER,),
         "load",
         "KeyError",
