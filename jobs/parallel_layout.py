@@ -43,7 +43,7 @@ def _tp_dims(cfg: ModelConfig) -> dict[str, int]:
 
 def tp_choices(cfg: ModelConfig) -> list[int]:
     """The tensor-parallel sizes a config can be split into (1 for a model without TP layers)."""
-    if cfg.kind != "gpt" or getattr(cfg, "mtp_num_layers", 0):
+    if cfg.kind != "gpt" or cfg.mtp_num_layers:
         return [1]  # MTP: the harness verifies its head at tp = pp = 1 only (see pp_choices)
     return [t for t in range(1, MAX_TP + 1) if all(v % t == 0 for v in _tp_dims(cfg).values())]
 
@@ -57,7 +57,7 @@ def ep_choices(cfg: ModelConfig) -> list[int]:
 
 def pp_choices(cfg: ModelConfig) -> list[int]:
     """The pipeline sizes that divide the config's layers (what Megatron would accept)."""
-    if cfg.kind != "gpt" or getattr(cfg, "mtp_num_layers", 0):
+    if cfg.kind != "gpt" or cfg.mtp_num_layers:
         # MTP on the last stage needs its own embedding copy tied over an embedding group the
         # harness does not build (untied output weights); not run here, so not offered
         return [1]
@@ -80,6 +80,8 @@ def validate(cfg: ModelConfig, dp: int, tp: Any, pp: Any, ep: Any, error: Any) -
     if tp not in tp_choices(cfg):
         if cfg.kind != "gpt":
             why = f"config {cfg.name!r} ({cfg.kind}) has no tensor-parallel layers"
+        elif cfg.mtp_num_layers:
+            why = f"config {cfg.name!r} has a multi-token-prediction head, verified at tp = pp = 1 only"
         else:
             bad = ", ".join(f"{k} {v}" for k, v in _tp_dims(cfg).items() if v % tp)
             why = f"{tp} does not divide {bad} of config {cfg.name!r}"
@@ -88,6 +90,8 @@ def validate(cfg: ModelConfig, dp: int, tp: Any, pp: Any, ep: Any, error: Any) -
         why = (
             f"config {cfg.name!r} ({cfg.kind}) has no pipeline stages"
             if cfg.kind != "gpt"
+            else f"config {cfg.name!r} has a multi-token-prediction head, verified at tp = pp = 1 only"
+            if cfg.mtp_num_layers
             else f"{pp} does not divide num_layers {cfg.num_layers} of config {cfg.name!r}"
         )
         raise error("pp", why, pp_choices(cfg))

@@ -100,7 +100,23 @@ def test_feature_configs_list_the_megatron_settings_they_switch_on() -> None:
     # features that need CUDA / Transformer Engine say so: GPU checks
     assert by_name["moe-grouped-gemm-te"]["requires"] == ["cuda", "transformer-engine"]
     assert by_name["moe-grouped-gemm-te"]["megatron"]["moe_grouped_gemm"] is True
-    assert [n for n, c in by_name.items() if c["requires"]] == ["moe-grouped-gemm-te"]
+    assert [n for n, c in by_name.items() if c["requires"]] == ["dense-fp8-te", "moe-grouped-gemm-te"]
+    fp8 = by_name["dense-fp8-te"]
+    assert fp8["requires"] == ["cuda", "transformer-engine"] and fp8["megatron"]["fp8"] == "hybrid"
+    # the multi-token-prediction head: its settings, at the one layout the harness verifies
+    mtp = by_name["gpt-mtp"]
+    assert mtp["megatron"] == {"bf16": True, "mtp_num_layers": 1, "mtp_loss_scaling_factor": 0.1}
+    assert mtp["requires"] == [] and mtp["layouts"] == {"tp": [1], "pp": [1], "ep": [1]}
+    for field in ("tp", "pp"):  # refused by name, never run unproven
+        with pytest.raises(SpecError, match="multi-token-prediction head") as err:
+            RunSpec.from_dict({"config": "gpt-mtp", "dp": 2, "steps": 4, "save_step": 2, field: 2})
+        assert err.value.field == field
+    with pytest.raises(ValueError, match="mtp_num_layers"):
+        ModelConfig(name="x", description="", why="", mtp_num_layers=3)
+    with pytest.raises(ValueError, match="mtp_num_layers"):
+        ModelConfig(name="x", description="", why="", kind="linear-stack", mtp_num_layers=1)
+    with pytest.raises(ValueError, match="fp8"):
+        ModelConfig(name="x", description="", why="", fp8="hybrid")
     with pytest.raises(ValueError, match="sigmoid"):
         ModelConfig(name="x", description="", why="", num_experts=4, expert_bias=True)
     with pytest.raises(ValueError, match="MoE"):
