@@ -194,8 +194,9 @@ def test_mtp_moments_swapped_onto_the_wrong_params_is_caught_alone(tmp_path: Pat
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host the config runs (see the GPU check below)")
-def test_grouped_gemm_is_a_gpu_check_unsupported_on_cpu(tmp_path: Path) -> None:
-    spec = RunSpec.from_dict({"config": "moe-grouped-gemm-te", "dp": 1, "steps": 4, "save_step": 2,
+@pytest.mark.parametrize("config", ["moe-grouped-gemm-te", "dense-fp8-te"])
+def test_gpu_checks_are_unsupported_on_cpu(tmp_path: Path, config: str) -> None:
+    spec = RunSpec.from_dict({"config": config, "dp": 1, "steps": 4, "save_step": 2,
                               "workarounds": ["restore-adam-step"]})
     r: dict[str, Any] = dict(run_parity(spec, tmp_path))
     assert r["verdict"] == "error" and r["signatures"] == ["unsupported-by-build"]
