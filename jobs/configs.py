@@ -104,6 +104,8 @@ class ModelConfig:
             raise ValueError(f"{self.name}: mtp_num_layers must be in 0..{MAX_MTP_LAYERS}")
         if self.mtp_num_layers and self.kind != "gpt":
             raise ValueError(f"{self.name}: mtp_num_layers needs a GPT config")
+        if "eh_proj" in self.fp32_modules and not self.mtp_num_layers:
+            raise ValueError(f"{self.name}: an FP32 eh_proj needs an MTP head (mtp_num_layers > 0)")
         if not 0.0 < self.mtp_loss_scaling_factor <= 1.0:
             raise ValueError(f"{self.name}: mtp_loss_scaling_factor must be in (0, 1]")
 
@@ -139,9 +141,8 @@ class ModelConfig:
             out.update(fp8=self.fp8, fp8_recipe="delayed", transformer_impl="transformer_engine")
         if self.mtp_num_layers:  # GPTModel(mtp_block_spec=get_gpt_mtp_block_spec(...)) builds the head
             out.update(mtp_num_layers=self.mtp_num_layers, mtp_loss_scaling_factor=self.mtp_loss_scaling_factor)
-            fp32 = [m for m in self.fp32_modules if ".mtp." in f".{m}."]
-            if fp32:  # the "keep in FP32" recipe applied to the MTP head's modules
-                out["fp32_mtp_modules"] = fp32
+            if "eh_proj" in self.fp32_modules:  # the "keep in FP32" recipe on the head's projection
+                out["fp32_mtp_modules"] = ["eh_proj"]
         return out
 
 
@@ -265,6 +266,18 @@ CONFIGS: dict[str, ModelConfig] = {
             kind="gpt",
             mtp_num_layers=1,
             expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+        ),
+        ModelConfig(
+            name="gpt-mtp-fp32-proj",
+            description="gpt-mtp with the MTP head's eh_proj kept in FP32 (its bf16 inputs cast up, its output "
+            "cast back for the bf16 transformer layer)",
+            why="An FP32 param in the MTP head shares the weight-decay group with bf16 ones: the FP32 buffer "
+            "follows the bf16 one in DDP, so the optimizer's index map is misaligned (Bug A) and the head's "
+            "projection is what a misaligned restore would swap.",
+            kind="gpt",
+            mtp_num_layers=1,
+            fp32_modules=("eh_proj",),
+            expected={"no-workaround": "fail: optimizer-index-misalignment (save crash)"},
         ),
         ModelConfig(
             name="dense-fp8-te",

@@ -125,6 +125,7 @@ def write(state: dict[str, Any], folder: Path, fully_parallel: bool = False, asy
     """
     from megatron.core import dist_checkpointing
 
+    compat.check_writer()  # every rank alike, before any collective of the save
     if torch.distributed.get_rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
     torch.distributed.barrier()

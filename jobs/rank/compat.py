@@ -170,7 +170,7 @@ def install_shims() -> list[str]:
     """
     from megatron.core import fp8_utils
 
-    applied = []
+    applied = _numpy_product_shim()
     impl = getattr(fp8_utils, "_quantize_param_shard_impl", None)
     if impl is not None and not getattr(impl, "_parity_shim", False) and _is_te_fallback(impl):
 
@@ -222,6 +222,62 @@ def prime_optimizer_state(opt: Any) -> None:
                 param.grad = torch.zeros_like(param)
     opt.optimizer.step()
     opt.optimizer.zero_grad()
+
+
+def check_writer() -> None:
+    """Raise UnsupportedByBuild when this build's torch_dist writer cannot call this torch's DCP writer.
+
+    0.12.x's FileSystemWriterAsync calls torch's private `filesystem._write_item` without
+    `serialization_format`, which torch >= 2.7 requires: every torch_dist save fails in the writer
+    ("missing 1 required positional argument"). Upstream adapted the call in core_v0.13.0
+    (ADLR/megatron-lm!3243). Read, never called; checked at the save, after the state is built, so a
+    cause found while building it (Bug A) still shows.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from torch.distributed.checkpoint import filesystem
+
+    param = inspect.signature(filesystem._write_item).parameters.get("serialization_format")
+    if param is None or param.default is not inspect.Parameter.empty:
+        return
+    try:
+        source = inspect.getsource(filesystem_async)
+    except (OSError, TypeError):
+        return
+    if "_write_item" in source and "serialization_format" not in source:
+        import torch
+
+        raise UnsupportedByBuild(
+            "torch_dist save",
+            "its FileSystemWriterAsync calls torch.distributed.checkpoint.filesystem._write_item without "
+            f"serialization_format, which torch {torch.__version__} requires (adapted upstream in "
+            "core_v0.13.0, ADLR/megatron-lm!3243)",
+        )
+
+
+def _numpy_product_shim() -> list[str]:
+    """0.12.x on NumPy 2: alias `numpy.product` (removed in NumPy 2.0) to `numpy.prod`; return its name if applied.
+
+    0.12.x's dist_checkpointing calls `np.product` (validation.py `_validate_sharding_for_key_flattened`,
+    mapping.py, exchange_utils.py) yet declares `numpy` unpinned, so a build sharing the service's
+    NumPy 2 fails every flattened (fully_sharded_model_space) save. The validation runs on global rank
+    0 alone, so rank 0 raises while the others enter the save's collectives: a gloo timeout, not an
+    error. Upstream pinned numpy<2.0.0 in 0.13.0 (ADLR/megatron-lm!3397) and switched to `np.prod` in
+    0.16.0 (#2289). Same values: `product` was a deprecated alias of `prod`.
+    """
+    import numpy
+
+    if hasattr(numpy, "product"):
+        return []
+    from megatron.core.dist_checkpointing import validation
+
+    try:
+        calls_it = "np.product(" in inspect.getsource(validation)
+    except (OSError, TypeError):
+        calls_it = False
+    if not calls_it:
+        return []
+    numpy.product = numpy.prod  # type: ignore[attr-defined]
+    return [f"numpy.product: alias of numpy.prod (this build calls it; numpy {numpy.__version__} removed it)"]
 
 
 def _is_te_fallback(fn: Callable[..., Any]) -> bool:

@@ -117,7 +117,15 @@ class RankContext:
                 err = exception_record(exc, name, self.rank)
                 log.error("stage %s failed: %s", name, err["traceback"])
             if agree and self.distributed:
-                errors = [e for e in dist.gather(err) if e]
+                try:
+                    errors = [e for e in dist.gather(err) if e]
+                except Exception:
+                    if err is None:
+                        raise
+                    # this rank failed where its peers went on into a collective (e.g. a check only
+                    # rank 0 runs): the agreement cannot line up and times out; the root cause is ours
+                    log.error("stage %s: ranks could not agree after this rank's error", name)
+                    errors = [err]
             else:
                 errors = [err] if err else []
             if errors:

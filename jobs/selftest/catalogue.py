@@ -32,6 +32,8 @@ BASES: dict[str, dict[str, Any]] = {
     "dense-fp16": {"config": "dense-fp16", **_SHORT, "workarounds": ["restore-adam-step"]},
     "moe-shared-expert": {"config": "moe-shared-expert", **_SHORT, "workarounds": ["restore-adam-step"]},
     "gpt-mtp": {"config": "gpt-mtp", **_SHORT, "workarounds": ["restore-adam-step"]},
+    "gpt-mtp-fp32-proj": {"config": "gpt-mtp-fp32-proj", **_SHORT,
+                          "workarounds": ["realign-param-index", "restore-adam-step"]},
     # checkpoint I/O strategies are spec variations: shown here on dense-bf16
     "dense-bf16+async": {"config": "dense-bf16", **_SHORT, "workarounds": ["restore-adam-step"],
                          "async_save": True},
@@ -164,13 +166,14 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("mtp-head-skipped-on-load", "multi-token prediction",
                "the model load leaves every MTP parameter (module.mtp.*) at the fresh build's value",
                ("model-weights-mismatch",), patches=f"{_F16}.load_state_dict",
-               evidence=(("model-weights-mismatch", r"\.mtp\.layers\.0\..*weight$"),), bases=("gpt-mtp",)),
+               evidence=(("model-weights-mismatch", r"\.mtp\.layers\.0\..*weight$"),),
+               bases=("gpt-mtp", "gpt-mtp-fp32-proj")),
         Mutant("mtp-moments-swapped", "multi-token prediction",
                "after the optimizer load each MTP layer's enorm and hnorm hold each other's Adam moments "
                "(restored onto the wrong params; equal shapes, so nothing raises)",
                ("optimizer-moments-mismatch",), patches=f"{_DO}.load_state_dict",
                evidence=(("optimizer-moments-mismatch", r"\.mtp\.layers\.0\.[eh]norm\.weight/exp_avg(_sq)?$"),),
-               bases=("gpt-mtp",)),
+               bases=("gpt-mtp", "gpt-mtp-fp32-proj")),
         Mutant("async-save-stages-late", "async save",
                "the async request is staged and forked only when the trainer next polls, after step N+1: "
                "the step-N checkpoint holds step N+1's optimizer state", ("main-params-mismatch",

@@ -22,7 +22,7 @@ import torch
 
 from jobs.launch.local import run_parity
 from jobs.launch.selftest import run_one
-from jobs.selftest.catalogue import MUTANTS
+from jobs.selftest.catalogue import BASES, MUTANTS
 from jobs.spec import RunSpec
 
 pytestmark = pytest.mark.megatron
@@ -191,6 +191,16 @@ def test_mtp_moments_swapped_onto_the_wrong_params_is_caught_alone(tmp_path: Pat
     assert sorted(n for n in names if "/" in n) == [
         f"module.{MTP}{norm}.weight/{moment}" for norm in ("enorm", "hnorm") for moment in ("exp_avg", "exp_avg_sq")
     ]
+
+
+def test_mtp_with_an_fp32_projection_passes_with_bug_a_worked_around(tmp_path: Path) -> None:
+    r: dict[str, Any] = dict(run_parity(RunSpec.from_dict({**BASES["gpt-mtp-fp32-proj"], "dp": 2}), tmp_path))
+    _bit_exact(r)
+    # the FP32 eh_proj among bf16 params misaligns the index map (Bug A); realign-param-index fixes it
+    assert "optimizer-index-misalignment" in r["worked_around"]
+    saved = _phase_probes(tmp_path, "train_and_save")["state_at_save"][0]["model"]
+    assert saved[f"{MTP}eh_proj.weight"].startswith("float32[128, 256]:")
+    assert saved[f"{MTP}enorm.weight"].startswith("bfloat16[128]:")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host the config runs (see the GPU check below)")

@@ -107,6 +107,9 @@ def test_feature_configs_list_the_megatron_settings_they_switch_on() -> None:
     mtp = by_name["gpt-mtp"]
     assert mtp["megatron"] == {"bf16": True, "mtp_num_layers": 1, "mtp_loss_scaling_factor": 0.1}
     assert mtp["requires"] == [] and mtp["layouts"] == {"tp": [1], "pp": [1], "ep": [1]}
+    assert by_name["gpt-mtp-fp32-proj"]["megatron"]["fp32_mtp_modules"] == ["eh_proj"]
+    with pytest.raises(ValueError, match="MTP head"):
+        ModelConfig(name="x", description="", why="", fp32_modules=("eh_proj",))
     for field in ("tp", "pp"):  # refused by name, never run unproven
         with pytest.raises(SpecError, match="multi-token-prediction head") as err:
             RunSpec.from_dict({"config": "gpt-mtp", "dp": 2, "steps": 4, "save_step": 2, field: 2})
