@@ -214,9 +214,9 @@ def test_gpu_checks_are_unsupported_on_cpu(tmp_path: Path, config: str) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU check: needs CUDA and Transformer Engine")
-def test_grouped_gemm_known_good_on_a_gpu(tmp_path: Path) -> None:  # pragma: no cover - GPU hosts only
+@pytest.mark.parametrize("config", ["moe-grouped-gemm-te", "dense-fp8-te"])
+def test_gpu_checks_known_good_on_a_gpu(tmp_path: Path, config: str) -> None:  # pragma: no cover - GPU hosts only
     pytest.importorskip("transformer_engine")
-    run_one(None, 2, tmp_path, base="moe-aux-free")
-    spec = RunSpec.from_dict({"config": "moe-grouped-gemm-te", "dp": 2, "steps": 4, "save_step": 2,
+    spec = RunSpec.from_dict({"config": config, "dp": 2, "steps": 4, "save_step": 2,
                               "workarounds": ["restore-adam-step"]})
     _bit_exact(dict(run_parity(spec, tmp_path / "te")))
