@@ -125,7 +125,11 @@ def write(state: dict[str, Any], folder: Path, fully_parallel: bool = False, asy
     """
     from megatron.core import dist_checkpointing
 
-    compat.check_writer()  # every rank alike, before any collective of the save
+    try:  # every rank alike, before any collective of the save
+        compat.check_writer()
+    except compat.UnsupportedByBuild:
+        _stop_results_managers()  # the queue's Manager (seeded before the write) would outlive the phase
+        raise
     if torch.distributed.get_rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
     torch.distributed.barrier()
@@ -137,8 +141,10 @@ def write(state: dict[str, Any], folder: Path, fully_parallel: bool = False, asy
         calls = AsyncCallsQueue()
         calls.schedule_async_request(request)
         return calls
-    dist_checkpointing.save(state, str(folder), strategy)
-    _stop_results_managers()  # a synchronous save that forked its writer (0.12.x-0.14.x) is finalized
+    try:
+        dist_checkpointing.save(state, str(folder), strategy)
+    finally:  # a synchronous save that forked its writer (0.12.x-0.14.x) is over, written or failed
+        _stop_results_managers()
     torch.distributed.barrier()
     return None
 
