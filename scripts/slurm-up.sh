@@ -60,14 +60,9 @@ fi
 
 install -d -m 755 "$ETC" "$RUN" "$LOG" "$DIR/spool/ctld" "$DIR/spool/d"
 
-# ------------------------------------------------------------------------------------- job user
-# PARITY_JOB_USER: builds and phases run as this user (service/executors/job_user.py), never as root
-# or the service's user; it owns nothing of the service's (no key, no config, no password file).
-JOB_USER=${PARITY_SLURM_JOB_USER:-parity-job}
-if ! id -u "$JOB_USER" >/dev/null 2>&1; then
-  useradd --system --user-group --create-home --home-dir "/var/lib/$JOB_USER" --shell /usr/sbin/nologin "$JOB_USER"
-  log "created job user $JOB_USER (uid $(id -u "$JOB_USER"))"
-fi
+# PARITY_JOB_USER: builds and phases run as parity-job (PARITY_SLURM_JOB_USER), never as root or
+# the service's user
+"$(dirname "${BASH_SOURCE[0]}")/job-user.sh"
 install -d -m 755 -o munge -g munge "$MUNGE"
 install -d -m 755 -o mysql -g mysql "$DB"
 
