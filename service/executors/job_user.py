@@ -96,8 +96,14 @@ def prepare_tree(root: Path, folder: Path, user: JobUser | None) -> None:
     chain = [root, *reversed([p for p in folder.parents if p.is_relative_to(root) and p != root])]
     for path in chain:
         path.mkdir(mode=mode, parents=True, exist_ok=True)
-        if stat.S_IMODE(path.lstat().st_mode) != mode and not (user and _is_gate(path, root)):
-            path.chmod(mode)
+        current = stat.S_IMODE(path.lstat().st_mode)
+        if current & 0o7777 & ~stat.S_ISGID != mode and not (user and _is_gate(path, root)):
+            _chmod(path, mode)
+
+
+def _chmod(path: Path, mode: int) -> None:
+    # keep a setgid bit the run folder root hands down (compose: group parity, so the API can read)
+    path.chmod(mode | (path.lstat().st_mode & stat.S_ISGID))
 
 
 def _is_gate(path: Path, root: Path) -> bool:
@@ -109,13 +115,13 @@ def open_gate(gate: Path, user: JobUser | None) -> None:
     """Let the job user pass through a run's folder (while one of its phases is live)."""
     if user:
         gate.mkdir(mode=GATE_CLOSED_MODE, parents=True, exist_ok=True)
-        gate.chmod(TRAVERSE_MODE)
+        _chmod(gate, TRAVERSE_MODE)
 
 
 def close_gate(gate: Path, user: JobUser | None) -> None:
     """No job passes through a run's folder any more (none of its phases is live)."""
     if user and gate.is_dir() and not gate.is_symlink():
-        gate.chmod(GATE_CLOSED_MODE)
+        _chmod(gate, GATE_CLOSED_MODE)
 
 
 def grant(folder: Path, user: JobUser | None, *, root: Path) -> None:
@@ -145,7 +151,7 @@ def _rechown(folder: Path, uid: int, gid: int, *, dir_mode: int, keep: Path | No
     top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         os.fchown(top, uid, gid)
-        os.fchmod(top, dir_mode)
+        os.fchmod(top, dir_mode | (os.fstat(top).st_mode & stat.S_ISGID))
     finally:
         os.close(top)
     skip = keep.name if keep is not None and keep.parent == folder else None

@@ -187,26 +187,26 @@ def _build(scene: Scene, source: Path, executor: str, timeout_s: float = 600) ->
     while time.monotonic() < deadline:
         with session_scope() as session:
             reconcile_builds(session, scene.settings)
-            env = session.get(Environment, env_id)
-            assert env is not None
-            if env.state in ("ready", "failed"):
+            built = session.get(Environment, env_id)
+            assert built is not None
+            if built.state in ("ready", "failed"):
                 session.flush()  # before expunge: an expunged row's changes are never written
-                session.expunge(env)
-                return env
+                session.expunge(built)
+                return built
         time.sleep(1)
     pytest.fail(f"the hostile build did not finish in {timeout_s:.0f}s")
 
 
 def _run_on(scene: Scene, env: Environment, executor: str, timeout_s: float = 600) -> tuple[Run, Phase]:
     with session_scope() as session:
-        run, _ = create_run(session, spec=RunSpec.from_dict(SPEC), environment=session.get(Environment, env.id),
-                            labels={}, requester="t")
-        run_id = run.id
+        on = session.get(Environment, env.id)
+        assert on is not None
+        queued, _ = create_run(session, spec=RunSpec.from_dict(SPEC), environment=on, labels={}, requester="t")
+        run_id = queued.id
     with session_scope() as session:
         claimed = claim_queued(session, settings=scene.settings, executor=executor)
         phase = next_pending(session)
-        assert phase is not None, (claimed, session.get(Run, run_id).state, session.get(Environment, env.id).state,
-                                   session.scalars(select(Phase)).all())
+        assert claimed == 1 and phase is not None, f"the run on the hostile build was not claimed ({claimed})"
         launch(session, phase, settings=scene.settings, executor=executor)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -214,11 +214,11 @@ def _run_on(scene: Scene, env: Environment, executor: str, timeout_s: float = 60
             reconcile(session, settings=scene.settings, executor=executor)
             phase = session.scalars(select(Phase).where(Phase.run_id == run_id)).one()
             if phase.state not in {s.value for s in PHASE_ACTIVE} | {"pending"}:
-                run = session.get(Run, run_id)
-                assert run is not None
+                ended = session.get(Run, run_id)
+                assert ended is not None
                 session.flush()
                 session.expunge_all()
-                return run, phase
+                return ended, phase
         time.sleep(1)
     pytest.fail(f"the hostile run did not finish in {timeout_s:.0f}s")
 
