@@ -284,6 +284,7 @@ def _exercise(scene: Scene, executor: str) -> None:
     assert (attempt.parent.parent.stat().st_mode & 0o777) == job_user.GATE_CLOSED_MODE
 
 
+@pytest.mark.slow  # a real build and a real run, ~40 s: the full suite (CI) runs it
 def test_a_hostile_build_and_its_run_reach_nothing_of_the_service_local(scene: Scene) -> None:
     _exercise(scene, "local")
 
@@ -293,6 +294,7 @@ def test_a_hostile_build_and_its_run_reach_nothing_of_the_service_slurm(scene: S
     _exercise(scene, "slurm")
 
 
+@pytest.mark.slow
 def test_a_build_that_fills_the_disk_is_stopped_at_its_quota(scene: Scene) -> None:
     source = _package(scene, "hostile-fill", fill_disk=True)
     env = _build(scene, source, "local", timeout_s=300)
