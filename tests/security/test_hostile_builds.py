@@ -45,6 +45,7 @@ from service.runs.reconciler import reconcile
 from service.runs.records import create_run
 from service.runs.submitter import claim_queued, launch, next_pending
 from tests.security.hostile_package import make_hostile_package, read_report
+from tests.service.scheduler_harness import GOOD
 
 JOB_USER = "parity-job"
 GUARDED_ROLE = "parity_guarded"  # a role that must give a password (the service's, in this test)
@@ -306,3 +307,35 @@ def test_a_build_that_fills_the_disk_is_stopped_at_its_quota(scene: Scene) -> No
     assert env.state == "failed" and "disk quota exceeded" in (env.error_message or ""), env.error_message
     assert f"PARITY_RUN_DISK_QUOTA={QUOTA}" in (env.error_message or "")
     assert scene.victim_doc.read_text() == scene.victim_text  # nothing else harmed
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize("isolation", ["job", "process"])
+def test_an_honest_run_still_passes_as_the_job_user(scene: Scene, isolation: str) -> None:
+    """The known-good side: a real Megatron-Core run, both phases as the job user (the resume loads a
+    checkpoint its saver's folder held, after that folder was taken back), passes."""
+    from service.environments.registry import ensure_default_environment
+    from service.scheduler.loop import tick
+
+    spec = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3, "isolation": isolation,
+            "workarounds": GOOD}
+    with session_scope() as session:
+        env = ensure_default_environment(session, settings=scene.settings)
+        run, _ = create_run(session, spec=RunSpec.from_dict(spec), environment=env, labels={}, requester="t")
+        run_id = run.id
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        tick(scene.settings, executor="local")
+        with session_scope() as session:
+            done = session.get(Run, run_id)
+            assert done is not None
+            if done.state in ("passed", "failed", "error", "cancelled"):
+                phases = session.scalars(select(Phase).where(Phase.run_id == run_id)).all()
+                owners = {Path(p.folder or "").stat().st_uid for p in phases}
+                assert done.state == "passed", (done.state, done.verdict, done.error_message)
+                assert owners == {os.geteuid()}, "an attempt folder was left to the job user"
+                ranks = [json.loads((Path(p.folder or "") / "result.rank0.json").read_text()) for p in phases]
+                assert all(r["status"] == "ok" for r in ranks)
+                return
+        time.sleep(1)
+    pytest.fail("the honest run did not finish in 600 s")
