@@ -7,6 +7,7 @@ stops one that is past the quota.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -32,3 +33,23 @@ def exceeded(phase: Phase, folder: Path, settings: Settings, *, now: float | Non
         return None
     return (f"disk quota exceeded: the attempt folder holds more than {used} bytes, past "
             f"PARITY_RUN_DISK_QUOTA={settings.run_disk_quota} ({limit} bytes)")
+
+
+def file_at_limit(folder: Path, settings: Settings) -> str | None:
+    """Why a job that ended with an error may have been stopped by the per-file limit: a file that
+    reached PARITY_RUN_DISK_QUOTA (RLIMIT_FSIZE makes the next write fail with EFBIG, which the code
+    under test reports in its own words, e.g. torch's "unexpected pos"). None when there is none."""
+    limit = settings.run_disk_quota_bytes
+    if not folder.is_dir():
+        return None
+    for dirpath, _dirs, files, dirfd in os.fwalk(folder, follow_symlinks=False):
+        for name in files:
+            try:
+                size = os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_size
+            except FileNotFoundError:
+                continue
+            if size >= limit:
+                where = os.path.relpath(os.path.join(dirpath, name), folder)
+                return (f"disk quota exceeded: {where} reached PARITY_RUN_DISK_QUOTA={settings.run_disk_quota} "
+                        f"({limit} bytes), the most one file may hold")
+    return None

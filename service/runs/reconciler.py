@@ -94,6 +94,9 @@ def _reconcile_one(
         _cancel(session, phase, run, status)
     elif over_quota := quota.exceeded(phase, attempt_dir.folder, settings):
         _over_quota(session, phase, run, over_quota)
+    elif (doc is None or doc.get("status") != "ok") and (doc is not None or refused or status.kind == "failed") and (
+            at_limit := quota.file_at_limit(attempt_dir.folder, settings)):
+        _over_quota(session, phase, run, at_limit)  # an error caused by the per-file limit says so
     elif doc is not None or refused or status.kind in ("done", "failed"):
         # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so; a
         # document refused as unreadable is the job's answer too (an error), never an infra retry

@@ -319,13 +319,14 @@ def test_an_honest_run_still_passes_as_the_job_user(scene: Scene, isolation: str
 
     spec = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3, "isolation": isolation,
             "workarounds": GOOD}
+    settings = scene.settings.model_copy(update={"run_disk_quota": "20G"})  # room for its checkpoints
     with session_scope() as session:
-        env = ensure_default_environment(session, settings=scene.settings)
+        env = ensure_default_environment(session, settings=settings)
         run, _ = create_run(session, spec=RunSpec.from_dict(spec), environment=env, labels={}, requester="t")
         run_id = run.id
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        tick(scene.settings, executor="local")
+        tick(settings, executor="local")
         with session_scope() as session:
             done = session.get(Run, run_id)
             assert done is not None

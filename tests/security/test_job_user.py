@@ -154,3 +154,13 @@ def _past_quota(db_session: Session, small_quota: Settings, job: subprocess.Pope
     assert "disk quota exceeded" in message and "PARITY_RUN_DISK_QUOTA=1M" in message, message
     assert "not a parity result" in message
     assert job.wait(timeout=15) is not None  # the job was stopped (its process group killed)
+
+
+def test_a_file_stopped_at_the_per_file_limit_is_named_as_the_cause(tmp_path: Path, small_quota: Settings) -> None:
+    assert disk_quota.file_at_limit(tmp_path, small_quota) is None
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "small.pt").write_bytes(b"x" * 1000)
+    assert disk_quota.file_at_limit(tmp_path, small_quota) is None  # the known-good side
+    (tmp_path / "checkpoint" / "model.pt").write_bytes(b"x" * (1 << 20))  # where RLIMIT_FSIZE stopped it
+    why = disk_quota.file_at_limit(tmp_path, small_quota)
+    assert why is not None and "checkpoint/model.pt reached PARITY_RUN_DISK_QUOTA=1M" in why, why
