@@ -126,7 +126,7 @@ class _SlurmExecutor(submitit.SlurmExecutor):
 def submit_phase(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
     function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(), nodes: int = 1,
-    gate: Path | None = None,
+    gate: Path | None = None, also_writable: tuple[Path, ...] = (),
 ) -> PhaseJob:
     """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
 
@@ -135,7 +135,8 @@ def submit_phase(
     every rank on this host whatever it says).
     With PARITY_JOB_USER the job runs as that user and may write only folder's parent (the attempt
     or build folder, handed over here, taken back by the caller when the phase ends); `gate` (the
-    run's folder) lets it pass through to that folder while it lives (service/executors/job_user.py).
+    run's folder) lets it pass through to that folder while it lives (service/executors/job_user.py);
+    also_writable: other folders the same job writes (the resume a "process" isolation job forks).
     Every job's processes may write at most PARITY_RUN_DISK_QUOTA per file (RLIMIT_FSIZE); the
     reconciler checks the folder's total.
     """
@@ -148,6 +149,9 @@ def submit_phase(
         jobuser.open_gate(gate, run_as)
     jobuser.grant(folder.parent, run_as, root=root)
     jobuser.grant(folder, run_as, root=root)
+    for other in also_writable:
+        jobuser.prepare_tree(root, other, run_as)
+        jobuser.grant(other, run_as, root=root)
     fsize = settings.run_disk_quota_bytes
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")

@@ -175,10 +175,13 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
     env = session.get(Environment, run.environment_id)
     assert env is not None
     payload = payload_of(session, run, phase, settings)
+    run_folder = run_folder_of(settings, run.id)
+    # a job that forks the resume writes that attempt's folder too (resume attempt 1, jobs/protocol.py)
+    forked = tuple(run_folder.attempt(name, 1).folder for name in payload.phases if name != phase.name)
     return launcher.submit_phase(
         executor=phase.executor, folder=folder, python=env.python, tasks=payload.tasks,
         settings=settings, name=job_name(settings, phase), function=payload.function(), args=payload.args,
-        nodes=payload.nodes, gate=run_folder_of(settings, run.id).root,
+        nodes=payload.nodes, gate=run_folder.root, also_writable=forked,
     )
 
 
@@ -202,6 +205,8 @@ def release_folders(settings: Settings, phase: Phase, *, job_continues: bool = F
     job_user.take_back(attempt, run_as, root=root, keep=keep)
     if phase.job_folder and not job_continues:  # a forked resume: the saver's job folder is done too
         job_user.take_back(Path(phase.job_folder).parent, run_as, root=root)
+    if phase.name == PHASES[0] and not job_continues:  # a resume it would have forked, never started
+        job_user.take_back(run_folder_of(settings, phase.run_id).attempt(PHASES[1], 1).folder, run_as, root=root)
     if not job_continues:
         job_user.close_gate(run_folder_of(settings, phase.run_id).root, run_as)
 

@@ -309,17 +309,13 @@ def test_a_build_that_fills_the_disk_is_stopped_at_its_quota(scene: Scene) -> No
     assert scene.victim_doc.read_text() == scene.victim_text  # nothing else harmed
 
 
-@pytest.mark.megatron
-@pytest.mark.parametrize("isolation", ["job", "process"])
-def test_an_honest_run_still_passes_as_the_job_user(scene: Scene, isolation: str) -> None:
-    """The known-good side: a real Megatron-Core run, both phases as the job user (the resume loads a
-    checkpoint its saver's folder held, after that folder was taken back), passes."""
+def _real_run(settings: Settings, isolation: str) -> tuple[Run, list[Phase]]:
+    """A real Megatron-Core run through the scheduler's own passes (tick), every phase as the job user."""
     from service.environments.registry import ensure_default_environment
     from service.scheduler.loop import tick
 
     spec = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3, "isolation": isolation,
             "workarounds": GOOD}
-    settings = scene.settings.model_copy(update={"run_disk_quota": "20G"})  # room for its checkpoints
     with session_scope() as session:
         env = ensure_default_environment(session, settings=settings)
         run, _ = create_run(session, spec=RunSpec.from_dict(spec), environment=env, labels={}, requester="t")
@@ -331,12 +327,32 @@ def test_an_honest_run_still_passes_as_the_job_user(scene: Scene, isolation: str
             done = session.get(Run, run_id)
             assert done is not None
             if done.state in ("passed", "failed", "error", "cancelled"):
-                phases = session.scalars(select(Phase).where(Phase.run_id == run_id)).all()
-                owners = {Path(p.folder or "").stat().st_uid for p in phases}
-                assert done.state == "passed", (done.state, done.verdict, done.error_message)
-                assert owners == {os.geteuid()}, "an attempt folder was left to the job user"
-                ranks = [json.loads((Path(p.folder or "") / "result.rank0.json").read_text()) for p in phases]
-                assert all(r["status"] == "ok" for r in ranks)
-                return
+                phases = list(session.scalars(select(Phase).where(Phase.run_id == run_id)).all())
+                session.expunge_all()
+                return done, phases
         time.sleep(1)
-    pytest.fail("the honest run did not finish in 600 s")
+    pytest.fail("the run did not finish in 600 s")
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize("isolation", ["job", "process"])
+def test_an_honest_run_still_passes_as_the_job_user(scene: Scene, isolation: str) -> None:
+    """The known-good side: a real Megatron-Core run, both phases as the job user (the resume loads a
+    checkpoint its saver's folder held, after that folder was taken back), passes."""
+    settings = scene.settings.model_copy(update={"run_disk_quota": "20G"})  # room for its checkpoints
+    run, phases = _real_run(settings, isolation)
+    assert run.state == "passed", (run.state, run.verdict, run.error_message)
+    assert {Path(p.folder or "").stat().st_uid for p in phases} == {os.geteuid()}, "a folder was left to the job"
+    ranks = [json.loads((Path(p.folder or "") / "result.rank0.json").read_text()) for p in phases]
+    assert all(r["status"] == "ok" for r in ranks)
+
+
+@pytest.mark.megatron
+def test_a_real_run_past_its_quota_ends_naming_the_quota(scene: Scene) -> None:
+    """Megatron-Core's checkpoint (~8 MB a rank here) meets an 8M quota: the write stops at the limit
+    (torch says only "unexpected pos"); the run ends in error naming PARITY_RUN_DISK_QUOTA, nothing else harmed."""
+    run, _ = _real_run(scene.settings, "job")
+    assert run.state == "error", (run.state, run.error_message)
+    assert "disk quota exceeded" in (run.error_message or "") and f"PARITY_RUN_DISK_QUOTA={QUOTA}" in (
+        run.error_message or ""), run.error_message
+    assert scene.victim_doc.read_text() == scene.victim_text
