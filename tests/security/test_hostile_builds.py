@@ -335,12 +335,13 @@ def _real_run(settings: Settings, isolation: str) -> tuple[Run, list[Phase]]:
 
 
 @pytest.mark.megatron
-@pytest.mark.parametrize("isolation", ["job", "process"])
-def test_an_honest_run_still_passes_as_the_job_user(scene: Scene, isolation: str) -> None:
-    """The known-good side: a real Megatron-Core run, both phases as the job user (the resume loads a
-    checkpoint its saver's folder held, after that folder was taken back), passes."""
+def test_an_honest_run_still_passes_as_the_job_user(scene: Scene) -> None:
+    """The known-good side: a real Megatron-Core run, both phases as the job user, passes. Isolation
+    "process" (one job forks the resume): the hardest case for the hand-over, since the job writes two
+    attempt folders and the resume loads a checkpoint from its saver's folder after it was taken back
+    ("job" isolation was checked the same way once, ~70 s; the hostile run above covers its hand-over)."""
     settings = scene.settings.model_copy(update={"run_disk_quota": "20G"})  # room for its checkpoints
-    run, phases = _real_run(settings, isolation)
+    run, phases = _real_run(settings, "process")
     assert run.state == "passed", (run.state, run.verdict, run.error_message)
     assert {Path(p.folder or "").stat().st_uid for p in phases} == {os.geteuid()}, "a folder was left to the job"
     ranks = [json.loads((Path(p.folder or "") / "result.rank0.json").read_text()) for p in phases]
