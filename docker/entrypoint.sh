@@ -7,6 +7,7 @@
 #
 # Only the Slurm daemons keep root (slurmd must start jobs as their submitter; slurmctld/slurmdbd
 # run as the `slurm` user from slurm.conf) and DisableRootJobs keeps any job from running as root.
+# The scheduler keeps root when PARITY_JOB_USER is set: it runs every job as that user.
 # munged starts only where the munge key is mounted: the scheduler and the Slurm containers.
 #
 # The Slurm settings come from CLUSTER_* variables that docker-compose.yml gives every container,
@@ -135,5 +136,10 @@ case $role in
   *)
     # the API has no munge key (it needs none); the scheduler does, for sbatch/sacct/scancel
     if [[ -e $KEY ]]; then start_munged; fi
+    if [[ ${1:-} == parity && ${2:-} == scheduler && -n ${PARITY_JOB_USER:-} ]]; then
+      # the scheduler hands folders to the job user and submits as it (chown, sbatch --uid): root only
+      # here; the jobs themselves never run as root or as the service's user
+      exec "$@"
+    fi
     drop_privileges "$@" ;;
 esac

@@ -9,3 +9,13 @@ command -v "$PY" >/dev/null || PY=python3
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all,dev]'
 echo "setup: $(.venv/bin/python --version), torch $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))'), megatron-core $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("megatron-core"))')"
+# PARITY_JOB_USER's jobs (and every build's venv) run this interpreter as another user: make the
+# folders above it passable (o+x only: nothing becomes listable or readable that was not already).
+if [[ $(id -u) == 0 ]]; then
+  real=$(readlink -f .venv/bin/python)
+  dir=$(dirname "$real")
+  while [[ $dir != / ]]; do
+    if [[ $(( 0$(stat -c %a "$dir") & 01 )) == 0 ]]; then chmod o+x "$dir" && echo "setup: o+x on $dir (job user)"; fi
+    dir=$(dirname "$dir")
+  done
+fi

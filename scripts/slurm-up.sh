@@ -6,6 +6,7 @@
 #   PARITY_SLURM_DIR      state folder                  (default /var/tmp/parity-slurm)
 #   PARITY_SLURM_DB_PORT  private mariadbd port         (default 3307; 3306 is often taken)
 #   PARITY_SLURM_NO_APT=1 fail instead of apt-get installing missing packages
+#   PARITY_SLURM_JOB_USER the user jobs run as under PARITY_JOB_USER, created if missing (default parity-job)
 #
 # Afterwards:  source "$PARITY_SLURM_DIR/env.sh"   (exports SLURM_CONF for sbatch/sacct/submitit)
 # Stop with scripts/slurm-down.sh. Needs root (daemons run as root, munged as the munge user).
@@ -58,6 +59,10 @@ if (( ${#missing[@]} )); then
 fi
 
 install -d -m 755 "$ETC" "$RUN" "$LOG" "$DIR/spool/ctld" "$DIR/spool/d"
+
+# PARITY_JOB_USER: builds and phases run as parity-job (PARITY_SLURM_JOB_USER), never as root or
+# the service's user
+"$(dirname "${BASH_SOURCE[0]}")/job-user.sh"
 install -d -m 755 -o munge -g munge "$MUNGE"
 install -d -m 755 -o mysql -g mysql "$DB"
 

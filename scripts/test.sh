@@ -14,6 +14,8 @@ if [[ "${1:-}" == "--fast" ]]; then
   shift
   say "postgres"
   scripts/postgres-up.sh
+  scripts/job-user.sh
+  export PARITY_REQUIRE_JOB_USER=1  # the hostile-build tests run as it: never skipped here
   say "pytest (fast lane)"
   .venv/bin/python -m pytest -q -m "not megatron and not slurm and not browser and not slow" "$@"
   say "fast lane done"
@@ -40,6 +42,6 @@ if ! command -v ip >/dev/null || ! command -v nsenter >/dev/null; then
 fi
 say "pytest"
 # Here nothing may be skipped for want of infrastructure: missing Slurm or Chromium is a failure.
-export PARITY_REQUIRE_SLURM=1 PARITY_REQUIRE_BROWSER=1
+export PARITY_REQUIRE_SLURM=1 PARITY_REQUIRE_BROWSER=1 PARITY_REQUIRE_JOB_USER=1
 .venv/bin/python -m pytest -q "$@"
 say "tests done"

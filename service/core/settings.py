@@ -17,6 +17,24 @@ def default_data_dir() -> Path:
     return Path(base) / "megatron-parity"
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_QUOTA_BYTES = 1 << 50  # 1 PiB: anything larger is a typo, and overflows what rlimits take
+
+
+def parse_size(value: str) -> int:
+    """'20G' -> bytes; a clear error naming the setting and the allowed forms otherwise."""
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+    number = text[: len(text) - len(unit)]
+    if not (number.isascii() and number.isdigit()) or len(number) > 16:
+        raise ValueError(f"PARITY_RUN_DISK_QUOTA: {value!r} is not a size; expected bytes or a number with K, M, G "
+                         "or T (e.g. 20G)")
+    size = int(number) * _SIZE_UNITS[unit]
+    if not 1 << 20 <= size <= MAX_QUOTA_BYTES:
+        raise ValueError(f"PARITY_RUN_DISK_QUOTA: {value!r} must lie between 1M and 1P")
+    return size
+
+
 class Settings(BaseSettings):
     """Service, scheduler and CLI configuration, read from PARITY_* variables."""
 
@@ -40,6 +58,12 @@ class Settings(BaseSettings):
     # Extra environment variable names a job may inherit, comma-separated (service/executors/launcher.py
     # has the allow-list; everything else, e.g. PARITY_DATABASE_URL, stays out of the jobs).
     job_env: str = ""
+    # The Unix user builds and phases run as (service/executors/job_user.py); unset: the service's own
+    # user (weaker: a job can then read what the service can, docs/security.md). Needs a root scheduler.
+    job_user: str | None = None
+    # What one run attempt or build may write into its folder: bytes, or with a K/M/G/T suffix (powers
+    # of 1024). Every job file is capped at this (RLIMIT_FSIZE); the reconciler fails a folder past it.
+    run_disk_quota: str = "20G"
 
     # what a submit token may build (service/environments/build_policy.py): project names (released
     # versions, pinned), git+https repository URLs (at a full commit), `artifact` (artifact:<sha256>)
@@ -110,6 +134,17 @@ class Settings(BaseSettings):
             if not key.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"expected KEY=VALUE or KEY items separated by commas, got {item!r}")
         return value
+
+    @field_validator("run_disk_quota")
+    @classmethod
+    def _check_quota(cls, value: str) -> str:
+        parse_size(value)
+        return value
+
+    @property
+    def run_disk_quota_bytes(self) -> int:
+        """PARITY_RUN_DISK_QUOTA in bytes."""
+        return parse_size(self.run_disk_quota)
 
     @property
     def resolved_run_folder(self) -> Path:

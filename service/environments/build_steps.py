@@ -25,10 +25,10 @@ from models.base import utcnow
 from service.artifacts.store import resolve_lines
 from service.core.errors import DomainError
 from service.core.run_state import TERMINAL, RunState, transition
-from service.core.settings import Settings
+from service.core.settings import Settings, get_settings
 from service.environments.recipe import RESULT_NAME, build_environment
 from service.environments.registry import set_state
-from service.executors import launcher
+from service.executors import job_user, launcher
 from service.executors.selection import pick_executor
 
 log = logging.getLogger(__name__)
@@ -85,8 +85,13 @@ def launch_builds(session: Session, *, settings: Settings, executor: str | None 
     return len(envs)
 
 
-def reconcile_builds(session: Session) -> int:
-    """Finish builds whose job ended: ready with packages, or failed with pip's error. Returns how many."""
+def reconcile_builds(session: Session, settings: Settings | None = None) -> int:
+    """Finish builds whose job ended: ready with packages, or failed with pip's error. Returns how many.
+
+    A build folder is the job user's while its job runs (PARITY_JOB_USER) and the service's again
+    before its result is read; a build past PARITY_RUN_DISK_QUOTA is stopped and fails saying so.
+    """
+    settings = settings or get_settings()
     envs = session.scalars(
         select(Environment).where(Environment.state == "building").with_for_update(skip_locked=True)
     ).all()
@@ -95,9 +100,18 @@ def reconcile_builds(session: Session) -> int:
     done = 0
     for env in envs:
         status = states[jobs[env.id]]
+        over = _over_quota(env, settings)
+        if over:
+            launcher.cancel(jobs[env.id])
+            _take_back(env, settings)
+            env.error_message = f"{over}; infrastructure failure, not the requirements' fault"
+            set_state(env, "failed")
+            done += 1
+            continue
         if status.kind in ("active", "running"):
             continue
         done += 1
+        _take_back(env, settings)
         # a build that crashed still leaves its error in its result document: read it whatever sacct says
         doc, error = _result(env, jobs[env.id]) if status.kind in ("done", "failed") else (
             None, f"build job {status.raw}")
@@ -111,6 +125,25 @@ def reconcile_builds(session: Session) -> int:
         env.build_seconds, env.built_at, env.error_message = doc["seconds"], utcnow(), None
         set_state(env, "ready")
     return done
+
+
+def _take_back(env: Environment, settings: Settings) -> None:
+    try:
+        run_as = job_user.job_user(settings.job_user)
+    except job_user.JobUserError as exc:
+        log.warning("not taking back build folder %s: %s", env.folder, exc)
+        return
+    if env.folder:
+        job_user.take_back(Path(env.folder), run_as, root=settings.resolved_run_folder)
+
+
+def _over_quota(env: Environment, settings: Settings) -> str | None:
+    limit = settings.run_disk_quota_bytes
+    used = job_user.folder_bytes(Path(env.folder or ""), limit=limit) if env.folder else 0
+    if used <= limit:
+        return None
+    return (f"disk quota exceeded: the build folder holds more than {used} bytes, past "
+            f"PARITY_RUN_DISK_QUOTA={settings.run_disk_quota} ({limit} bytes)")
 
 
 def _result(env: Environment, job: launcher.PhaseJob) -> tuple[dict[str, Any] | None, str | None]:

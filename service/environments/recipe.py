@@ -15,6 +15,7 @@ import hashlib
 import importlib.metadata as md
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
-from service.environments.requirements import local_source_digest
+from service.environments.requirements import SKIP_PARTS, local_source_digest
 
 # What every environment shares with the service: torch (pinned) and what jobs/ imports besides it.
 SHARED_DISTRIBUTIONS = ("torch", "submitit", "psutil", "numpy", "packaging")
@@ -103,13 +104,19 @@ def resolve_line(line: str, root: Path, log: Path) -> str:
     """What pip installs for a line: local paths checked and hashed here (in the job, never in the API),
     artifact:<sha256> resolved to its wheel, whose content must have that hash."""
     if line.startswith("/"):
+        source = Path(line)
         try:
-            digest = local_source_digest(Path(line))
-        except (OSError, ValueError) as exc:
+            if source.is_dir():
+                # pip builds a tree in place (egg-info, build/): a copy inside this build's folder is one
+                # the job may write (it runs as PARITY_JOB_USER, the tree is the admin's), and what is
+                # hashed is exactly what pip installs
+                source = _copy_tree(source, root / "sources" / source.name)
+            digest = local_source_digest(source)
+        except (OSError, ValueError, shutil.Error) as exc:
             raise BuildFailed(f"{line}: {exc}") from None
         with log.open("a") as fh:
             fh.write(f"local source {line}: sha256 {digest}\n")
-        return line
+        return str(source)
     if line.startswith("artifact:"):
         sha = line.split(":", 1)[1]
         wheels = sorted((artifacts_folder(root) / sha).glob("*.whl"))
@@ -119,6 +126,16 @@ def resolve_line(line: str, root: Path, log: Path) -> str:
             raise BuildFailed(f"{line}: the wheel's content does not have that sha256")
         return str(wheels[0])
     return line
+
+
+def _copy_tree(source: Path, dest: Path) -> Path:
+    if not (source / "pyproject.toml").is_file() and not (source / "setup.py").is_file():
+        return source  # local_source_digest says what is wrong with it
+    if dest.exists():
+        shutil.rmtree(dest)
+    # links copied as links: a link out of the tree reaches only what the job user may read anyway
+    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(*SKIP_PARTS, "*.egg-info"))
+    return dest
 
 
 def _sha256(path: Path) -> str:

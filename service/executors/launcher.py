@@ -26,6 +26,7 @@ from submitit.core.core import Job
 
 from jobs.protocol import read_job_file_tail
 from service.core.settings import Settings
+from service.executors import job_user as jobuser
 from service.executors.local_jobs import IsolatedLocalExecutor, kill_group, local_process, start_time
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,12 @@ _LOCAL_JOBS: dict[str, Job[Any]] = {}
 
 class _SlurmExecutor(submitit.SlurmExecutor):
     exit_after_sbatch = False
+    run_as: jobuser.JobUser | None = None
+
+    def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+        # sbatch as root with --uid/--gid: the job runs as the job user (Slurm refuses these from anyone else)
+        who = [f"--uid={self.run_as.uid}", f"--gid={self.run_as.gid}"] if self.run_as else []
+        return ["sbatch", *who, str(submission_file_path)]
 
     def _submit_command(self, command: str) -> Job[Any]:
         job = super()._submit_command(command)
@@ -119,16 +126,33 @@ class _SlurmExecutor(submitit.SlurmExecutor):
 def submit_phase(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
     function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(), nodes: int = 1,
+    gate: Path | None = None, also_writable: tuple[Path, ...] = (),
 ) -> PhaseJob:
     """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
 
     env_names: variables this job may inherit beyond the allow-list (a build needs pip's).
     nodes: Slurm nodes the ranks are spread over, tasks / nodes per node (the local executor runs
     every rank on this host whatever it says).
+    With PARITY_JOB_USER the job runs as that user and may write only folder's parent (the attempt
+    or build folder, handed over here, taken back by the caller when the phase ends); `gate` (the
+    run's folder) lets it pass through to that folder while it lives (service/executors/job_user.py);
+    also_writable: other folders the same job writes (the resume a "process" isolation job forks).
+    Every job's processes may write at most PARITY_RUN_DISK_QUOTA per file (RLIMIT_FSIZE); the
+    reconciler checks the folder's total.
     """
     if nodes < 1 or tasks % nodes:
         raise ValueError(f"nodes: {nodes} does not divide tasks ({tasks})")
-    private_dirs(settings.resolved_run_folder, folder)
+    run_as = jobuser.job_user(settings.job_user)
+    root = settings.resolved_run_folder
+    jobuser.prepare_tree(root, folder.parent, run_as)
+    if gate is not None:
+        jobuser.open_gate(gate, run_as)
+    jobuser.grant(folder.parent, run_as, root=root)
+    jobuser.grant(folder, run_as, root=root)
+    for other in also_writable:
+        jobuser.prepare_tree(root, other, run_as)
+        jobuser.grant(other, run_as, root=root)
+    fsize = settings.run_disk_quota_bytes
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")
     pythonpath = current if str(REPO_ROOT) in current.split(os.pathsep) else os.pathsep.join(
@@ -143,16 +167,21 @@ def submit_phase(
         params: dict[str, Any] = dict(
             ntasks_per_node=tasks // nodes, nodes=nodes, cpus_per_task=settings.slurm_cpus_per_task,
             time=settings.slurm_time_limit_min, job_name=name,
-            setup=[f"export PYTHONPATH={shlex.quote(pythonpath)}"],
+            # ulimit -f (1024-byte blocks) sets soft and hard RLIMIT_FSIZE; srun hands it to every task
+            setup=[f"export PYTHONPATH={shlex.quote(pythonpath)}", f"ulimit -f {max(1, fsize // 1024)}",
+                   *[f"export {k}={shlex.quote(v)}" for k, v in (run_as.environment() if run_as else {}).items()]],
             additional_parameters={**settings.sbatch_extra(), "no-requeue": True},
         )
         if settings.slurm_partition:
             params["partition"] = settings.slurm_partition
         slurm.update_parameters(**params)
+        slurm.run_as = run_as
         ex = slurm
     elif executor == "local":
-        ex = IsolatedLocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
-        ex.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
+        local = IsolatedLocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
+        local.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
+        local.run_as, local.max_file_bytes = run_as, fsize
+        ex = local
     else:
         raise ValueError(f"executor: {executor!r} is not one of slurm, local")
     local_path = {"PYTHONPATH": pythonpath} if executor == "local" else {}
@@ -164,18 +193,6 @@ def submit_phase(
         started = start_time(int(job.job_id))
     log.info("submitted %s as %s job %s in %s", name, executor, job.job_id, folder)
     return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks, started=started)
-
-
-def private_dirs(root: Path, folder: Path) -> None:
-    """Create root and every folder down to `folder` as 0700 (owner only).
-
-    A run folder holds checkpoints, logs and the ranks' documents other runs must not read or forge;
-    the scheduler reads them as data (jobs/protocol.py), never loading what a job wrote as code.
-    """
-    for path in [root, *reversed([p for p in folder.parents if p.is_relative_to(root) and p != root]), folder]:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o700)
 
 
 def find_submitted(folder: Path) -> str | None:

@@ -19,9 +19,15 @@ import psutil
 import submitit
 from submitit.local import local as submitit_local
 
+from service.executors.job_user import JobUser
+
 
 class IsolatedLocalExecutor(submitit.LocalExecutor):
-    """submitit's LocalExecutor, with the controller started as the leader of its own session."""
+    """submitit's LocalExecutor, with the controller started as the leader of its own session,
+    as the job user when one is set, and with RLIMIT_FSIZE (no file bigger than the run's quota)."""
+
+    run_as: JobUser | None = None
+    max_file_bytes: int | None = None
 
     def _submit_command(self, command: str) -> submitit_local.LocalJob[Any]:
         ntasks = self.parameters.get("tasks_per_node", 1)
@@ -33,9 +39,16 @@ class IsolatedLocalExecutor(submitit.LocalExecutor):
             SUBMITIT_STDERR_TO_STDOUT="", SUBMITIT_EXECUTOR="local", CUDA_VISIBLE_DEVICES="",
             SUBMITIT_LOCAL_WITH_SHELL="",
         )
-        process = subprocess.Popen(
-            [sys.executable, "-m", "submitit.local._local", str(self.folder)], env=env, start_new_session=True,
-        )
+        command_line = [sys.executable, "-m", "submitit.local._local", str(self.folder)]
+        if self.max_file_bytes is not None:
+            # prlimit sets soft and hard limits before exec: the job cannot raise them again
+            command_line = ["prlimit", f"--fsize={self.max_file_bytes}:{self.max_file_bytes}", "--", *command_line]
+        who: dict[str, Any] = {}
+        if self.run_as is not None:
+            # setuid/setgid in the child before exec, no supplementary groups (root's would leak in)
+            env.update(self.run_as.environment())
+            who = dict(user=self.run_as.uid, group=self.run_as.gid, extra_groups=[], umask=0o022)
+        process = subprocess.Popen(command_line, env=env, start_new_session=True, cwd="/", **who)
         return submitit_local.LocalJob(folder=self.folder, job_id=str(process.pid), process=process,
                                        tasks=list(range(ntasks)))
 

@@ -27,9 +27,18 @@ from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
 from service.executors import launcher
+from service.runs import disk_quota as quota
 from service.runs import row_guard as guard
 from service.runs.phase_documents import InvalidDocument, rejected_document, validate_phase_document
-from service.runs.submitter import PHASES, SUBMITTED_STATE, job_of, new_phase, plan_of, retry_or_give_up
+from service.runs.submitter import (
+    PHASES,
+    SUBMITTED_STATE,
+    job_of,
+    new_phase,
+    plan_of,
+    release_folders,
+    retry_or_give_up,
+)
 
 log = logging.getLogger(__name__)
 RUNNING_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_RUNNING, "resume": RunState.RESUME_RUNNING}
@@ -56,6 +65,10 @@ def reconcile(session: Session, *, settings: Settings, executor: str) -> int:
         step = partial(_reconcile_one, session, phase, run, statuses[job_of(phase, run)], settings, executor)
         guard.per_row(session, run, step, settings=settings, what=f"reconciling {phase.name} attempt {phase.attempt}")
         changed += phase.state != before
+        if phase.state != before and phase.state not in PHASE_ACTIVE:
+            # the attempt is over: its folder is the service's again (a no-op without PARITY_JOB_USER)
+            continues = phase.state == PhaseState.SUCCEEDED and plan_of(run).forks_resume(phase.name)
+            release_folders(settings, phase, job_continues=continues)
     return changed
 
 
@@ -79,6 +92,11 @@ def _reconcile_one(
         doc, refused = plan_of(run).collect(attempt_dir.folder, phase.name)
     if cancelling:
         _cancel(session, phase, run, status)
+    elif over_quota := quota.exceeded(phase, attempt_dir.folder, settings):
+        _over_quota(session, phase, run, over_quota)
+    elif (doc is None or doc.get("status") != "ok") and (doc is not None or refused or status.kind == "failed") and (
+            at_limit := quota.file_at_limit(attempt_dir.folder, settings)):
+        _over_quota(session, phase, run, at_limit)  # an error caused by the per-file limit says so
     elif doc is not None or refused or status.kind in ("done", "failed"):
         # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so; a
         # document refused as unreadable is the job's answer too (an error), never an infra retry
@@ -186,6 +204,16 @@ def _infra_failure(session: Session, phase: Phase, run: Run, what: str, settings
     launcher.cancel(job_of(phase, run))
     _end(session, phase, run, PhaseState.INFRA_FAILED, f"{phase.executor}: {what}")
     retry_or_give_up(session, phase=phase, run=run, what=what, settings=settings, executor=executor)
+
+
+def _over_quota(session: Session, phase: Phase, run: Run, what: str) -> None:
+    """The attempt wrote more than PARITY_RUN_DISK_QUOTA: stopped, and the run ends in error (an
+    infrastructure cause, not a parity result; never retried, the same code would fill it again)."""
+    log.warning("run %s: %s; cancelling %s job %s", run.id, what, phase.executor, phase.job_id)
+    launcher.cancel(job_of(phase, run))
+    _end(session, phase, run, PhaseState.INFRA_FAILED, what)
+    run.error_message = f"{phase.name}: {what}; infrastructure failure, not a parity result"
+    transition(session, run, RunState.ERROR, run.error_message)
 
 
 def _deadline(session: Session, phase: Phase, run: Run, what: str, settings: Settings, executor: str) -> None:

@@ -27,7 +27,7 @@ from service.core.checks import SELFTEST_LABEL
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
-from service.executors import launcher, slurm_jobs
+from service.executors import job_user, launcher, slurm_jobs
 from service.oncall.notification_events import infra_error_streak
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,7 @@ def launch(session: Session, phase: Phase, *, settings: Settings, executor: str)
         reason = " ".join(str(exc).split())[-1500:] or type(exc).__name__
         log.warning("submitting phase %s of run %s failed: %s", phase.name, run.id, reason)
         move_phase(session, phase, PhaseState.INFRA_FAILED, f"submission failed: {reason}")
+        release_folders(settings, phase)
         retry_or_give_up(session, phase=phase, run=run, what=f"submission failed ({reason})", settings=settings,
                          executor=executor)
         return
@@ -174,11 +175,40 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
     env = session.get(Environment, run.environment_id)
     assert env is not None
     payload = payload_of(session, run, phase, settings)
+    run_folder = run_folder_of(settings, run.id)
+    # a job that forks the resume writes that attempt's folder too (resume attempt 1, jobs/protocol.py)
+    forked = tuple(run_folder.attempt(name, 1).folder for name in payload.phases if name != phase.name)
     return launcher.submit_phase(
         executor=phase.executor, folder=folder, python=env.python, tasks=payload.tasks,
         settings=settings, name=job_name(settings, phase), function=payload.function(), args=payload.args,
-        nodes=payload.nodes,
+        nodes=payload.nodes, gate=run_folder.root, also_writable=forked,
     )
+
+
+def release_folders(settings: Settings, phase: Phase, *, job_continues: bool = False) -> None:
+    """A phase attempt has ended: its folder (and a forked resume's job folder) is the service's again,
+    and no job passes through the run's folder any more (service/executors/job_user.py).
+
+    job_continues: the same job goes on with the next phase (isolation "process"): its submitit
+    folder stays the job's, and the run's folder stays open to it.
+    """
+    try:
+        run_as = job_user.job_user(settings.job_user)
+    except job_user.JobUserError as exc:  # nothing was handed over under a user that does not resolve
+        log.warning("not taking back %s: %s", phase.folder, exc)
+        return
+    if run_as is None or not phase.folder:
+        return
+    root = settings.resolved_run_folder
+    attempt = Path(phase.folder)
+    keep = AttemptFolder(attempt).submitit if job_continues else None
+    job_user.take_back(attempt, run_as, root=root, keep=keep)
+    if phase.job_folder and not job_continues:  # a forked resume: the saver's job folder is done too
+        job_user.take_back(Path(phase.job_folder).parent, run_as, root=root)
+    if phase.name == PHASES[0] and not job_continues:  # a resume it would have forked, never started
+        job_user.take_back(run_folder_of(settings, phase.run_id).attempt(PHASES[1], 1).folder, run_as, root=root)
+    if not job_continues:
+        job_user.close_gate(run_folder_of(settings, phase.run_id).root, run_as)
 
 
 def launcher_folder(phase: Phase) -> Path:

@@ -72,7 +72,7 @@ def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[s
     with session_scope() as session:
         done["builds"] = builds.launch_builds(session, settings=settings, executor=executor)
     with session_scope() as session:
-        done["builds"] += builds.reconcile_builds(session)
+        done["builds"] += builds.reconcile_builds(session, settings)
         builds.fail_runs_on_failed_builds(session)
         builds.prune_builds(session, keep_days=settings.env_keep_days)
         prune_artifacts(session, settings=settings)

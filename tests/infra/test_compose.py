@@ -114,6 +114,24 @@ def privilege_problems(root: Path) -> list[str]:
     return problems
 
 
+def job_user_problems(services: dict[str, Any], root: Path) -> list[str]:
+    """Builds and phases run as a job user the image creates, neither root nor the service's user."""
+    problems = []
+    dockerfile = (root / "docker" / "Dockerfile").read_text()
+    run_as = re.search(r"^ENV PARITY_RUN_AS=(\S+)", dockerfile, re.MULTILINE)
+    user = environment(services.get("scheduler") or {}).get("PARITY_JOB_USER", "")
+    if not user:
+        problems.append("scheduler: no PARITY_JOB_USER (jobs would run as the service's user)")
+    elif user in ("root", "0") or (run_as and user == run_as.group(1)):
+        problems.append(f"scheduler: PARITY_JOB_USER={user} is root or the service's own user")
+    elif not re.search(rf"useradd\b[^\n]*\s{re.escape(user)}\s*(\\|$)", dockerfile, re.MULTILINE):
+        problems.append(f"Dockerfile: creates no user {user} (PARITY_JOB_USER)")
+    for name, svc in services.items():
+        if name != "scheduler" and environment(svc).get("PARITY_JOB_USER"):
+            problems.append(f"{name}: sets PARITY_JOB_USER but only the scheduler starts jobs")
+    return problems
+
+
 def exposure_problems(services: dict[str, Any], root: Path) -> list[str]:
     """The API listens on loopback by default, reads runs read-only, and the app is no database superuser."""
     problems = []
@@ -196,6 +214,7 @@ def compose_problems(compose: dict[str, Any], root: Path) -> list[str]:
         for key, value in environment(svc).items():
             problems += [f"{name}: {key} has a default secret ({ref})" for ref in default_secrets(value)]
     problems += privilege_problems(root)
+    problems += job_user_problems(services, root)
     problems += exposure_problems(services, root)
 
     run_folders: set[str] = {f for svc in services.values() if (f := environment(svc).get("PARITY_RUN_FOLDER"))}
@@ -427,3 +446,19 @@ def test_checker_reports_exposure_mistakes() -> None:
     assert "api: connects to Postgres as the superuser 'parity'" in problems
     assert "scheduler: connects to Postgres as the superuser 'parity'" in problems
     assert "postgres: no init script creating the non-superuser app role that owns its schema" in problems
+
+
+def test_checker_reports_jobs_running_as_the_service(tmp_path: Path) -> None:
+    """The real file runs jobs as parity-job (above); without it, or as the service, it is reported."""
+    compose = load_compose()
+    assert job_user_problems(compose["services"], REPO_ROOT) == []
+    assert environment(compose["services"]["scheduler"])["PARITY_JOB_USER"] == "parity-job"
+    c = copy.deepcopy(compose)
+    del c["services"]["scheduler"]["environment"]["PARITY_JOB_USER"]
+    assert job_user_problems(c["services"], REPO_ROOT) == [
+        "scheduler: no PARITY_JOB_USER (jobs would run as the service's user)"]
+    c["services"]["scheduler"]["environment"]["PARITY_JOB_USER"] = "parity"
+    assert job_user_problems(c["services"], REPO_ROOT) == [
+        "scheduler: PARITY_JOB_USER=parity is root or the service's own user"]
+    c["services"]["scheduler"]["environment"]["PARITY_JOB_USER"] = "mallory"
+    assert job_user_problems(c["services"], REPO_ROOT) == ["Dockerfile: creates no user mallory (PARITY_JOB_USER)"]

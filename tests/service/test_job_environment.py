@@ -12,7 +12,7 @@ import pytest
 import submitit
 
 from service.core.settings import Settings
-from service.executors import launcher
+from service.executors import job_user, launcher
 
 # Jobs unpickle this function in a fresh interpreter where this test module is not importable.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -72,7 +72,8 @@ def test_run_folders_are_private(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     folder = root / "run-7" / "train_and_save-attempt1"
     root.mkdir(mode=0o755)
-    launcher.private_dirs(root, folder)
+    job_user.prepare_tree(root, folder, None)  # no PARITY_JOB_USER: the service's own, 0700 all the way
+    job_user.grant(folder, None, root=root)
     for path in (root, root / "run-7", folder):
         assert path.stat().st_mode & 0o777 == 0o700, path
 
