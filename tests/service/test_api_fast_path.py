@@ -115,6 +115,7 @@ def queued_by_engine(committed_db: str):
     with session_scope() as session:
         tokens.create_token(session, name="group", scopes=["submit"])
         token_id = session.scalar(select(ApiToken.id).where(ApiToken.name == "group"))
+        assert token_id is not None
         use_environment(ensure_default_environment(session, settings=get_settings()))
 
     def insert(commit: str) -> one_statement.Stored | None:
@@ -153,8 +154,10 @@ def test_concurrent_posts_share_commits_and_each_gets_its_own_row(queued_by_engi
     assert all(r is not None and r.labels == {"commit": c} for c, r in results.items())
     assert len({r.id for r in results.values() if r}) == 24
     assert sum(batches) == 24 and max(batches) > 1, batches  # at least one commit carried several runs
+    seventh = results["c7"]
+    assert seventh is not None
     with session_scope() as session:  # committed: visible to a new transaction
-        assert session.scalar(select(Run.id).where(Run.labels["commit"].astext == "c7")) == results["c7"].id
+        assert session.scalar(select(Run.id).where(Run.labels["commit"].astext == "c7")) == seventh.id
 
 
 def test_a_row_that_cannot_be_stored_fails_only_its_own_request(queued_by_engine) -> None:
