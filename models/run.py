@@ -29,7 +29,7 @@ class Run(CreatedAt, Base):
         Index("ix_runs_selftest", "id", postgresql_where=text("labels ? 'selftest'")),
         # verdict and regression filters, newest first; queued runs (no verdict) never enter them
         Index("ix_runs_verdict_id", "verdict", "id", postgresql_where=text("verdict IS NOT NULL")),
-        Index("ix_runs_regression_id", "id", postgresql_where=text("regression")),
+        Index("ix_runs_regression_id", "id", postgresql_where=text("regression IS TRUE")),
         Index("ix_runs_state_created", "state", "created_at"),
         # an Idempotency-Key belongs to the token that sent it: two CI systems may pick the same key
         UniqueConstraint("token_id", "idempotency_key", name="uq_runs_token_id_idempotency_key"),

@@ -102,7 +102,7 @@ def upgrade() -> None:
     op.drop_index('ix_runs_labels', table_name='runs', postgresql_using='gin')
     op.create_index('ix_runs_verdict_id', 'runs', ['verdict', 'id'], unique=False,
                     postgresql_where=sa.text('verdict IS NOT NULL'))
-    op.create_index('ix_runs_regression_id', 'runs', ['id'], unique=False, postgresql_where=sa.text('regression'))
+    op.create_index('ix_runs_regression_id', 'runs', ['id'], unique=False, postgresql_where=sa.text('regression IS TRUE'))
     op.create_index('ix_runs_labels_path', 'runs', ['labels'], unique=False, postgresql_using='gin',
                     postgresql_ops={'labels': 'jsonb_path_ops'})
     op.create_index('ix_runs_selftest', 'runs', ['id'], unique=False,
