@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from models import ProbeFinding, Run, StepMetric
 from service.core.deps import ReadAccess, RunId, SessionDep, SettingsDep, SubmitClaimDep, SubmitToken
-from service.core.errors import InvalidSpec
+from service.core.errors import InvalidSpec, TooManyRequests
 from service.core.inputs import MAX_OFFSET, Instant
 from service.core.links import BaseUrl
 from service.core.run_state import RunState
@@ -107,11 +107,17 @@ def create_run(
     limits = caps(settings)
     if claim.seen:
         # the usual case: one statement (one_statement.py); anything unusual falls through to the ORM path
-        check_caps(session, limits, claim.token.name)
-        stored = one_statement.insert_run(
-            session, spec=spec, environment=body.environment, labels=body.labels, requester=claim.token.name,
-            token_id=claim.token.id, idempotency_key=idempotency_key, job_python=settings.job_python,
-        )
+        try:
+            check_caps(session, limits, claim.token.name)
+        except TooManyRequests:
+            if idempotency_key is None:
+                raise
+            stored = None  # a replay is answered even over the caps: the ORM path looks for it first
+        else:
+            stored = one_statement.insert_run(
+                session, spec=spec, environment=body.environment, labels=body.labels, requester=claim.token.name,
+                token_id=claim.token.id, idempotency_key=idempotency_key, job_python=settings.job_python,
+            )
         if stored is not None:
             admitted(session, claim.token.name)
             return json_response(run_out(stored, base), status_code=202,

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection
@@ -36,6 +34,7 @@ from jobs.spec import RunSpec
 from models import Phase, Run
 from models.base import utcnow
 from service.core.checks import check_key, check_name, track_of
+from service.core.db import autocommit
 from service.core.run_state import RunState
 from service.environments.registry import DEFAULT_ENVIRONMENT, LAST_USED_RESOLUTION
 from service.runs import group_commit
@@ -84,21 +83,6 @@ WHERE r.id = %(id)s ORDER BY p.id
 """
 _N_RUN = len(_RUN_COLUMNS)
 _PHASE_ID = _N_RUN + 1 + _PHASE_COLUMNS.index("id")
-
-
-@contextmanager
-def autocommit(session: Session) -> Iterator[Connection]:
-    """A connection on which each statement is its own transaction (no BEGIN/COMMIT round trips).
-
-    The session's own connection when it is bound to one (tests: an outer transaction rolled back
-    afterwards), so the statement sees and joins what the test wrote.
-    """
-    bind = session.get_bind()
-    if isinstance(bind, Connection):
-        yield session.connection()
-        return
-    with bind.connect() as conn:
-        yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
 class Stored:
