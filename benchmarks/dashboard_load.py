@@ -67,6 +67,10 @@ CROSS JOIN LATERAL (SELECT (%(configs)s::text[])[1 + i %% 5] AS config) AS c
 CROSS JOIN LATERAL (SELECT CASE WHEN i %% 23 = 0 THEN 'fail' WHEN i %% 37 = 0 THEN 'error' ELSE 'pass' END
                     AS verdict) AS v;
 
+-- the metric rows reference runs made just above: skip the per-row foreign-key trigger (10M
+-- trigger calls were most of the seeding time); session_replication_role needs a superuser
+SET session_replication_role = replica;
+
 INSERT INTO step_metrics (run_id, step, loss_baseline, loss_resumed, lr_baseline, lr_resumed, loss_abs_delta,
                           loss_rel_delta, within_tolerance)
 SELECT r.id, s, m.base, m.res, 1e-3, CASE WHEN s > %(save)s THEN 1e-3 END, m.res - m.base,
@@ -77,6 +81,8 @@ CROSS JOIN LATERAL (SELECT 4.6 * exp(-s / 25.0) + 0.01 * sin(s + r.id) AS base) 
 CROSS JOIN LATERAL (SELECT b.base,
        CASE WHEN s <= %(save)s THEN NULL
             WHEN r.verdict = 'fail' THEN b.base + 1e-5 * (s - %(save)s) ELSE b.base END AS res) AS m;
+
+RESET session_replication_role;
 
 INSERT INTO phases (run_id, name, attempt, state, executor, job_id, folder, submitted_at, started_at, ended_at,
                     duration_s, info, log_paths, created_at)
