@@ -216,6 +216,10 @@ def main() -> int:
             if not exists:
                 for statement in filter(str.strip, SEED_SQL.split(";")):
                     conn.execute(statement, {"n": args.runs, "python": sys.executable})
+            else:
+                # a reused database keeps the runs earlier drives queued, which no scheduler drained:
+                # settle them, or each run's admission count would read more queued runs than the last
+                conn.execute("UPDATE runs SET state = 'cancelled' WHERE state = 'queued'")
             stored = conn.execute("SELECT count(*) FROM runs").fetchone()[0]  # type: ignore[index]
         print(f"{'reused' if exists else 'seeded'} database {name}: {stored} runs "
               f"({time.perf_counter() - t0:.1f}s)")

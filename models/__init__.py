@@ -5,6 +5,7 @@ from models.base import Base
 from models.bisect import Bisect
 from models.environment import Environment
 from models.event import PhaseEvent, RunEvent, SchedulerHeartbeat
+from models.history_summary import HistorySummary
 from models.known_failure import KnownFailure
 from models.metric import StepMetric
 from models.notification import NotificationChannel, OutboxMessage
@@ -24,6 +25,7 @@ __all__ = [
     "Bisect",
     "EndedSession",
     "Environment",
+    "HistorySummary",
     "KnownFailure",
     "NotificationChannel",
     "OutboxMessage",

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import psycopg
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -152,3 +152,18 @@ def reset_engine() -> None:
         get_engine().dispose()
     get_engine.cache_clear()
     _session_factory.cache_clear()
+
+
+@contextmanager
+def autocommit(session: Session) -> Iterator[Connection]:
+    """A connection on which each statement is its own transaction (no BEGIN/COMMIT round trips).
+
+    The session's own connection when it is bound to one (tests: an outer transaction rolled back
+    afterwards), so the statement sees and joins what the test wrote.
+    """
+    bind = session.get_bind()
+    if isinstance(bind, Connection):
+        yield session.connection()
+        return
+    with bind.connect() as conn:
+        yield conn.execution_options(isolation_level="AUTOCOMMIT")

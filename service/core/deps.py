@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Header, Path
@@ -12,7 +13,7 @@ from sqlalchemy.orm import Session
 from models import ApiToken
 from service.core.db import end_session, new_session
 from service.core.settings import Settings, get_settings
-from service.core.tokens import authenticate
+from service.core.tokens import SeenToken, authenticate, recall
 
 
 async def get_session() -> AsyncIterator[Session]:
@@ -74,6 +75,34 @@ async def require_read(
     return await run_in_threadpool(authenticate, session, token=_bearer(authorization), scope="read")
 
 
+@dataclass(frozen=True)
+class SubmitClaim:
+    """Who asks to submit: a token row checked now, or one this process checked before (seen).
+
+    A seen token is not re-read: the write it asks for must itself require the token to be
+    unrevoked (service/runs/one_statement.py does, in the INSERT), and on refusal the route calls
+    authenticate() with the secret for the precise error.
+    """
+
+    token: ApiToken | SeenToken
+    secret: str | None
+
+    @property
+    def seen(self) -> bool:
+        """True when the token was not looked up for this request."""
+        return isinstance(self.token, SeenToken)
+
+
+async def claim_submit(session: SessionDep, authorization: Annotated[str | None, Header()] = None) -> SubmitClaim:
+    """The submit scope, from this process's memory of the token when it can, else checked in the database."""
+    secret = _bearer(authorization)
+    seen = recall(secret, "submit")
+    if seen is not None:
+        return SubmitClaim(seen, secret)
+    return SubmitClaim(await run_in_threadpool(authenticate, session, token=secret, scope="submit"), secret)
+
+
 SubmitToken = Annotated[ApiToken, Depends(require_submit)]
+SubmitClaimDep = Annotated[SubmitClaim, Depends(claim_submit)]
 AdminToken = Annotated[ApiToken, Depends(require_admin)]
 ReadAccess = Annotated[ApiToken | None, Depends(require_read)]

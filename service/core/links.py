@@ -52,13 +52,29 @@ def record_serving(settings: Settings, host: str, port: int) -> str:
     return url
 
 
+# path -> ((mtime_ns, size, inode), url): every API response builds links, and reading and parsing the
+# record on each was a few per cent of a GET; a stat tells whether another `parity serve` rewrote it
+_recorded: dict[Path, tuple[tuple[int, int, int], str | None]] = {}
+
+
 def recorded_url(settings: Settings) -> str | None:
     """The base URL the last `parity serve` recorded, if any."""
+    path = serve_record_path(settings)
     try:
-        url = json.loads(serve_record_path(settings).read_text()).get("url")
+        st = path.stat()
+    except OSError:
+        return None
+    stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    known = _recorded.get(path)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    try:
+        url = json.loads(path.read_text()).get("url")
     except (OSError, ValueError, AttributeError):
         return None
-    return str(url).rstrip("/") if url else None
+    found = str(url).rstrip("/") if url else None
+    _recorded[path] = (stamp, found)
+    return found
 
 
 def public_base(settings: Settings, request: Request | None = None) -> str:

@@ -6,6 +6,11 @@ database time under a CI burst. The caps are soft anyway (two racing requests ma
 each API process reuses its counts for COUNT_TTL_S and adds the runs it admits itself meanwhile.
 Another process's admissions are seen at the next refresh: the overshoot is bounded by what the
 other processes admit in COUNT_TTL_S.
+
+One refresh at a time per process: while one request counts, the others use the counts it is
+replacing (plus their own admissions) instead of all counting at once when the counts expire, which
+under a burst had every request hold a connection for the same query. The count runs on its own
+autocommit connection, so the request's session opens no transaction for it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from sqlalchemy import Connection, Engine, Select, func, select
 from sqlalchemy.orm import Session
 
 from models import Run
+from service.core.db import autocommit
 from service.core.errors import TooManyRequests
 from service.core.run_state import TERMINAL, RunState
 
@@ -40,6 +46,7 @@ class _Counts:
     at: float
     total: int
     mine: dict[str | None, int] = field(default_factory=dict)
+    refreshing: bool = False
 
 
 _lock = threading.Lock()
@@ -63,10 +70,11 @@ def _query(session: Session, caps: Caps, requester: str | None) -> tuple[int, in
     # every row; counting stops at the cap; both counts travel in one statement.
     unfinished = Run.state.in_([s.value for s in RunState if s not in TERMINAL])
     queued_by_me = (Run.state == RunState.QUEUED.value) & (Run.requester == requester)
-    row = session.execute(select(
-        _upto(select(Run.id).where(unfinished), caps.max_in_flight),
-        _upto(select(Run.id).where(queued_by_me), caps.max_queued_per_requester),
-    )).one()
+    with autocommit(session) as conn:
+        row = conn.execute(select(
+            _upto(select(Run.id).where(unfinished), caps.max_in_flight),
+            _upto(select(Run.id).where(queued_by_me), caps.max_queued_per_requester),
+        )).one()
     return int(row[0] or 0), int(row[1] or 0)
 
 
@@ -75,9 +83,17 @@ def current_counts(session: Session, caps: Caps, requester: str | None) -> tuple
     key, now = _database(session), time.monotonic()
     with _lock:
         known = _counts.get(key)
-        if known is not None and now - known.at < COUNT_TTL_S and requester in known.mine:
-            return known.total, known.mine[requester]
-    total, mine = _query(session, caps, requester)
+        if known is not None and requester in known.mine:
+            if now - known.at < COUNT_TTL_S or known.refreshing:
+                return known.total, known.mine[requester]
+        if known is not None:
+            known.refreshing = True
+    try:
+        total, mine = _query(session, caps, requester)
+    finally:
+        if known is not None:
+            with _lock:
+                known.refreshing = False
     with _lock:
         known = _counts.get(key)
         if known is None or now - known.at >= COUNT_TTL_S:

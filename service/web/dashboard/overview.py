@@ -1,4 +1,4 @@
-"""The parity matrix: latest verdict per check × track, computed in SQL."""
+"""The parity matrix: latest verdict per check × track, read from the history summary."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from jobs.verdict.compare import verdict_label
-from models import Environment, Run
+from models import Environment, HistorySummary, Run
 from service.core.run_state import IN_FLIGHT, RunState
 from service.oncall.known_failures import RUN_VERDICTS
 from service.selftest.batch import LABEL as SELFTEST_LABEL
@@ -101,29 +101,36 @@ def _build():  # type: ignore[no-untyped-def]
 
 
 def latest_cells(session: Session) -> list[Cell]:
-    """One cell per check × track: DISTINCT ON picks the latest verdict without a Python scan."""
+    """One cell per check × track, from history_summary (kept by a trigger on runs, alembic 0014).
+
+    The summary has a row per check × track × verdict (count, latest run): the latest of those rows
+    is the cell's run, their counts its history. Nothing here reads more than one run per cell, so
+    the page costs the same with ten runs of history or a million.
+    """
+    s = HistorySummary
     latest = (
+        select(s.check_key, s.track, s.latest_run_id)
+        .distinct(s.check_key, s.track)
+        .order_by(s.check_key, s.track, s.latest_finished_at.desc().nulls_last(), s.latest_run_id.desc())
+        .subquery()
+    )
+    counts = (
+        select(s.check_key, s.track,
+               *(func.coalesce(func.sum(s.runs).filter(s.verdict == v), 0).label(f"n{i}")
+                 for i, v in enumerate(VERDICTS)))
+        .group_by(s.check_key, s.track)
+        .subquery()
+    )
+    rows = session.execute(
         select(Run.id, Run.check_key, Run.check_name, Run.config, Run.track, Run.environment_id, Run.verdict,
                Run.regression, Run.compared_track, Run.finished_at, Run.max_abs_loss_delta, Run.signatures,
                Run.failing_since_run_id, _build(), Run.summary["known_failures"].label("known"),
                Run.summary["known_fixed"].label("fixed_known"),
                Run.summary["verdict_label"].astext.label("label"),
-               Run.summary["worked_around_by"].label("worked_around_by"))
-        .where(Run.verdict.is_not(None), NOT_SELFTEST)
-        .distinct(Run.check_key, Run.track)
-        .order_by(Run.check_key, Run.track, Run.finished_at.desc().nulls_last(), Run.id.desc())
-        .subquery()
-    )
-    counts = (
-        select(Run.check_key, Run.track,
-               *(func.count().filter(Run.verdict == v).label(f"n{i}") for i, v in enumerate(VERDICTS)))
-        .where(Run.verdict.is_not(None), NOT_SELFTEST)
-        .group_by(Run.check_key, Run.track)
-        .subquery()
-    )
-    rows = session.execute(
-        select(latest, Environment.name.label("environment"), *(counts.c[f"n{i}"] for i in range(len(VERDICTS))))
-        .join(Environment, Environment.id == latest.c.environment_id)
+               Run.summary["worked_around_by"].label("worked_around_by"),
+               Environment.name.label("environment"), *(counts.c[f"n{i}"] for i in range(len(VERDICTS))))
+        .join(latest, latest.c.latest_run_id == Run.id)
+        .join(Environment, Environment.id == Run.environment_id)
         .join(counts, (counts.c.check_key == latest.c.check_key) & (counts.c.track == latest.c.track))
     ).all()
     return [
