@@ -25,7 +25,7 @@ def test_a_spoofed_forwarded_for_does_not_make_a_client_the_proxy(committed_db: 
     configure(monkeypatch, PARITY_PROXY_USER_HEADER="X-Forwarded-User", PARITY_PROXY_ADDRESSES=PROXY)
     attack = {"X-Forwarded-For": PROXY, "X-Forwarded-User": "mallory"}
     with serve(**server_options(get_settings())) as url:
-        page = httpx.get(f"{url}/", headers=attack)
+        page = httpx.get(f"{url}/", headers=attack, timeout=60)
     assert page.status_code == 200
     assert _viewer(page.text) is None, "the client's own X-Forwarded-For made it the trusted proxy"
 
@@ -33,7 +33,7 @@ def test_a_spoofed_forwarded_for_does_not_make_a_client_the_proxy(committed_db: 
 def test_the_configured_proxy_still_names_its_user(committed_db: str, monkeypatch) -> None:
     configure(monkeypatch, PARITY_PROXY_USER_HEADER="X-Forwarded-User", PARITY_PROXY_ADDRESSES="127.0.0.1")
     with serve(**server_options(get_settings())) as url:
-        page = httpx.get(f"{url}/", headers={"X-Forwarded-User": "alice"})
+        page = httpx.get(f"{url}/", headers={"X-Forwarded-User": "alice"}, timeout=60)
     assert _viewer(page.text) == "alice"
 
 
@@ -41,7 +41,7 @@ def test_uvicorn_defaults_would_let_the_attack_through(committed_db: str, monkey
     """The control: uvicorn's own defaults (proxy headers on, trusting 127.0.0.1) are what the issue exploited."""
     configure(monkeypatch, PARITY_PROXY_USER_HEADER="X-Forwarded-User", PARITY_PROXY_ADDRESSES=PROXY)
     with serve() as url:
-        page = httpx.get(f"{url}/", headers={"X-Forwarded-For": PROXY, "X-Forwarded-User": "mallory"})
+        page = httpx.get(f"{url}/", headers={"X-Forwarded-For": PROXY, "X-Forwarded-User": "mallory"}, timeout=60)
     assert _viewer(page.text) == "mallory"
     assert server_options(get_settings())["proxy_headers"] is False
 
