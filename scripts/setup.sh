@@ -9,3 +9,7 @@ command -v "$PY" >/dev/null || PY=python3
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all,dev]'
 echo "setup: $(.venv/bin/python --version), torch $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))'), megatron-core $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("megatron-core"))')"
+# The Pythons a service build may make its venv on (Megatron-Core 0.17+ need 3.12): PARITY_PYTHONS, else
+# python3.X on PATH or in pyenv (service/environments/interpreters.py). Set PARITY_PYTHONS to this line to pin it.
+echo "setup: PARITY_PYTHONS=$(.venv/bin/python -c 'import os; from service.environments.interpreters import configured
+print(",".join(f"{v}={p}" for v, p in configured(os.environ.get("PARITY_PYTHONS")).items()))')"
