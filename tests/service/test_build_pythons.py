@@ -61,6 +61,7 @@ def _venv_with(python: str, wheel: Path, venv: Path) -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pytest.mark.slow  # five pip runs on two interpreters: ~40 s on a loaded machine
 def test_requires_python_picks_the_lowest_python_that_fits(tmp_path: Path) -> None:
     newer, newer_path = _newer()
     pythons = interpreters.configured(None)
