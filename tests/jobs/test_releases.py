@@ -75,12 +75,14 @@ def test_the_layerwise_optimizer_gets_base_torch_optimizers() -> None:
     themselves. The harness unwraps it for every release (jobs/rank/compat.py); the release table's 0.18.2 and
     0.19.2 layerwise-empty-rank rows are that check end to end (docs/releases.md)."""
     import torch
-    from megatron.core.optimizer import OptimizerConfig
     from megatron.core.optimizer.optimizer import FP32Optimizer
 
     from jobs.rank.compat import layerwise_inner_optimizers
 
     adam = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))])
-    wrapped = FP32Optimizer(adam, OptimizerConfig(lr=1e-3), None)
+    # its __init__ asks for a CUDA device on this CPU build; the wrapper holds the torch optimizer as
+    # `.optimizer`, which is what 0.16/0.17 unwrap
+    wrapped = FP32Optimizer.__new__(FP32Optimizer)
+    wrapped.optimizer = adam
     inner = layerwise_inner_optimizers([wrapped, adam])
     assert inner[0] is adam and inner[1] is adam
