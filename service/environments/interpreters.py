@@ -43,6 +43,10 @@ class NoPythonFits(RuntimeError):
     """No configured Python satisfies every requirement's Requires-Python; the message names both sides."""
 
 
+class MetadataUnreadable(RuntimeError):
+    """pip could not read the requirements' metadata (no such version, no index, a tree that does not build)."""
+
+
 def own_python() -> tuple[str, str]:
     """(X.Y, interpreter) of the service itself: the base interpreter, never a venv's wrapper."""
     return f"{sys.version_info.major}.{sys.version_info.minor}", getattr(sys, "_base_executable", sys.executable)
@@ -128,8 +132,9 @@ def requires_python(installs: list[str], python: str, log: Path) -> list[tuple[s
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(cmd)}\n{proc.stdout}exit {proc.returncode}\n")
     if proc.returncode != 0:
-        tail = "\n".join(line for line in proc.stdout.splitlines() if "Location" not in line)[-3000:]
-        raise NoPythonFits(f"reading Requires-Python of the requirements failed (exit {proc.returncode}):\n{tail}")
+        tail = "\n".join(line for line in proc.stdout.splitlines() if not line.startswith("WARNING: Location"))
+        raise MetadataUnreadable(
+            f"reading Requires-Python of the requirements failed (exit {proc.returncode}):\n{tail[-3000:]}")
     doc = json.loads(report.read_text())
     out = []
     for item in doc.get("install", []):

@@ -167,13 +167,13 @@ def pick_python(installs: list[str], pythons: dict[str, str], log: Path) -> tupl
     for python in pythons.values():
         try:
             found = interpreters.requires_python(installs, python, log)
-        except interpreters.NoPythonFits as exc:
+        except interpreters.MetadataUnreadable as exc:
             errors.append(str(exc))
             continue
         with log.open("a") as fh:
             fh.write("".join(f"Requires-Python of {n} {v}: {s or '(none)'}\n" for n, v, s in found))
         return interpreters.choose(found, pythons)
-    raise interpreters.NoPythonFits(errors[0])
+    raise interpreters.MetadataUnreadable(errors[0])  # pip's reason under the lowest Python
 
 
 def base_pins(pins: list[str]) -> list[str]:

@@ -96,6 +96,17 @@ def test_no_python_fits_fails_the_build_naming_the_field_and_the_pythons(tmp_pat
     assert not (folder / "venv").exists()  # refused before any venv was made
 
 
+def test_metadata_pip_cannot_read_fails_the_build_with_pips_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "w" / "tiny_broken-1.0-py3-none-any.whl"
+    broken.parent.mkdir()
+    broken.write_bytes(b"not a zip\x00" * 10)
+    folder = tmp_path / "environments" / "b2"
+    with pytest.raises(interpreters.MetadataUnreadable):
+        build_environment(str(folder), [str(broken)], interpreters.configured(None))
+    with pytest.raises(BuildResultError, match="reading Requires-Python of the requirements failed"):
+        read_build_result(folder)
+
+
 def test_an_invalid_requires_python_is_named() -> None:
     with pytest.raises(interpreters.NoPythonFits, match=r"tiny 1.0: Requires-Python '>=three' is not a valid"):
         interpreters.choose([("tiny", "1.0", ">=three")], {OWN: sys.executable})
