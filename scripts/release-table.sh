@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # The README's release table, produced by the service: one environment built by the service per
 # Megatron-Core release (`megatron-core==X`, torch shared with the service), one sweep of every
-# config x release x sharding type, then the Markdown table of verdicts and signatures.
+# config x release x sharding type, then the Markdown table of verdicts and signatures. Each build
+# gets the lowest Python its Requires-Python accepts (0.17+ need 3.12: a Python 3.12 must be on PATH,
+# in pyenv, or in PARITY_PYTHONS; its torch is installed once into a shared base venv, several GB).
 #
 #   scripts/release-table.sh                          # a service of its own (embedded Postgres under
 #                                                     # $PARITY_DATA_DIR, default /var/tmp/parity-release)
 #   PARITY_SERVICE_URL=... PARITY_TOKEN=... scripts/release-table.sh   # an existing service
 #
-# RELEASES and SHARDINGS (space-separated) choose the rows, CONFIGS the columns (default all);
-# DP, STEPS, SAVE_STEP the check.
+# RELEASES and SHARDINGS (space-separated) choose the rows, CONFIGS (space-separated, default all) the
+# columns; DP, STEPS, SAVE_STEP the check; TIMEOUT (s) how long the sweep is waited for.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RELEASES=${RELEASES:-"0.12.3 0.13.1 0.14.0 0.15.3 0.16.1"}
+RELEASES=${RELEASES:-"0.12.3 0.13.1 0.14.0 0.15.3 0.16.1 0.17.1 0.18.2 0.19.2"}
+CONFIGS=${CONFIGS:-all}
 SHARDINGS=${SHARDINGS:-"dp_reshardable fully_sharded_model_space"}
 PY=.venv/bin/python
 [[ -x $PY ]] || scripts/setup.sh >&2
 
-args=(--dp "${DP:-2}" --steps "${STEPS:-6}" --save-step "${SAVE_STEP:-3}" --wait --release-table)
-for config in ${CONFIGS:-all}; do args+=(--config "$config"); done
+args=(--dp "${DP:-2}" --steps "${STEPS:-6}" --save-step "${SAVE_STEP:-3}" --wait --release-table
+      --timeout "${TIMEOUT:-14400}")
+for config in $CONFIGS; do args+=(--config "$config"); done
 for release in $RELEASES; do args+=(--build "megatron-core==$release"); done
 for sharding in $SHARDINGS; do args+=(--variation "{\"sharding\": \"$sharding\"}"); done
 
@@ -27,6 +31,8 @@ fi
 
 export PARITY_DATA_DIR=${PARITY_DATA_DIR:-/var/tmp/parity-release}
 export PARITY_API_PORT=${PARITY_API_PORT:-8124}
+# this service exists for the table: no detector self-test batch (50 runs) queued ahead of the sweep's
+export PARITY_SELFTEST_INTERVAL_HOURS=${PARITY_SELFTEST_INTERVAL_HOURS:-0}
 export PARITY_SERVICE_URL=http://127.0.0.1:$PARITY_API_PORT
 mkdir -p "$PARITY_DATA_DIR"
 $PY -m service.cli.main db upgrade >&2

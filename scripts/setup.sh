@@ -19,3 +19,7 @@ if [[ $(id -u) == 0 ]]; then
     dir=$(dirname "$dir")
   done
 fi
+# The Pythons a service build may make its venv on (Megatron-Core 0.17+ need 3.12): PARITY_PYTHONS, else
+# python3.X on PATH or in pyenv (service/environments/interpreters.py). Set PARITY_PYTHONS to this line to pin it.
+echo "setup: PARITY_PYTHONS=$(.venv/bin/python -c 'import os; from service.environments.interpreters import configured
+print(",".join(f"{v}={p}" for v, p in configured(os.environ.get("PARITY_PYTHONS")).items()))')"

@@ -1,6 +1,6 @@
 """What the Megatron-Core build under test offers, asked before it is used.
 
-The harness spans releases 0.12.x … 0.16.x. A spec option a build lacks (a sharding type added
+The harness spans releases 0.12.x … 0.19.x (0.17+ on Python 3.12). A spec option a build lacks (a sharding type added
 later) raises `UnsupportedByBuild` up front, in the build stage, so it is reported as
 `unsupported-by-build` naming what is missing, never as a crash blamed on a Megatron bug. A
 probe or workaround whose target a build lays out differently reports itself "not applicable on
@@ -305,3 +305,16 @@ def sharding_kwargs(sharding: str) -> dict[str, Any]:
     if _takes_metadata():
         return {"metadata": {"distrib_optim_sharding_type": sharding}}
     return {"sharding_type": sharding}
+
+
+def layerwise_inner_optimizers(optimizers: list[Any]) -> list[Any]:
+    """What this build's LayerWiseDistributedOptimizer takes: the base torch optimizers.
+
+    `get_megatron_optimizer` (bf16 off for the layer-wise path) returns FP32Optimizer wrappers.
+    0.16.x/0.17.x unwrap them themselves (`opt.optimizer`) before their own Float16 wrapping; 0.18+
+    raise TypeError ("expects base torch optimizers … Do not pre-wrap with Megatron optimizers").
+    Unwrapping here is what every release then does inside, so all of them wrap the same torch Adam.
+    """
+    from megatron.core.optimizer.optimizer import FP32Optimizer
+
+    return [opt.optimizer if isinstance(opt, FP32Optimizer) else opt for opt in optimizers]

@@ -337,7 +337,9 @@ def _layerwise(opt: Any, ocfg: Any) -> Any:
                     inner.state[p]["exp_avg"] = torch.zeros_like(p.data)
                     inner.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
 
-    subs = list(getattr(opt, "chained_optimizers", [opt]))
+    from jobs.rank.compat import layerwise_inner_optimizers
+
+    subs = layerwise_inner_optimizers(list(getattr(opt, "chained_optimizers", [opt])))
     ocfg.bf16 = True
     pgs = ProcessGroupCollection.use_mpu_process_groups()
     return LayerWiseDistributedOptimizer(subs, ocfg, pgs, init_state_fn_list=[adam_init_state] * len(subs))

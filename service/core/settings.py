@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     # what a submit token may build (service/environments/build_policy.py): project names (released
     # versions, pinned), git+https repository URLs (at a full commit), `artifact` (artifact:<sha256>)
     build_allow: str = "megatron-core, artifact"
+    # the Pythons a build may make its venv on, "3.11=/usr/bin/python3.11,3.12=/opt/py312/bin/python3.12"
+    # (service/environments/interpreters.py): a build takes the lowest one its requirements' Requires-Python
+    # accepts; unset, every python3.X found on PATH (or in pyenv's versions folder), the service's own always
+    pythons: str | None = None
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000

@@ -26,6 +26,7 @@ from service.artifacts.store import resolve_lines
 from service.core.errors import DomainError
 from service.core.run_state import TERMINAL, RunState, transition
 from service.core.settings import Settings, get_settings
+from service.environments import interpreters
 from service.environments.recipe import RESULT_NAME, build_environment
 from service.environments.registry import set_state
 from service.executors import job_user, launcher
@@ -68,11 +69,17 @@ def launch_builds(session: Session, *, settings: Settings, executor: str | None 
                 env.error_message = exc.detail
                 set_state(env, "failed")
                 continue
+            try:  # the Pythons it may choose from: resolved here, where PARITY_PYTHONS is set
+                pythons = interpreters.configured(settings.pythons)
+            except interpreters.PythonsError as exc:
+                env.error_message = str(exc)
+                set_state(env, "failed")
+                continue
             try:
                 job = launcher.submit_phase(
                     executor=executor, folder=job_folder, python=sys.executable, tasks=1,
                     settings=settings, name=f"parity-env-{env.id}", function=build_environment,
-                    args=(str(folder), lines), env_names=pip_environment(),
+                    args=(str(folder), lines, pythons), env_names=pip_environment(),
                 )
             except Exception as exc:  # sbatch refused: the build cannot start, say why
                 env.error_message = f"submitting the build failed: {exc}"[-4000:]
@@ -122,6 +129,8 @@ def reconcile_builds(session: Session, settings: Settings | None = None) -> int:
         env.python, env.freeze = doc["python"], doc["freeze"]
         env.megatron_core, env.torch = doc["megatron_core"], doc["torch"]
         env.packages = {"torch": doc["torch"], "megatron_core": doc["megatron_core"]}
+        if doc.get("python_version"):  # the Python the build chose (older builds did not say)
+            env.packages["python_version"] = doc["python_version"]
         env.build_seconds, env.built_at, env.error_message = doc["seconds"], utcnow(), None
         set_state(env, "ready")
     return done
@@ -179,6 +188,8 @@ def read_build_result(folder: Path) -> dict[str, Any]:
     for key in ("torch", "megatron_core"):
         if not isinstance(doc.get(key), str) or len(doc[key]) > 100:
             raise BuildResultError(f"the build's result: {key} is not a version string")
+    if not isinstance(doc.get("python_version", ""), str) or len(doc.get("python_version", "")) > 40:
+        raise BuildResultError("the build's result: python_version is not a version string")
     freeze = doc.get("freeze")
     if not isinstance(freeze, list) or not all(isinstance(x, str) and len(x) < 2000 for x in freeze):
         raise BuildResultError("the build's result: freeze is not a list of requirement lines")

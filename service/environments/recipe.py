@@ -1,4 +1,4 @@
-"""Build one environment: a Python 3.11 virtualenv whose torch is the service's own torch.
+"""Build one environment: a virtualenv on the Python its requirements need, with a shared torch.
 
 The job payload (`build_environment`) runs under submitit (local or Slurm) with the service's
 Python and no database. Torch is never downloaded: the venv gets a `.pth` pointing at a folder
@@ -7,6 +7,10 @@ them as installed and a constraint pins torch to that version. Measured here (be
 env_build.py, loaded machine): 113 s and 16 MB per build, against 763 s and 979 MB when the
 venv installs the torch wheel again. Requirements installed into the venv shadow the shared ones (site-packages
 comes before `.pth` entries), and pip never uninstalls the shared ones (they lie outside the venv).
+
+The Python is the lowest configured one that every line's Requires-Python accepts
+(interpreters.py); on a Python other than the service's, the shared torch is that Python's base
+venv (python_base.py), built once and shared by every build on it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
+from service.environments import interpreters
+from service.environments.python_base import ensure_base
 from service.environments.requirements import SKIP_PARTS, local_source_digest
 
 # What every environment shares with the service: torch (pinned) and what jobs/ imports besides it.
@@ -149,7 +155,7 @@ def _sha256(path: Path) -> str:
 RESULT_NAME = "build.json"
 
 
-def build_environment(folder: str, requirements: list[str]) -> dict[str, Any]:
+def build_environment(folder: str, requirements: list[str], pythons: dict[str, str] | None = None) -> dict[str, Any]:
     """The build job: build the environment and leave its outcome in folder/build.json (JSON, never a pickle).
 
     The scheduler reads that document as data (build_steps.read_build_result); what the job returns
@@ -157,7 +163,7 @@ def build_environment(folder: str, requirements: list[str]) -> dict[str, Any]:
     """
     root = Path(folder)
     try:
-        doc = _build(root, requirements)
+        doc = _build(root, requirements, pythons or dict([interpreters.own_python()]))
     except Exception as exc:  # pip's output tail, or why the venv could not be made
         _write_result(root, {"error": f"{type(exc).__name__}: {exc}"[-6000:]})
         raise
@@ -171,23 +177,51 @@ def _write_result(root: Path, doc: dict[str, Any]) -> None:
     tmp.replace(root / RESULT_NAME)
 
 
-def _build(root: Path, requirements: list[str]) -> dict[str, Any]:
-    """Create root/venv with the shared torch and the requirements; return its python and packages."""
+def pick_python(installs: list[str], pythons: dict[str, str], log: Path) -> tuple[str, str]:
+    """(X.Y, interpreter) for these pip arguments: read their Requires-Python (as the lowest Python whose
+    pip can read them all: a wheel only built for cp312 is not found by 3.11's tags), then choose."""
+    errors = []
+    for python in pythons.values():
+        try:
+            found = interpreters.requires_python(installs, python, log)
+        except interpreters.MetadataUnreadable as exc:
+            errors.append(str(exc))
+            continue
+        with log.open("a") as fh:
+            fh.write("".join(f"Requires-Python of {n} {v}: {s or '(none)'}\n" for n, v, s in found))
+        return interpreters.choose(found, pythons)
+    raise interpreters.MetadataUnreadable(errors[0])  # pip's reason under the lowest Python
+
+
+def base_pins(pins: list[str]) -> list[str]:
+    """What a base venv on another Python installs: the shared distributions at the service's versions,
+    torch without its local label (PyPI's 2.13.0 for the CPU wheel's 2.13.0+cpu)."""
+    top = {n.lower() for n in SHARED_DISTRIBUTIONS}
+    return [p.split("+", 1)[0] for p in pins if p.split("==", 1)[0].lower() in top]
+
+
+def _build(root: Path, requirements: list[str], pythons: dict[str, str]) -> dict[str, Any]:
+    """Create root/venv on the Python the requirements need, with a shared torch; return its python and packages."""
     t0 = time.time()
     root.mkdir(parents=True, exist_ok=True)
     log = root / "build.log"
     venv, shared = root / "venv", root / "shared"
     python = venv / "bin" / "python"
-    base = getattr(sys, "_base_executable", sys.executable)
-    _run([base, "-m", "venv", "--clear", "--without-pip", str(venv)], log, "creating the virtualenv")
-    pins = link_shared(shared)
+    installs = [resolve_line(line, root, log) for line in requirements]
+    version, interpreter = pick_python(installs, pythons, log)
+    _run([interpreter, "-m", "venv", "--clear", "--without-pip", str(venv)], log,
+         f"creating the virtualenv on Python {version}")
+    if version == interpreters.own_python()[0]:
+        pins = link_shared(shared)
+    else:
+        pins = base_pins([f"{d.metadata['Name']}=={d.version}" for d in closure()])
+        shared = ensure_base(root, version, interpreter, pins, _run, log)
     site = next((venv / "lib").glob("python3.*/site-packages"))
     (site / "_parity_shared.pth").write_text(f"{shared}\n")
     # The torch pin is what keeps a requirement from pulling another torch (a multi-GB download).
     constraints = root / "constraints.txt"
     constraints.write_text("".join(f"{p}\n" for p in pins if p.lower().startswith("torch==")))
     pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
-    installs = [resolve_line(line, root, log) for line in requirements]
     _run([*pip, "install", "--no-input", "--constraint", str(constraints), *installs], log, "pip install")
     freeze = _run([*pip, "freeze", "--all"], log, "pip freeze")
     versions = json.loads(_run([str(python), "-c", CHECK], log, "importing torch and megatron.core").splitlines()[-1])
@@ -196,6 +230,7 @@ def _build(root: Path, requirements: list[str]) -> dict[str, Any]:
         raise BuildFailed(f"torch {versions['torch']} in the build, expected the service's {torch_pin}")
     return {
         "python": str(python),
+        "python_version": interpreters.probe(str(python)) or version,
         "freeze": sorted(line for line in freeze.splitlines() if line.strip()),
         "torch": versions["torch"],
         "megatron_core": versions["megatron_core"],

@@ -25,6 +25,7 @@ from models.base import utcnow
 from service.artifacts.store import resolve_lines
 from service.core.errors import Conflict, DomainError, NotFound
 from service.core.settings import Settings
+from service.environments import interpreters
 from service.environments.requirements import RequirementError, content_hash, normalize
 
 DEFAULT_ENVIRONMENT = "default"
@@ -184,7 +185,8 @@ def request_build(
     try:
         lines = normalize(requirements)
         torch_version = _service_torch()
-        digest = content_hash(lines, torch_version=torch_version, python_version=_python_version())
+        # the Python a build gets depends on the configured set: a new set is a new build
+        digest = content_hash(lines, torch_version=torch_version, python_version=_python_versions(settings))
     except RequirementError as exc:
         raise InvalidEnvironment(str(exc), field=exc.field) from None
     resolve_lines(session, lines)  # every uploaded artifact must be there (422 naming the line otherwise)
@@ -250,8 +252,11 @@ def _service_torch() -> str:
     return version("torch")
 
 
-def _python_version() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
+def _python_versions(settings: Settings) -> str:
+    try:
+        return interpreters.versions_key(interpreters.configured(settings.pythons))
+    except interpreters.PythonsError as exc:
+        raise InvalidEnvironment(str(exc), field="PARITY_PYTHONS") from None
 
 
 def list_environments(session: Session) -> list[Environment]:

@@ -68,3 +68,21 @@ def test_a_release_with_another_bucket_layout_still_gets_a_verdict(tmp_path: Pat
     # Bug A predates 0.13: the index-map probe finds it and the save of the misaligned state fails
     assert result["verdict"] == "fail", (result["signatures"], result.get("error"))
     assert "optimizer-index-misalignment" in result["signatures"]
+
+
+def test_the_layerwise_optimizer_gets_base_torch_optimizers() -> None:
+    """0.18+ refuse the FP32Optimizer get_megatron_optimizer returns ("Do not pre-wrap"); 0.16/0.17 unwrap it
+    themselves. The harness unwraps it for every release (jobs/rank/compat.py); the release table's 0.18.2 and
+    0.19.2 layerwise-empty-rank rows are that check end to end (docs/releases.md)."""
+    import torch
+    from megatron.core.optimizer.optimizer import FP32Optimizer
+
+    from jobs.rank.compat import layerwise_inner_optimizers
+
+    adam = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))])
+    # its __init__ asks for a CUDA device on this CPU build; the wrapper holds the torch optimizer as
+    # `.optimizer`, which is what 0.16/0.17 unwrap
+    wrapped = FP32Optimizer.__new__(FP32Optimizer)
+    wrapped.optimizer = adam
+    inner = layerwise_inner_optimizers([wrapped, adam])
+    assert inner[0] is adam and inner[1] is adam

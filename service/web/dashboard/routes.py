@@ -59,6 +59,15 @@ def sweep(request: Request, sweep_id: str, session: SessionDep, _: DashboardRead
     return render(request, "sweep.html", {"g": sweep_grid(session, sweep_id=sweep_id)})
 
 
+@router.get("/suite-runs")
+def suite_runs(request: Request, session: SessionDep, _: DashboardRead, page: int = 1) -> Response:
+    """Suite runs, newest first: verdict, suite name and version, build, outcome counts."""
+    from service.suites.runs import suite_run_list
+
+    # a page number past any real page (or one that overflows) is clamped, never a 500
+    return render(request, "suite_runs.html", {"l": suite_run_list(session, page=max(1, min(page, 10**6)))})
+
+
 @router.get("/suite-runs/{suite_run_id}")
 def suite_run(request: Request, suite_run_id: str, session: SessionDep, base: BaseUrl, _: DashboardRead) -> Response:
     """A suite run: one row per check (outcome, cause, first divergent step, triage link) and the overall verdict."""
