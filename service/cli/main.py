@@ -13,12 +13,12 @@ COMMANDS = (
     "server.serve", "server.scheduler", "server.db", "server.token", "client.submit", "client.env", "client.sweep",
     "client.bisect", "server.demo", "engine.run_local", "client.configs", "client.notify", "engine.selftest",
     "engine.calibrate", "engine.shrink",
-    "client.suite",
+    "client.suite", "server.pythons",
 )
 # The base install is the client; these commands need an extra (and are named here so the client can say so).
 NEEDS_EXTRA = {
     "server.serve": "serve", "server.scheduler": "scheduler", "server.db": "db", "server.token": "token",
-    "server.demo": "demo", "engine.run_local": "run-local", "engine.selftest": "selftest",
+    "server.demo": "demo", "server.pythons": "pythons", "engine.run_local": "run-local", "engine.selftest": "selftest",
 }
 ENGINE_MODULES = {"torch", "megatron", "numpy"}
 PIP_NAME = "megatron-resume-parity"

@@ -39,9 +39,21 @@ def ensure_base(
 ) -> Path:
     """The site-packages of the base venv on `python` holding `pins` (torch and what jobs/ imports); built once."""
     folder = base_folder(build_folder, version)
-    folder.mkdir(parents=True, exist_ok=True)
     venv, ready = folder / "venv", folder / READY
-    with (folder / "lock").open("w") as lock:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock_file = (folder / "lock").open("a" if ready.exists() else "w")
+    except PermissionError as exc:  # a job user's build may read a base, never write one (every build imports it)
+        if ready.exists() and json.loads(ready.read_text()).get("pins") == pins:
+            with log.open("a") as fh:
+                fh.write(f"shared Python {version} base: {venv} (ready, prepared by the service)\n")
+            return site_packages(venv)
+        raise PermissionError(
+            f"the shared Python {version} base ({folder}) is not prepared and this build may not write it "
+            f"(builds run as PARITY_JOB_USER): the service's user prepares it once with "
+            f"`parity pythons prepare {version}`"
+        ) from exc
+    with lock_file as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the build that came second waits here for the first
         if ready.exists() and json.loads(ready.read_text()).get("pins") == pins:
             with log.open("a") as fh:

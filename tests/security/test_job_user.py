@@ -164,3 +164,34 @@ def test_a_file_stopped_at_the_per_file_limit_is_named_as_the_cause(tmp_path: Pa
     (tmp_path / "checkpoint" / "model.pt").write_bytes(b"x" * (1 << 20))  # where RLIMIT_FSIZE stopped it
     why = disk_quota.file_at_limit(tmp_path, small_quota)
     assert why is not None and "checkpoint/model.pt reached PARITY_RUN_DISK_QUOTA=1M" in why, why
+
+
+def test_a_job_users_build_may_not_write_a_shared_python_base(user: job_user.JobUser, root: Path) -> None:
+    """A base venv is imported by every build on its Python: one build writing it could poison the rest.
+
+    As the job user, an unprepared base is refused with the command that prepares it; a prepared
+    (service-owned, ready) base is used as it is.
+    """
+    builds = root / "environments"
+    builds.mkdir(parents=True)
+    os.chmod(root.parent, 0o711)
+    os.chmod(root, 0o755)
+    os.chmod(builds, 0o755)
+    probe = (
+        "import json, sys; from pathlib import Path; from service.environments.python_base import ensure_base\n"
+        "def run(*a): raise SystemExit('the job user tried to build the base')\n"
+        f"log = Path('/tmp/parity-base-{uuid.uuid4().hex[:8]}.log')\n"
+        f"try:\n    print(ensure_base(Path({str(builds / 'abc')!r}), '3.99', sys.executable, ['torch==1'], run, log))\n"
+        "except PermissionError as exc:\n    print('REFUSED', exc)\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    as_job = ["runuser", "-u", user.name, "--", os.path.realpath(f"{repo}/.venv/bin/python"), "-c", probe]
+    refused = subprocess.run(as_job, capture_output=True, text=True, cwd=repo, check=True).stdout
+    print(refused)
+    assert refused.startswith("REFUSED") and "parity pythons prepare 3.99" in refused
+    base = builds / "pythons" / "3.99"  # what `parity pythons prepare` leaves, as the service's user
+    (base / "venv" / "lib" / "python3.99" / "site-packages").mkdir(parents=True)
+    (base / "ready.json").write_text('{"pins": ["torch==1"]}')
+    os.chmod(base, 0o755)
+    used = subprocess.run(as_job, capture_output=True, text=True, cwd=repo, check=True).stdout
+    assert used.strip().endswith("python3.99/site-packages"), used
