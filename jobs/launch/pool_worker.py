@@ -19,6 +19,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -38,8 +39,7 @@ def serve(folder: str, idle_s: float) -> dict[str, Any]:
     pool = PoolFolder(Path(folder))
     rank = _env_rank()
     beat = _Beat(pool, rank)
-    beat("starting", None, force=True)
-    info = preload()
+    info = _preload_beating(beat)
     served: list[str] = []
     last_work = time.monotonic()
     while True:
@@ -58,6 +58,25 @@ def serve(folder: str, idle_s: float) -> dict[str, Any]:
             return {"served": served, "info": info, "idle_exit": True}
         beat("idle", served[-1] if served else None)
         time.sleep(POLL_S)
+
+
+def _preload_beating(beat: _Beat) -> dict[str, Any]:
+    """The imports, with a thread beating "starting" meanwhile (an import under load takes tens of
+    seconds: a silent task would read as hung). The thread is joined before any fork."""
+    stop = threading.Event()
+
+    def beating() -> None:
+        while not stop.is_set():
+            beat("starting", None, force=True)
+            stop.wait(HEARTBEAT_S)
+
+    thread = threading.Thread(target=beating, name="pool-start-beat", daemon=True)
+    thread.start()
+    try:
+        return preload()
+    finally:
+        stop.set()
+        thread.join()
 
 
 class _Beat:

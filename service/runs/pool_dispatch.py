@@ -110,7 +110,7 @@ def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str
             pool.release(v.worker, v.order)
             done["released"] += 1
         elif v.state in ("dead", "hung"):
-            if v.state == "dead" and _never_ready(v):
+            if _never_ready(v):  # it broke while starting: its attempts go cold for a while, no restart loop
                 _start_failures[v.worker.key] = time.monotonic()
             pool.retire(v.worker, f"worker {v.state}", hard=True)
             done["retired"] += 1
