@@ -102,6 +102,8 @@ def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str
     """Take back finished orders, retire what must go, start what the waiting attempts need."""
     done = {"released": 0, "retired": 0, "started": 0, "swept": 0}
     entries = settings.pool_entries()
+    if not entries and not pool.pool_root(settings).is_dir():
+        return done  # no pool configured and no worker left to stop: not even the lock's round trip
     if not session.scalar(text("select pg_try_advisory_xact_lock(:k)"), {"k": POOL_LOCK}):
         return done  # another replica maintains the pool right now
     views = pool.observe(settings)
