@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/e2e_latency.py [--sizes 1,4,16] [--executor slurm] [--repeat 1]
                                                [--config moe-fp32-router] [--dp 2] [--steps 20] [--save-step 10]
                                                [--isolation process|job] [--json]
+                                               [--warm | --both] [--pool-size 1]
 
 Creates a throw-away database on PARITY_BENCH_SERVER_URL (default: the local Postgres), starts
 `parity serve` and one `parity scheduler` against it (the scheduler's settings are the shipped
@@ -13,6 +14,12 @@ then for each N posts N runs at once and polls GET /runs/{id} every 50 ms until 
 verdict. Prints, per N: median and max time-to-verdict divided by the unit, and runs per minute
 (N / time from the first POST to the last verdict). Target: N=1 median <= 1.6 x one launch on
 single-node Slurm. Drops the database at the end.
+
+--warm measures the warm path instead: the scheduler runs with PARITY_POOL for the default environment
+(`--pool-size` workers of DP tasks), one unmeasured burst brings the workers up, and the output and
+--json document are the cold one's (plus "warm", "pool" and "load_average"). --both measures cold,
+then warm, in one invocation against the same unit (--json: {"cold": ..., "warm": ...}); target: warm
+N=1 <= 0.8 x one launch, and N=16 at least twice the cold runs per minute. Workers are stopped at the end.
 """
 
 from __future__ import annotations
