@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/e2e_latency.py [--sizes 1,4,16] [--executor slurm] [--repeat 1]
                                                [--config moe-fp32-router] [--dp 2] [--steps 20] [--save-step 10]
                                                [--isolation process|job] [--json]
+                                               [--warm | --both] [--pool-size 1]
 
 Creates a throw-away database on PARITY_BENCH_SERVER_URL (default: the local Postgres), starts
 `parity serve` and one `parity scheduler` against it (the scheduler's settings are the shipped
@@ -13,6 +14,12 @@ then for each N posts N runs at once and polls GET /runs/{id} every 50 ms until 
 verdict. Prints, per N: median and max time-to-verdict divided by the unit, and runs per minute
 (N / time from the first POST to the last verdict). Target: N=1 median <= 1.6 x one launch on
 single-node Slurm. Drops the database at the end.
+
+--warm measures the warm path instead: the scheduler runs with PARITY_POOL for the default environment
+(`--pool-size` workers of DP tasks), one unmeasured burst brings the workers up, and the output and
+--json document are the cold one's (plus "warm", "pool" and "load_average"). --both measures cold,
+then warm, in one invocation against the same unit (--json: {"cold": ..., "warm": ...}); target: warm
+N=1 <= 0.8 x one launch, and N=16 at least twice the cold runs per minute. Workers are stopped at the end.
 """
 
 from __future__ import annotations
@@ -134,6 +141,52 @@ def burst(
     }
 
 
+def start_service(procs: list[subprocess.Popen[bytes]], env: dict[str, str], root: Path) -> str:
+    """Start `parity serve` and one scheduler with env; wait until the scheduler beats; the base URL."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = open(root / "service.log", "ab")
+    for cmd in (["serve", "--port", str(port)], ["scheduler"]):
+        procs.append(subprocess.Popen([sys.executable, "-m", "service.cli.main", *cmd], env=env, cwd=ROOT,
+                                      stdout=log, stderr=log))
+    for _ in range(300):
+        try:
+            if httpx.get(f"{base}/api/v1/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    # the clock starts at a POST to a running scheduler, not one still importing
+    for _ in range(600):
+        health = httpx.get(f"{base}/api/v1/healthz", timeout=1).json()
+        if (health.get("scheduler") or {}).get("executor") and _fresh(health):
+            break
+        time.sleep(0.1)
+    return base
+
+
+def _fresh(health: dict[str, Any]) -> bool:
+    beat = (health.get("scheduler") or {}).get("last_heartbeat")
+    return bool(beat) and (datetime.now().astimezone() - datetime.fromisoformat(str(beat))).total_seconds() < 5
+
+
+def stop_pool(run_folder: Path) -> None:
+    """Stop every pool worker left (a stop order, or its job cancelled): they hold the node's CPUs."""
+    from service.core.settings import Settings
+    from service.executors import pool
+
+    for worker in pool.list_workers(Settings(run_folder=run_folder)):
+        pool.retire(worker, "benchmark over", hard=False)
+
+
+def stop_service(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the server and the scheduler (a stopped scheduler leaves its pool workers to their idle exit)."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=60)
+    procs.clear()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the figures."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unit-repeat", type=int, default=2, help="uninterrupted launches for the unit")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--warm", action="store_true", help="measure the warm path (PARITY_POOL for the environment)")
+    ap.add_argument("--both", action="store_true", help="cold, then warm, in this one invocation")
+    ap.add_argument("--pool-size", type=int, default=1, help="warm workers (each holds DP ranks' CPUs)")
     args = ap.parse_args(argv)
     # a SIGTERM ends the run through `finally`: the server, the scheduler and the database go with it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -162,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = make_url(SERVER).set(database=name, drivername="postgresql+psycopg").render_as_string(False)
     procs: list[subprocess.Popen[bytes]] = []
+    summaries: dict[str, Any] = {}
+    modes = ["cold"]
+    root: Path | None = None
     try:
         from service.core.migrate import upgrade
 
@@ -179,56 +238,51 @@ def main(argv: list[str] | None = None) -> int:
                 [sys.executable, "-m", "service.cli.main", "token", "create", "--name", "bench", "--scope", "submit"],
                 env=env, capture_output=True, text=True, check=True, cwd=ROOT,
             ).stdout.strip()
-            port = free_port()
-            base = f"http://127.0.0.1:{port}"
-            log = open(root / "service.log", "ab")
-            for cmd in (["serve", "--port", str(port)], ["scheduler"]):
-                procs.append(subprocess.Popen([sys.executable, "-m", "service.cli.main", *cmd], env=env, cwd=ROOT,
-                                              stdout=log, stderr=log))
-            for _ in range(300):
-                try:
-                    if httpx.get(f"{base}/api/v1/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
-            # the clock starts at a POST to a running scheduler, not one still importing
-            for _ in range(600):
-                health = httpx.get(f"{base}/api/v1/healthz", timeout=1).json()
-                if (health.get("scheduler") or {}).get("executor"):
-                    break
-                time.sleep(0.1)
             headers = {"Authorization": f"Bearer {token}"}
             body = {"spec": spec, "labels": {"branch": "bench"}}
-            results = []
-            for n in sizes:
-                rounds = [burst(base, headers, body, n, args.timeout, root / "runs") for _ in range(args.repeat)]
-                results.append({
-                    "n": n,
-                    "median_x": statistics.median(r["median_s"] for r in rounds) / unit,
-                    "max_x": statistics.median(r["max_s"] for r in rounds) / unit,
-                    "runs_per_minute": statistics.median(r["runs_per_minute"] for r in rounds),
-                    "verdicts": sorted({v for r in rounds for v in r["verdicts"]}),
-                    "claim_s_median": statistics.median(x for r in rounds for x in r["claim_s"] or [float("nan")]),
-                    "notice_s_median": statistics.median(x for r in rounds for x in r["notice_s"] or [float("nan")]),
-                    "rounds": rounds,
-                })
-                if not args.json:
-                    r = results[-1]
-                    print(f"N={n:<3} median {r['median_x']:.2f}x  max {r['max_x']:.2f}x  "
-                          f"{r['runs_per_minute']:.1f} runs/min  verdicts {','.join(r['verdicts'])}  "
-                          f"(median {statistics.median(x['median_s'] for x in rounds):.1f} s); "
-                          f"POST->claimed median {r['claim_s_median'] * 1000:.0f} ms, "
-                          f"result file->phase closed median {r['notice_s_median'] * 1000:.0f} ms", flush=True)
+            modes = ["cold", "warm"] if args.both else ["warm" if args.warm else "cold"]
+            for mode in modes:
+                pool = f"env=default:tasks={args.dp}:size={args.pool_size}:idle=600" if mode == "warm" else ""
+                base = start_service(procs, {**env, "PARITY_POOL": pool}, root)
+                if mode == "warm":
+                    # the pool starts on demand: one unmeasured run brings its workers up (and
+                    # leaves them idle, waiting), as they are between runs in steady use
+                    burst(base, headers, body, args.pool_size, args.timeout, root / "runs")
+                results = []
+                for n in sizes:
+                    rounds = [burst(base, headers, body, n, args.timeout, root / "runs") for _ in range(args.repeat)]
+                    results.append({
+                        "n": n,
+                        "median_x": statistics.median(r["median_s"] for r in rounds) / unit,
+                        "max_x": statistics.median(r["max_s"] for r in rounds) / unit,
+                        "runs_per_minute": statistics.median(r["runs_per_minute"] for r in rounds),
+                        "verdicts": sorted({v for r in rounds for v in r["verdicts"]}),
+                        "claim_s_median": statistics.median(x for r in rounds for x in r["claim_s"] or [float("nan")]),
+                        "notice_s_median": statistics.median(
+                            x for r in rounds for x in r["notice_s"] or [float("nan")]),
+                        "rounds": rounds,
+                    })
+                    if not args.json:
+                        r = results[-1]
+                        print(f"{mode} N={n:<3} median {r['median_x']:.2f}x  max {r['max_x']:.2f}x  "
+                              f"{r['runs_per_minute']:.1f} runs/min  verdicts {','.join(r['verdicts'])}  "
+                              f"(median {statistics.median(x['median_s'] for x in rounds):.1f} s); "
+                              f"POST->claimed median {r['claim_s_median'] * 1000:.0f} ms, "
+                              f"result file->phase closed median {r['notice_s_median'] * 1000:.0f} ms; "
+                              f"load {os.getloadavg()[0]:.1f}", flush=True)
+                summaries[mode] = {"spec": spec, "executor": args.executor, "one_launch_s": unit,
+                                   "warm": mode == "warm", "pool": pool,
+                                   "load_average": list(os.getloadavg()), "sizes": results}
+                stop_service(procs)
+                stop_pool(root / "runs")
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=60)
+        stop_service(procs)
+        if root is not None:
+            stop_pool(root / "runs")
         with psycopg.connect(SERVER, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    summary = {"spec": spec, "executor": args.executor, "one_launch_s": unit, "sizes": results}
     if args.json:
-        json.dump(summary, sys.stdout, indent=1)
+        json.dump(summaries if args.both else summaries[modes[0]], sys.stdout, indent=1)
         print()
     return 0
 

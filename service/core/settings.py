@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.core.pool_config import PoolEntry, parse_pool
+
 
 def default_data_dir() -> Path:
     """Where embedded state lives when nothing else is configured (XDG data dir)."""
@@ -129,6 +131,18 @@ class Settings(BaseSettings):
     # local executor only: phase jobs running at once (Slurm queues by CPUs itself; local jobs would
     # all start together, and a sweep of 60 runs on a laptop then starves every one into its timeout)
     local_max_running: int = Field(default_factory=lambda: max(1, (os.cpu_count() or 2) // 2), ge=1)
+    # warm workers per environment (service/core/pool_config.py has the grammar); empty: every attempt cold
+    pool: str = ""
+
+    @field_validator("pool")
+    @classmethod
+    def _check_pool(cls, value: str) -> str:
+        parse_pool(value)  # PoolConfigError (a ValueError) names the entry, the field and what is allowed
+        return value
+
+    def pool_entries(self) -> tuple[PoolEntry, ...]:
+        """PARITY_POOL parsed."""
+        return parse_pool(self.pool)
 
     @field_validator("slurm_extra_args")
     @classmethod

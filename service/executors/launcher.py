@@ -298,3 +298,9 @@ def log_paths(job: PhaseJob) -> list[str]:
         sub = handle.task(task)
         paths += [str(sub.paths.stdout), str(sub.paths.stderr)]
     return paths
+
+
+def task_log_files(job: PhaseJob) -> list[tuple[str, str]]:
+    """(stdout, stderr) of every rank of a job, where submitit puts them (a warm order writes there too)."""
+    handle = _submitit_job(job)
+    return [(str(handle.task(t).paths.stdout), str(handle.task(t).paths.stderr)) for t in range(job.tasks)]

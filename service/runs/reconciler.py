@@ -26,7 +26,7 @@ from models.base import utcnow
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
-from service.executors import launcher
+from service.executors import launcher, pool
 from service.runs import disk_quota as quota
 from service.runs import row_guard as guard
 from service.runs.phase_documents import InvalidDocument, rejected_document, validate_phase_document
@@ -62,7 +62,10 @@ def reconcile(session: Session, *, settings: Settings, executor: str) -> int:
     changed = 0
     for phase, run in rows:
         before = phase.state
-        step = partial(_reconcile_one, session, phase, run, statuses[job_of(phase, run)], settings, executor)
+        status = statuses[job_of(phase, run)]
+        if pool.is_warm(phase.job_name):  # the worker's job is alive for many orders: ask about this one
+            status = pool.warm_status(settings, str(phase.job_name), status)
+        step = partial(_reconcile_one, session, phase, run, status, settings, executor)
         guard.per_row(session, run, step, settings=settings, what=f"reconciling {phase.name} attempt {phase.attempt}")
         changed += phase.state != before
         if phase.state != before and phase.state not in PHASE_ACTIVE:
@@ -91,7 +94,7 @@ def _reconcile_one(
     if not cancelling and plan_of(run).finished(attempt_dir.folder, phase.name):
         doc, refused = plan_of(run).collect(attempt_dir.folder, phase.name)
     if cancelling:
-        _cancel(session, phase, run, status)
+        _cancel(session, phase, run, status, settings)
     elif over_quota := quota.exceeded(phase, attempt_dir.folder, settings):
         _over_quota(session, phase, run, over_quota)
     elif (doc is None or doc.get("status") != "ok") and (doc is not None or refused or status.kind == "failed") and (
@@ -200,8 +203,12 @@ def _job_raised(session: Session, phase: Phase, run: Run, error: str | None) -> 
 
 
 def _infra_failure(session: Session, phase: Phase, run: Run, what: str, settings: Settings, executor: str) -> None:
-    # the old job is stopped before a retry exists: two attempts never run side by side
-    launcher.cancel(job_of(phase, run))
+    # the old job is stopped before a retry exists: two attempts never run side by side (a warm
+    # worker that died, hung or ran out of time is stopped whole and never handed another order)
+    if pool.is_warm(phase.job_name):
+        pool.retire_named(settings, str(phase.job_name), what)
+    else:
+        launcher.cancel(job_of(phase, run))
     _end(session, phase, run, PhaseState.INFRA_FAILED, f"{phase.executor}: {what}")
     retry_or_give_up(session, phase=phase, run=run, what=what, settings=settings, executor=executor)
 
@@ -221,7 +228,7 @@ def _deadline(session: Session, phase: Phase, run: Run, what: str, settings: Set
     _infra_failure(session, phase, run, f"job {phase.job_id} {what}", settings, executor)
 
 
-def _cancel(session: Session, phase: Phase, run: Run, status: launcher.JobStatus) -> None:
+def _cancel(session: Session, phase: Phase, run: Run, status: launcher.JobStatus, settings: Settings) -> None:
     """Ask the executor to stop the job; the phase is cancelled only once the job is seen gone."""
     if phase.state != PhaseState.CANCELLING:
         move_phase(session, phase, PhaseState.CANCELLING, f"cancel requested from {phase.executor}")
@@ -231,7 +238,10 @@ def _cancel(session: Session, phase: Phase, run: Run, status: launcher.JobStatus
                    f"cancelled by API; {phase.executor} job {phase.job_id} {status.raw}")
         return
     try:  # asked again on every pass until the executor confirms: a request can be lost
-        launcher.cancel(job_of(phase, run))
+        if pool.is_warm(phase.job_name):  # the worker kills the attempt's children and goes back to idle
+            pool.cancel_warm(settings, str(phase.job_name))
+        else:
+            launcher.cancel(job_of(phase, run))
     except Exception as exc:
         log.warning("run %s: cancelling %s job %s failed (%s); asking again", run.id, phase.executor,
                     phase.job_id, guard.describe(exc))

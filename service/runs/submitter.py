@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Collection
 from datetime import timedelta
 from pathlib import Path
 from typing import cast
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, or_, select, true
 from sqlalchemy.orm import Session
 
 from jobs.contract import PhaseName
@@ -29,6 +30,7 @@ from service.core.run_state import RunState, transition
 from service.core.settings import Settings
 from service.executors import job_user, launcher, slurm_jobs
 from service.oncall.notification_events import infra_error_streak
+from service.runs import pool_dispatch
 
 log = logging.getLogger(__name__)
 SUBMITTED_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
@@ -112,18 +114,26 @@ def local_slots(session: Session, settings: Settings) -> int:
     return max(0, settings.local_max_running - running)
 
 
-def next_pending(session: Session) -> Phase | None:
-    """The oldest pending phase whose time has come, row-locked (skipping ones another replica holds)."""
+def next_pending(session: Session, skip: Collection[int] = ()) -> Phase | None:
+    """The oldest pending phase whose time has come, row-locked (skipping ones another replica holds,
+    and `skip`: those this tick already left waiting for a warm worker)."""
     now = utcnow()
     return session.scalar(
         select(Phase).join(Run, Run.id == Phase.run_id)
-        .where(Phase.state == PhaseState.PENDING.value, or_(Phase.not_before.is_(None), Phase.not_before <= now))
+        .where(Phase.state == PhaseState.PENDING.value, or_(Phase.not_before.is_(None), Phase.not_before <= now),
+               Phase.id.not_in(list(skip)) if skip else true())
         .order_by(SELFTEST_LAST, Phase.id).limit(1).with_for_update(of=Phase, skip_locked=True)
     )
 
 
-def launch(session: Session, phase: Phase, *, settings: Settings, executor: str) -> None:
-    """Submit (or adopt) one pending phase with the executor this scheduler was started with."""
+def launch(
+    session: Session, phase: Phase, *, settings: Settings, executor: str, waiting: set[int] | None = None
+) -> None:
+    """Submit (or adopt) one pending phase with the executor this scheduler was started with.
+
+    An attempt that PARITY_POOL covers goes to a warm worker (service/runs/pool_dispatch.py), or stays
+    pending (its id added to `waiting`) while that key's workers start or are busy.
+    """
     run = session.get(Run, phase.run_id)
     assert run is not None
     if run.cancel_requested:
@@ -145,6 +155,18 @@ def launch(session: Session, phase: Phase, *, settings: Settings, executor: str)
             # queued by a scheduler with another executor, and nothing was submitted from its folder
             log.info("phase %s of run %s: executor %s -> %s", phase.name, run.id, phase.executor, executor)
             phase.executor = executor
+        payload = payload_of(session, run, phase, settings)
+        warm = pool_dispatch.route(session, phase, run, settings=settings, executor=executor, entry_name=payload.entry,
+                                   args=payload.args, tasks=payload.tasks, nodes=payload.nodes)
+        if warm == pool_dispatch.WAIT:
+            if waiting is not None:
+                waiting.add(phase.id)
+            return
+        if isinstance(warm, launcher.PhaseJob):
+            phase.job_id, phase.process_started_at = warm.job_id, warm.started
+            move_phase(session, phase, PhaseState.SUBMITTED,
+                       f"warm: {phase.job_name} ({warm.executor} job {warm.job_id})")
+            return
         job = _submit(session, phase, run, folder, settings)
     except Exception as exc:  # sbatch refused, Slurm unreachable, the executor broke: not the code under test
         reason = " ".join(str(exc).split())[-1500:] or type(exc).__name__

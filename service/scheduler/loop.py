@@ -31,7 +31,7 @@ from service.core.settings import Settings
 from service.environments import build_steps as builds
 from service.executors.selection import pick_executor
 from service.oncall.delivery import DeliveryWorker
-from service.runs import retention
+from service.runs import pool_dispatch, retention
 from service.runs.evaluation import evaluate_pending
 from service.runs.reconciler import reconcile, watched_files
 from service.runs.row_guard import describe, is_outage, per_row
@@ -66,7 +66,7 @@ def heartbeat(name: str, executor: str = "") -> None:
 def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[str, int]:
     """One pass of every step; returns what each step did."""
     done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "pruned": 0,
-            "selftest_queued": 0, "builds": 0, "bisects": 0}
+            "selftest_queued": 0, "builds": 0, "bisects": 0, "pool": 0}
     with session_scope() as session:
         done["selftest_queued"] = enqueue_due(session, settings=settings)
     with session_scope() as session:
@@ -78,20 +78,26 @@ def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[s
         prune_artifacts(session, settings=settings)
     with session_scope() as session:
         done["claimed"] = claim_queued(session, settings=settings, executor=executor)
+    with session_scope() as session:  # finished orders back, idle workers out, workers for waiting attempts
+        moved = pool_dispatch.maintain(session, settings=settings, executor=executor)
+        # a sweep of old folders is housekeeping, not progress: it must not make the loop spin
+        done["pool"] = moved["released"] + moved["retired"] + moved["started"]
     slots = max_launches
     if executor == "local":  # Slurm queues by CPUs itself
         with session_scope() as session:
             slots = min(slots, local_slots(session, settings))
+    waiting: set[int] = set()  # attempts left pending for a warm worker: the next launch looks past them
     for _ in range(slots):
         # one transaction per launch: the pending row stays committed until the submission is recorded
         with session_scope() as session:
-            phase = next_pending(session)
+            phase = next_pending(session, waiting)
             if phase is None:
                 break
             run = session.get(Run, phase.run_id)
             assert run is not None
-            launched = per_row(session, run, partial(launch, session, phase, settings=settings, executor=executor),
-                               settings=settings, what=f"launching {phase.name} attempt {phase.attempt}")
+            step = partial(launch, session, phase, settings=settings, executor=executor, waiting=waiting)
+            launched = per_row(session, run, step, settings=settings,
+                               what=f"launching {phase.name} attempt {phase.attempt}") and phase.id not in waiting
         done["launched"] += launched
     with session_scope() as session:
         done["reconciled"] = reconcile(session, settings=settings, executor=executor)

@@ -19,6 +19,7 @@ from service.core.run_state import IN_FLIGHT, RunState
 from service.core.schemas import ERROR_RESPONSES
 from service.executors.selection import slurm_status
 from service.runs import retention
+from service.runs.pool_dispatch import pool_summary
 
 router = APIRouter(prefix="/api/v1", tags=["meta"], responses=ERROR_RESPONSES)
 HEARTBEAT_STALE = timedelta(seconds=60)
@@ -68,8 +69,16 @@ def healthz(settings: SettingsDep, _: ReadAccess) -> JSONResponse:
         reachable, detail = slurm_status()
         body["slurm"] = {"ok": reachable, "detail": detail, "configured_executor": settings.executor}
     body["disk"] = retention.disk_usage(settings)
+    pool = pool_summary(settings)
+    body["pool"] = {k: v for k, v in pool.items() if k != "list"}
     body["status"] = "ok" if body["database"]["ok"] else "degraded"
     return JSONResponse(body, status_code=200 if body["database"]["ok"] else 503)
+
+
+@router.get("/pool")
+def pool_state(settings: SettingsDep, _: ReadAccess) -> dict[str, Any]:
+    """The warm pool (PARITY_POOL): its workers by state, and each worker's environment, tasks, job, age."""
+    return pool_summary(settings)
 
 
 @router.get("/metrics", include_in_schema=False)
@@ -108,12 +117,31 @@ def prometheus_metrics(session: SessionDep, settings: SettingsDep, _: ReadAccess
     ).tuples():
         durations.labels(name).set(float(avg or 0))
     oncall_metrics(session, registry)
+    pool_metrics(settings, registry)
     usage = retention.disk_usage(settings)
     Gauge("parity_run_folder_bytes", "Bytes used by the run folder (logs, checkpoints)",
           registry=registry).set(usage["run_folder_bytes"])
     Gauge("parity_run_folder_fs_free_bytes", "Free bytes on the run folder's file system",
           registry=registry).set(usage["fs_free_bytes"])
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def pool_metrics(settings: SettingsDep, registry: CollectorRegistry) -> None:
+    """The warm pool: workers by state per environment and world size, and the oldest worker's age."""
+    workers = Gauge("parity_pool_workers", "Warm pool workers by environment, tasks and state",
+                    ["environment", "tasks", "state"], registry=registry)
+    summary = pool_summary(settings)
+    for state in ("busy", "idle", "starting"):
+        Gauge(f"parity_pool_{state}", f"Warm pool workers {state}", registry=registry).set(summary[state])
+    Gauge("parity_pool_worker_count", "Warm pool workers alive (any state)", registry=registry).set(summary["workers"])
+    Gauge("parity_pool_oldest_worker_age_seconds", "Age of the oldest warm worker (0 when none)",
+          registry=registry).set(summary["oldest_age_s"])
+    counts: dict[tuple[str, str, str], int] = {}
+    for w in summary["list"]:
+        key = (str(w["environment"])[:100], str(w["tasks"]), str(w["state"]))
+        counts[key] = counts.get(key, 0) + 1
+    for (env, tasks, state), n in counts.items():
+        workers.labels(env, tasks, state).set(n)
 
 
 # at most this many (check, track) series; the rest are summed into check="other", track="other"

@@ -12,6 +12,7 @@ from jobs.verdict.signatures import SIGNATURES
 from models import Phase
 from service.core.deps import RowId, RunId, SessionDep, SettingsDep
 from service.core.links import BaseUrl
+from service.runs.pool_dispatch import pool_summary
 from service.web.dashboard import history as history_q
 from service.web.dashboard import logs as logs_q
 from service.web.dashboard import oncall_pages, runlist, runpage
@@ -144,3 +145,9 @@ def config_history(
 def signatures(request: Request, _: DashboardRead) -> Response:
     """Every known failure signature, in plain words, with its upstream references."""
     return render(request, "signatures.html", {"signatures": list(SIGNATURES.values())})
+
+
+@router.get("/pool")
+def pool_page(request: Request, settings: SettingsDep, _: DashboardRead) -> Response:
+    """The warm pool: workers by state, each worker's environment, tasks, job, age and current order."""
+    return render(request, "pool.html", {"pool": pool_summary(settings)})

@@ -1,0 +1,188 @@
+"""Which pending attempt goes to which warm worker, and how many workers each environment keeps.
+
+`route` is asked by the submitter before a cold submission: an attempt whose environment and world
+size have a PARITY_POOL entry goes to an idle worker of that key (an order in the worker's folder),
+or waits pending while a worker of that key is starting or busy; it goes cold when no entry covers
+it, when it spans nodes, or when that key's workers keep failing to start. `maintain` runs once per
+scheduler tick: it takes back finished orders, retires dead, hung, expiring and idle workers (so an
+idle pool shrinks to zero), and starts workers for the attempts waiting, up to each entry's size.
+
+Only one scheduler replica maintains the pool at a time (a transaction-level advisory lock); two
+replicas routing at once cannot both place an order with one worker (the order file is created
+exclusively, `jobs/pool_folder.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any, cast
+
+from sqlalchemy import or_, select, text
+from sqlalchemy.orm import Session
+
+from jobs.contract import PhaseName
+from jobs.protocol import RunPlan
+from jobs.rank.dist import job_master_port
+from models import Environment, Phase, Run
+from models.base import utcnow
+from service.core.phase_state import PhaseState
+from service.core.pool_config import PoolEntry, entry_for
+from service.core.settings import Settings
+from service.executors import launcher, pool
+
+log = logging.getLogger(__name__)
+# a key whose worker died before it ever went idle sends its attempts cold for this long
+START_FAILURE_COOLDOWN_S = 300.0
+_start_failures: dict[tuple[int, int], float] = {}
+POOL_LOCK = 0x70617269  # pg_try_advisory_xact_lock key of the pool maintainer
+WAIT = "wait"
+
+
+def order_id_of(phase: Phase) -> str:
+    """The order id of a phase attempt: fixed by its row, so a placement is found again after a restart."""
+    return f"phase-{phase.id}"
+
+
+def _entry(settings: Settings, env: Environment, tasks: int) -> PoolEntry | None:
+    entries = settings.pool_entries()
+    return entry_for(entries, env.name, tasks) if entries else None
+
+
+def route(
+    session: Session, phase: Phase, run: Run, *, settings: Settings, executor: str, entry_name: str,
+    args: tuple[Any, ...], tasks: int, nodes: int,
+) -> launcher.PhaseJob | str | None:
+    """A warm placement of this attempt (its job handle), WAIT (leave it pending), or None (go cold)."""
+    env = session.get(Environment, run.environment_id)
+    if env is None or nodes != 1:
+        return None
+    entry = _entry(settings, env, tasks)
+    if entry is None:
+        return None
+    order_id = order_id_of(phase)
+    held = pool.find_order(settings, order_id)
+    if held is not None:  # placed by a scheduler that died before recording it: adopt, never place twice
+        return _record(phase, held, order_id)
+    views = [v for v in pool.observe(settings) if v.worker.key == (env.id, tasks)
+             and v.worker.record.get("executor") == executor]
+    for v in sorted((v for v in views if v.state == "idle" and not v.expiring), key=lambda v: v.idle_s):
+        attempt_job = launcher.PhaseJob(executor=executor, folder=str(_job_folder(phase)),
+                                        job_id=str(v.worker.record["job_id"]), tasks=tasks,
+                                        started=v.worker.record.get("started"))
+        # fresh rendezvous ports per order: the worker's job id is the same for every order it serves
+        order_args = [*args]
+        order_args[3] = [job_master_port(str(phase.id), i) for i in range(2)] if entry_name == "attempt" \
+            else job_master_port(str(phase.id))
+        if pool.place(v.worker, order_id, entry_name, order_args, launcher.task_log_files(attempt_job)):
+            log.info("run %s: %s attempt %d to warm worker %s", run.id, phase.name, phase.attempt, v.worker.name)
+            return _record(phase, v.worker, order_id)
+    if time.monotonic() - _start_failures.get((env.id, tasks), float("-inf")) < START_FAILURE_COOLDOWN_S:
+        return None
+    return WAIT
+
+
+def _job_folder(phase: Phase) -> Any:
+    from pathlib import Path
+
+    from jobs.run_folder import AttemptFolder
+
+    return Path(phase.job_folder) if phase.job_folder else AttemptFolder(Path(phase.folder or "")).submitit
+
+
+def _record(phase: Phase, worker: pool.Worker, order_id: str) -> launcher.PhaseJob:
+    phase.job_name = pool.warm_name(worker, order_id)
+    return launcher.PhaseJob(executor=str(worker.record["executor"]), folder=str(_job_folder(phase)),
+                             job_id=str(worker.record["job_id"]), tasks=worker.tasks,
+                             started=worker.record.get("started"))
+
+
+def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str, int]:
+    """Take back finished orders, retire what must go, start what the waiting attempts need."""
+    done = {"released": 0, "retired": 0, "started": 0, "swept": 0}
+    entries = settings.pool_entries()
+    if not entries and not pool.pool_root(settings).is_dir():
+        return done  # no pool configured and no worker left to stop: not even the lock's round trip
+    if not session.scalar(text("select pg_try_advisory_xact_lock(:k)"), {"k": POOL_LOCK}):
+        return done  # another replica maintains the pool right now
+    views = pool.observe(settings)
+    for v in views:
+        if v.state == "busy" and v.order and v.worker.files.finished(v.order, v.worker.tasks):
+            pool.release(v.worker, v.order)
+            done["released"] += 1
+        elif v.state in ("dead", "hung"):
+            if _never_ready(v):  # it broke while starting: its attempts go cold for a while, no restart loop
+                _start_failures[v.worker.key] = time.monotonic()
+            pool.retire(v.worker, f"worker {v.state}", hard=True)
+            done["retired"] += 1
+        elif v.state == "starting" and v.age_s > settings.pending_timeout_s:
+            _start_failures[v.worker.key] = time.monotonic()
+            pool.retire(v.worker, "never became ready", hard=True)
+            done["retired"] += 1
+        elif v.state == "idle" and (v.expiring or v.idle_s > float(v.worker.record.get("idle_s", 300))
+                                    or _entry_of(entries, v) is None):
+            pool.retire(v.worker, "expiring" if v.expiring else "idle", hard=False)
+            done["retired"] += 1
+    if entries:
+        done["started"] = _grow(session, settings, executor, entries)
+    done["swept"] = pool.sweep_retired(settings)
+    return done
+
+
+def _never_ready(v: pool.WorkerView) -> bool:
+    beats = v.worker.files.beats(v.worker.tasks)
+    return not any(b is not None and b.get("state") in ("idle", "busy") for b in beats) and v.order is None
+
+
+def _entry_of(entries: tuple[PoolEntry, ...], v: pool.WorkerView) -> PoolEntry | None:
+    return entry_for(entries, str(v.worker.record.get("env_name")), v.worker.tasks)
+
+
+def _grow(session: Session, settings: Settings, executor: str, entries: tuple[PoolEntry, ...]) -> int:
+    """Start workers for the pending attempts of each pooled key, up to its size."""
+    now = utcnow()
+    rows = session.execute(
+        select(Phase.name, Run.spec, Environment).join(Run, Run.id == Phase.run_id)
+        .join(Environment, Environment.id == Run.environment_id)
+        .where(Phase.state == PhaseState.PENDING.value, or_(Phase.not_before.is_(None), Phase.not_before <= now))
+    ).tuples().all()
+    demand: Counter[tuple[int, int]] = Counter()
+    envs: dict[int, Environment] = {}
+    for name, spec, env in rows:
+        plan = RunPlan.of(spec)
+        if plan.nodes != 1:
+            continue
+        demand[(env.id, plan.tasks(cast(PhaseName, name)))] += 1
+        envs[env.id] = env
+    if not demand:
+        return 0
+    live = [v for v in pool.observe(settings) if v.state in ("starting", "idle", "busy")
+            and v.worker.record.get("executor") == executor]
+    started = 0
+    for (env_id, tasks), waiting in sorted(demand.items()):
+        env = envs[env_id]
+        entry = entry_for(entries, env.name, tasks)
+        if entry is None or env.state != "ready":
+            continue
+        if time.monotonic() - _start_failures.get((env_id, tasks), float("-inf")) < START_FAILURE_COOLDOWN_S:
+            continue
+        mine = [v for v in live if v.worker.key == (env_id, tasks)]
+        free = sum(v.state in ("starting", "idle") and not v.expiring for v in mine)
+        for _ in range(max(0, min(entry.size - len(mine), waiting - free))):
+            pool.start_worker(settings, executor, env_id=env_id, env_name=env.name, python=env.python, entry=entry)
+            started += 1
+    return started
+
+
+def pool_summary(settings: Settings) -> dict[str, Any]:
+    """Workers by state, from their folders only (no sacct): what /healthz and the dashboard show."""
+    views = [pool.view(settings, w, None) for w in pool.list_workers(settings)]
+    counts = Counter(v.state for v in views)
+    return {
+        "configured": settings.pool,
+        "workers": len(views), "busy": counts["busy"], "idle": counts["idle"], "starting": counts["starting"],
+        "unhealthy": counts["hung"] + counts["dead"],
+        "oldest_age_s": round(max((v.age_s for v in views), default=0.0), 1),
+        "list": [v.public() for v in views],
+    }

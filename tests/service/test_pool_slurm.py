@@ -1,0 +1,181 @@
+"""The warm pool against the real scheduler, real Megatron-Core, and real Slurm (and the local executor).
+
+One scheduler and one pool per executor carry every check in sequence, so the imports are paid by
+a couple of workers, not by every case: a warm run writes the same phase documents as a cold run
+of the same spec (timings and paths aside, as run-local and the scheduler are compared), a run
+cancelled while warm ends cancelled and its worker goes back to idle and serves the next run, a
+worker task SIGKILLed mid-run and a worker allocation ended from outside both hand their attempt
+back as an infrastructure retry that still ends in the right verdict, and the idle pool shrinks to
+zero (no worker job left).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import psutil
+import pytest
+
+from jobs.pool_folder import PoolFolder, read_pool_file
+from models import Phase
+from service.core.db import session_scope
+from service.runs.records import cancel_run
+from tests.service.scheduler_harness import (
+    GOOD,
+    phases,
+    queue,
+    register_environment,
+    run_row,
+    service_env,
+    start,
+    stop,
+    wait_for,
+)
+from tests.service.test_protocol_equality import _differences, comparable
+
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.postgres]
+SAME = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 3, "workarounds": GOOD,
+        "isolation": "process"}
+# long enough that a fault lands while the attempt runs
+LONG = {**SAME, "steps": 40, "save_step": 20}
+IDLE_S = 20
+
+
+def _workers(runs: Path) -> list[PoolFolder]:
+    root = runs / "pool"
+    return [PoolFolder(p) for p in sorted(root.iterdir()) if (p / "worker.json").exists()] if root.is_dir() else []
+
+
+def _live(runs: Path) -> list[PoolFolder]:
+    return [w for w in _workers(runs) if not w.retired.exists()]
+
+
+def _busy_with(runs: Path, run_id: int) -> PoolFolder | None:
+    """The worker whose order is this run's attempt, once every task has taken it up."""
+    names = {p.job_name for p in phases(run_id) if p.job_name and p.state in ("submitted", "running")}
+    for w in _live(runs):
+        order = w.read_order()
+        beats = w.beats(2)
+        if order and any(str(order.get("id")) in n for n in names) and all(
+                b and b.get("state") == "busy" for b in beats):
+            return w
+    return None
+
+
+def _warm_phases(run_id: int) -> list[Phase]:
+    return [p for p in phases(run_id) if (p.job_name or "").startswith("pool:")]
+
+
+def _kill_task(worker: PoolFolder) -> None:
+    """SIGKILL rank 0's task and everything it forked (its attempt child and the phase children)."""
+    beat = read_pool_file(worker.heartbeat(0))
+    assert beat is not None
+    task = psutil.Process(int(beat["pid"]))
+    for proc in [task, *task.children(recursive=True)]:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _end_allocation(worker: PoolFolder, executor: str) -> None:
+    record = read_pool_file(worker.record)
+    assert record is not None and record["job_id"]
+    if executor == "slurm":
+        subprocess.run(["scancel", str(record["job_id"])], check=True)
+    else:  # the local worker's controller leads its own process group: end the group, as a lost node would
+        os.killpg(int(record["job_id"]), signal.SIGKILL)
+
+
+def _documents(run_id: int) -> dict[str, dict]:
+    return {p.name: p.info for p in phases(run_id) if p.state == "succeeded"}
+
+
+@pytest.mark.parametrize("executor", ["slurm", "local"])
+def test_warm_pool_matches_cold_and_survives_its_faults(
+    committed_db: str, slurm: str, tmp_path: Path, executor: str
+) -> None:
+    runs = tmp_path / "runs"
+    register_environment("pooled", sys.executable)
+    register_environment("cold", sys.executable)
+    env = service_env(tmp_path, PARITY_EXECUTOR=executor, PARITY_LOCAL_MAX_RUNNING="2",
+                      PARITY_POOL=f"env=pooled:tasks=2:size=1:idle={IDLE_S}:hang=10")
+    scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
+    alive = [scheduler]
+    try:
+        # warm and cold, same spec: identical phase documents (timings, paths, ids aside)
+        cold = queue(SAME, environment="cold")
+        wait_for(lambda: run_row(cold).finished_at, 600, "the cold run", alive=alive)
+        warm = queue(SAME, environment="pooled")
+        wait_for(lambda: run_row(warm).finished_at, 600, "the warm run", alive=alive)
+        assert run_row(cold).verdict == run_row(warm).verdict == "pass", (run_row(warm).error_message,)
+        assert not _warm_phases(cold) and {p.name for p in _warm_phases(warm)} == {"train_and_save", "resume"}
+        cold_docs, warm_docs = _documents(cold), _documents(warm)
+        for phase in ("train_and_save", "resume"):
+            assert list(_differences(comparable(warm_docs[phase]), comparable(cold_docs[phase]))) == [], phase
+        first_worker = {w.name for w in _live(runs)}
+        assert len(first_worker) == 1
+
+        # cancel while warm: the run ends cancelled, the same worker goes back to idle and serves again
+        cancelled = queue(LONG, environment="pooled")
+        wait_for(lambda: _busy_with(runs, cancelled), 300, "the run busy on a warm worker", 0.1, alive)
+        with session_scope() as session:
+            cancel_run(session, run_id=cancelled)
+        wait_for(lambda: run_row(cancelled).finished_at, 120, "the cancel", alive=alive)
+        assert run_row(cancelled).state == "cancelled"
+        after = queue(SAME, environment="pooled")
+        wait_for(lambda: run_row(after).finished_at, 300, "the run after the cancel", alive=alive)
+        assert run_row(after).verdict == "pass"
+        assert {p.job_name.split(":")[1] for p in _warm_phases(after)} == first_worker  # type: ignore[union-attr]
+
+        # a worker task SIGKILLed mid-run, then a worker allocation ended: each an infrastructure retry
+        for fault in ("task killed", "allocation ended"):
+            run_id = queue(LONG, environment="pooled")
+            worker = wait_for(partial(_busy_with, runs, run_id), 300, "a busy worker", 0.1, alive)
+            if fault == "task killed":
+                _kill_task(worker)
+            else:
+                _end_allocation(worker, executor)
+            wait_for(partial(_finished, run_id), 600, f"the run after {fault}", alive=alive)
+            row, attempts = run_row(run_id), phases(run_id)
+            assert row.verdict == "pass", (fault, row.state, row.error_message)
+            first = [p for p in attempts if p.name == "train_and_save" and p.attempt == 1]
+            assert first[0].state == "infra_failed", (fault, [(p.name, p.attempt, p.state) for p in attempts])
+            assert worker.retired.exists(), fault  # never handed another order
+
+        # idle: the pool shrinks to zero, its worker jobs gone
+        wait_for(lambda: not _live(runs), IDLE_S + 90, "the idle pool to shrink to zero", alive=alive)
+        if executor == "slurm":
+            ids = {str((read_pool_file(w.record) or {}).get("job_id")) for w in _workers(runs)}
+            wait_for(lambda: not ids & set(_squeue()), 120, "the pool jobs to leave the queue")
+    finally:
+        stop(scheduler)
+        _stop_leftovers(runs, executor)
+
+
+def _finished(run_id: int) -> object:
+    return run_row(run_id).finished_at
+
+
+def _squeue() -> list[str]:
+    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=False).stdout.split()
+
+
+def _stop_leftovers(runs: Path, executor: str) -> None:
+    """A failed test must not leave worker jobs holding the shared node."""
+    for worker in _workers(runs):
+        record = read_pool_file(worker.record) or {}
+        if not record.get("job_id"):
+            continue
+        if executor == "slurm":
+            subprocess.run(["scancel", str(record["job_id"])], check=False)
+        else:
+            try:
+                os.killpg(int(record["job_id"]), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
