@@ -1,14 +1,14 @@
 """The folder of one warm-pool worker, written down once: shared by the worker's tasks and the scheduler.
 
 ```
-<run folder>/pool/<worker>/
-  worker.json            the scheduler's record: environment, tasks, executor, job id, start time
+<run folder>/pool/<worker>.worker.json  the scheduler's record: environment, tasks, executor, job id, start
+<run folder>/pool/<worker>.retired      the worker is being (or has been) stopped: never handed another order
+<run folder>/pool/<worker>/  the worker's own (the job user's, with PARITY_JOB_USER):
   submitit/              submitit's folder of the worker's own job (its pickles, its tasks' logs)
   heartbeat.rank<r>.json each task's state (starting, idle, busy, stopping), rewritten every second
   order.json             the one work order in force (created exclusively by the scheduler)
   cancel.json            "stop the order named here" (a run cancelled while warm)
   done.rank<r>.json      a task's report that its attempt child for an order has exited
-  retired                the worker is being (or has been) stopped: never handed another order
 ```
 
 The hand-off is a file, not a socket: the scheduler writes the order to a temporary name and
@@ -62,9 +62,12 @@ class PoolFolder:
         """The worker's name (its folder's name)."""
         return self.folder.name
 
+    # The scheduler's own files sit beside the worker's folder, not in it: the folder is the job
+    # user's while the worker lives, and a build that could rewrite its record could claim another
+    # environment (and be handed other builds' runs) or un-retire itself.
     @property
     def record(self) -> Path:
-        return self.folder / "worker.json"
+        return self.folder.parent / f"{self.folder.name}.worker.json"
 
     @property
     def submitit(self) -> Path:
@@ -80,7 +83,7 @@ class PoolFolder:
 
     @property
     def retired(self) -> Path:
-        return self.folder / "retired"
+        return self.folder.parent / f"{self.folder.name}.retired"
 
     def heartbeat(self, rank: int) -> Path:
         return self.folder / f"heartbeat.rank{rank}.json"

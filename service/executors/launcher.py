@@ -142,16 +142,7 @@ def submit_phase(
     """
     if nodes < 1 or tasks % nodes:
         raise ValueError(f"nodes: {nodes} does not divide tasks ({tasks})")
-    run_as = jobuser.job_user(settings.job_user)
-    root = settings.resolved_run_folder
-    jobuser.prepare_tree(root, folder.parent, run_as)
-    if gate is not None:
-        jobuser.open_gate(gate, run_as)
-    jobuser.grant(folder.parent, run_as, root=root)
-    jobuser.grant(folder, run_as, root=root)
-    for other in also_writable:
-        jobuser.prepare_tree(root, other, run_as)
-        jobuser.grant(other, run_as, root=root)
+    run_as = hand_over(settings, folder, gate=gate, also_writable=also_writable)
     fsize = settings.run_disk_quota_bytes
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")
@@ -193,6 +184,25 @@ def submit_phase(
         started = start_time(int(job.job_id))
     log.info("submitted %s as %s job %s in %s", name, executor, job.job_id, folder)
     return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks, started=started)
+
+
+def hand_over(
+    settings: Settings, folder: Path, *, gate: Path | None = None, also_writable: tuple[Path, ...] = (),
+) -> jobuser.JobUser | None:
+    """With PARITY_JOB_USER: give the job user folder (a submitit folder) and its attempt folder, the
+    run's gate and the other folders the job writes; the caller takes them back when the phase ends.
+    Cold jobs get this at submission, warm attempts before their order is placed. Returns the user."""
+    run_as = jobuser.job_user(settings.job_user)
+    root = settings.resolved_run_folder
+    jobuser.prepare_tree(root, folder.parent, run_as)
+    if gate is not None:
+        jobuser.open_gate(gate, run_as)
+    jobuser.grant(folder.parent, run_as, root=root)
+    jobuser.grant(folder, run_as, root=root)
+    for other in also_writable:
+        jobuser.prepare_tree(root, other, run_as)
+        jobuser.grant(other, run_as, root=root)
+    return run_as
 
 
 def find_submitted(folder: Path) -> str | None:

@@ -25,7 +25,7 @@ from typing import Any
 from jobs.pool_folder import PoolFolder, read_pool_file, write_atomic
 from service.core.pool_config import PoolEntry
 from service.core.settings import Settings
-from service.executors import launcher
+from service.executors import job_user, launcher
 
 log = logging.getLogger(__name__)
 WARM_PREFIX = "pool:"
@@ -158,7 +158,7 @@ def start_worker(settings: Settings, executor: str, *, env_id: int, env_name: st
 
     name = f"e{env_id}-t{entry.tasks}-{uuid.uuid4().hex[:10]}"
     files = PoolFolder(pool_root(settings) / name)
-    launcher.private_dirs(settings.resolved_run_folder, files.folder)
+    job_user.prepare_tree(settings.resolved_run_folder, files.submitit, job_user.job_user(settings.job_user))
     record: dict[str, Any] = {"env_id": env_id, "env_name": env_name, "tasks": entry.tasks, "executor": executor,
                               "job_id": None, "started": None, "created": time.time(), "hang_s": entry.hang_s,
                               "idle_s": entry.idle_s}
@@ -272,5 +272,7 @@ def sweep_retired(settings: Settings) -> int:
         ended = status is None or status.kind in ("done", "failed", "infra")
         if ended and time.time() - worker.files.retired.stat().st_mtime > RETIRED_KEEP_S:
             shutil.rmtree(worker.files.folder, ignore_errors=True)
+            worker.files.record.unlink(missing_ok=True)
+            worker.files.retired.unlink(missing_ok=True)
             gone += 1
     return gone

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, cast
 
 from sqlalchemy import or_, select, text
@@ -52,7 +53,7 @@ def _entry(settings: Settings, env: Environment, tasks: int) -> PoolEntry | None
 
 def route(
     session: Session, phase: Phase, run: Run, *, settings: Settings, executor: str, entry_name: str,
-    args: tuple[Any, ...], tasks: int, nodes: int,
+    args: tuple[Any, ...], tasks: int, nodes: int, hand_over: Callable[[], object] = lambda: None,
 ) -> launcher.PhaseJob | str | None:
     """A warm placement of this attempt (its job handle), WAIT (leave it pending), or None (go cold)."""
     env = session.get(Environment, run.environment_id)
@@ -75,6 +76,7 @@ def route(
         order_args = [*args]
         order_args[3] = [job_master_port(str(phase.id), i) for i in range(2)] if entry_name == "attempt" \
             else job_master_port(str(phase.id))
+        hand_over()  # with PARITY_JOB_USER the worker writes this attempt's folders as the job user
         if pool.place(v.worker, order_id, entry_name, order_args, launcher.task_log_files(attempt_job)):
             log.info("run %s: %s attempt %d to warm worker %s", run.id, phase.name, phase.attempt, v.worker.name)
             return _record(phase, v.worker, order_id)

@@ -156,8 +156,11 @@ def launch(
             log.info("phase %s of run %s: executor %s -> %s", phase.name, run.id, phase.executor, executor)
             phase.executor = executor
         payload = payload_of(session, run, phase, settings)
+        gate, forked = _job_writes(settings, run, payload)
         warm = pool_dispatch.route(session, phase, run, settings=settings, executor=executor, entry_name=payload.entry,
-                                   args=payload.args, tasks=payload.tasks, nodes=payload.nodes)
+                                   args=payload.args, tasks=payload.tasks, nodes=payload.nodes,
+                                   hand_over=lambda: launcher.hand_over(settings, folder, gate=gate,
+                                                                        also_writable=forked))
         if warm == pool_dispatch.WAIT:
             if waiting is not None:
                 waiting.add(phase.id)
@@ -197,14 +200,19 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
     env = session.get(Environment, run.environment_id)
     assert env is not None
     payload = payload_of(session, run, phase, settings)
-    run_folder = run_folder_of(settings, run.id)
-    # a job that forks the resume writes that attempt's folder too (resume attempt 1, jobs/protocol.py)
-    forked = tuple(run_folder.attempt(name, 1).folder for name in payload.phases if name != phase.name)
+    gate, forked = _job_writes(settings, run, payload)
     return launcher.submit_phase(
         executor=phase.executor, folder=folder, python=env.python, tasks=payload.tasks,
         settings=settings, name=job_name(settings, phase), function=payload.function(), args=payload.args,
-        nodes=payload.nodes, gate=run_folder.root, also_writable=forked,
+        nodes=payload.nodes, gate=gate, also_writable=forked,
     )
+
+
+def _job_writes(settings: Settings, run: Run, payload: Payload) -> tuple[Path, tuple[Path, ...]]:
+    """The run's folder (the gate its job passes) and the other attempt folders the job writes: a job
+    that forks the resume writes that attempt's folder too (resume attempt 1, jobs/protocol.py)."""
+    run_folder = run_folder_of(settings, run.id)
+    return run_folder.root, tuple(run_folder.attempt(name, 1).folder for name in payload.phases[1:])
 
 
 def release_folders(settings: Settings, phase: Phase, *, job_continues: bool = False) -> None:

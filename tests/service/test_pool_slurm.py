@@ -48,7 +48,7 @@ IDLE_S = 20
 
 def _workers(runs: Path) -> list[PoolFolder]:
     root = runs / "pool"
-    return [PoolFolder(p) for p in sorted(root.iterdir()) if (p / "worker.json").exists()] if root.is_dir() else []
+    return [PoolFolder(p) for p in sorted(root.iterdir()) if PoolFolder(p).record.exists()] if root.is_dir() else []
 
 
 def _live(runs: Path) -> list[PoolFolder]:
