@@ -77,8 +77,8 @@ def service_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment of a scheduler/API subprocess: the test database and run folder."""
     env = dict(os.environ)
     env.update(
-        PARITY_SCHEDULER_POLL_SECONDS="0.5", PARITY_RETRY_BACKOFF_SECONDS="0",
-        PARITY_RUN_FOLDER=str(tmp_path / "runs"), **extra,
+        {"PARITY_SCHEDULER_POLL_SECONDS": "0.5", "PARITY_RETRY_BACKOFF_SECONDS": "0",
+         "PARITY_RUN_FOLDER": str(tmp_path / "runs"), **extra}
     )
     return env
 

@@ -12,9 +12,12 @@ zero (no worker job left).
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from functools import partial
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from jobs.pool_folder import PoolFolder, read_pool_file
 from models import Phase
 from service.core.db import session_scope
 from service.runs.records import cancel_run
+from tests.security.test_hostile_builds import JOB_USER, _require_job_user
 from tests.service.scheduler_harness import (
     GOOD,
     phases,
@@ -101,10 +105,17 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
     committed_db: str, slurm: str, tmp_path: Path, executor: str
 ) -> None:
     runs = tmp_path / "runs"
+    as_job_user: dict[str, str] = {}
+    if executor == "local":  # the local variant runs every job, warm and cold, as PARITY_JOB_USER
+        _require_job_user()
+        base = Path("/var/tmp") / f"parity-pool-{uuid.uuid4().hex[:8]}"  # pytest's tmp is root-only (0700)
+        base.mkdir(mode=0o711)
+        runs = base / "runs"
+        as_job_user = {"PARITY_JOB_USER": JOB_USER, "PARITY_RUN_FOLDER": str(runs)}
     register_environment("pooled", sys.executable)
     register_environment("cold", sys.executable)
     env = service_env(tmp_path, PARITY_EXECUTOR=executor, PARITY_LOCAL_MAX_RUNNING="2",
-                      PARITY_POOL=f"env=pooled:tasks=2:size=1:idle={IDLE_S}:hang=10")
+                      PARITY_POOL=f"env=pooled:tasks=2:size=1:idle={IDLE_S}:hang=10", **as_job_user)
     scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
     alive = [scheduler]
     try:
@@ -120,6 +131,11 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
             assert list(_differences(comparable(warm_docs[phase]), comparable(cold_docs[phase]))) == [], phase
         first_worker = {w.name for w in _live(runs)}
         assert len(first_worker) == 1
+        if as_job_user:  # the worker's tasks are the job user's, and its record is not theirs to rewrite
+            (worker_files,) = _live(runs)
+            beat = read_pool_file(worker_files.heartbeat(0))
+            assert beat is not None and psutil.Process(int(beat["pid"])).uids().real == pwd.getpwnam(JOB_USER).pw_uid
+            assert worker_files.record.stat().st_uid == os.geteuid()
 
         # cancel while warm: the run ends cancelled, the same worker goes back to idle and serves again
         cancelled = queue(LONG, environment="pooled")
@@ -156,6 +172,8 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
     finally:
         stop(scheduler)
         _stop_leftovers(runs, executor)
+        if as_job_user:
+            shutil.rmtree(runs.parent, ignore_errors=True)
 
 
 def _finished(run_id: int) -> object:
