@@ -24,9 +24,9 @@ PYTHONS_FOLDER = "pythons"
 READY = "ready.json"
 
 
-def base_folder(build_folder: Path, version: str) -> Path:
+def base_folder(builds: Path, version: str) -> Path:
     """<builds folder>/pythons/<X.Y>: beside the builds, so every Slurm node that runs them sees it."""
-    return build_folder.parent / PYTHONS_FOLDER / version
+    return builds / PYTHONS_FOLDER / version
 
 
 def site_packages(venv: Path) -> Path:
@@ -34,11 +34,11 @@ def site_packages(venv: Path) -> Path:
 
 
 def ensure_base(
-    build_folder: Path, version: str, python: str, pins: list[str], run: Callable[[list[str], Path, str], str],
+    builds: Path, version: str, python: str, pins: list[str], run: Callable[[list[str], Path, str], str],
     log: Path,
 ) -> Path:
     """The site-packages of the base venv on `python` holding `pins` (torch and what jobs/ imports); built once."""
-    folder = base_folder(build_folder, version)
+    folder = base_folder(builds, version)
     venv, ready = folder / "venv", folder / READY
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -215,7 +215,7 @@ def _build(root: Path, requirements: list[str], pythons: dict[str, str]) -> dict
         pins = link_shared(shared)
     else:
         pins = base_pins([f"{d.metadata['Name']}=={d.version}" for d in closure()])
-        shared = ensure_base(root, version, interpreter, pins, _run, log)
+        shared = ensure_base(root.parent, version, interpreter, pins, _run, log)
     site = next((venv / "lib").glob("python3.*/site-packages"))
     (site / "_parity_shared.pth").write_text(f"{shared}\n")
     # The torch pin is what keeps a requirement from pulling another torch (a multi-GB download).

@@ -18,6 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 from sqlalchemy import or_, select, text
@@ -53,9 +54,12 @@ def _entry(settings: Settings, env: Environment, tasks: int) -> PoolEntry | None
 
 def route(
     session: Session, phase: Phase, run: Run, *, settings: Settings, executor: str, entry_name: str,
-    args: tuple[Any, ...], tasks: int, nodes: int, hand_over: Callable[[], object] = lambda: None,
+    args: tuple[Any, ...], tasks: int, nodes: int, job_folder: Path, hand_over: Callable[[], object] = lambda: None,
 ) -> launcher.PhaseJob | str | None:
-    """A warm placement of this attempt (its job handle), WAIT (leave it pending), or None (go cold)."""
+    """A warm placement of this attempt (its job handle), WAIT (leave it pending), or None (go cold).
+
+    job_folder: the attempt's submitit folder (submitter.launcher_folder), where its tasks' logs go.
+    """
     env = session.get(Environment, run.environment_id)
     if env is None or nodes != 1:
         return None
@@ -65,11 +69,11 @@ def route(
     order_id = order_id_of(phase)
     held = pool.find_order(settings, order_id)
     if held is not None:  # placed by a scheduler that died before recording it: adopt, never place twice
-        return _record(phase, held, order_id)
+        return _record(phase, held, order_id, job_folder)
     views = [v for v in pool.observe(settings) if v.worker.key == (env.id, tasks)
              and v.worker.record.get("executor") == executor]
     for v in sorted((v for v in views if v.state == "idle" and not v.expiring), key=lambda v: v.idle_s):
-        attempt_job = launcher.PhaseJob(executor=executor, folder=str(_job_folder(phase)),
+        attempt_job = launcher.PhaseJob(executor=executor, folder=str(job_folder),
                                         job_id=str(v.worker.record["job_id"]), tasks=tasks,
                                         started=v.worker.record.get("started"))
         # fresh rendezvous ports per order: the worker's job id is the same for every order it serves
@@ -79,23 +83,15 @@ def route(
         hand_over()  # with PARITY_JOB_USER the worker writes this attempt's folders as the job user
         if pool.place(v.worker, order_id, entry_name, order_args, launcher.task_log_files(attempt_job)):
             log.info("run %s: %s attempt %d to warm worker %s", run.id, phase.name, phase.attempt, v.worker.name)
-            return _record(phase, v.worker, order_id)
+            return _record(phase, v.worker, order_id, job_folder)
     if time.monotonic() - _start_failures.get((env.id, tasks), float("-inf")) < START_FAILURE_COOLDOWN_S:
         return None
     return WAIT
 
 
-def _job_folder(phase: Phase) -> Any:
-    from pathlib import Path
-
-    from jobs.run_folder import AttemptFolder
-
-    return Path(phase.job_folder) if phase.job_folder else AttemptFolder(Path(phase.folder or "")).submitit
-
-
-def _record(phase: Phase, worker: pool.Worker, order_id: str) -> launcher.PhaseJob:
+def _record(phase: Phase, worker: pool.Worker, order_id: str, job_folder: Path) -> launcher.PhaseJob:
     phase.job_name = pool.warm_name(worker, order_id)
-    return launcher.PhaseJob(executor=str(worker.record["executor"]), folder=str(_job_folder(phase)),
+    return launcher.PhaseJob(executor=str(worker.record["executor"]), folder=str(job_folder),
                              job_id=str(worker.record["job_id"]), tasks=worker.tasks,
                              started=worker.record.get("started"))
 

@@ -158,7 +158,7 @@ def launch(
         payload = payload_of(session, run, phase, settings)
         gate, forked = _job_writes(settings, run, payload)
         warm = pool_dispatch.route(session, phase, run, settings=settings, executor=executor, entry_name=payload.entry,
-                                   args=payload.args, tasks=payload.tasks, nodes=payload.nodes,
+                                   args=payload.args, tasks=payload.tasks, nodes=payload.nodes, job_folder=folder,
                                    hand_over=lambda: launcher.hand_over(settings, folder, gate=gate,
                                                                         also_writable=forked))
         if warm == pool_dispatch.WAIT:

@@ -181,7 +181,7 @@ def test_a_job_users_build_may_not_write_a_shared_python_base(user: job_user.Job
         "import json, sys; from pathlib import Path; from service.environments.python_base import ensure_base\n"
         "def run(*a): raise SystemExit('the job user tried to build the base')\n"
         f"log = Path('/tmp/parity-base-{uuid.uuid4().hex[:8]}.log')\n"
-        f"try:\n    print(ensure_base(Path({str(builds / 'abc')!r}), '3.99', sys.executable, ['torch==1'], run, log))\n"
+        f"try:\n    print(ensure_base(Path({str(builds)!r}), '3.99', sys.executable, ['torch==1'], run, log))\n"
         "except PermissionError as exc:\n    print('REFUSED', exc)\n"
     )
     repo = Path(__file__).resolve().parents[2]

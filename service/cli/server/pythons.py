@@ -45,11 +45,10 @@ def prepare(args: argparse.Namespace) -> int:
     if args.version == interpreters.own_python()[0]:
         print(f"Python {args.version} is the service's own: its builds share the service's torch, nothing to prepare")
         return 0
-    # ensure_base puts the base beside a build folder: name a (never created) one under the builds folder
-    anchor = builds_folder(settings) / "_prepare"
-    anchor.parent.mkdir(parents=True, exist_ok=True)
-    log = anchor.parent / f"python-{args.version}-base.log"
+    builds = builds_folder(settings)
+    builds.mkdir(parents=True, exist_ok=True)
+    log = builds / f"python-{args.version}-base.log"
     pins = recipe.base_pins([f"{d.metadata['Name']}=={d.version}" for d in recipe.closure()])
-    site = ensure_base(anchor, args.version, pythons[args.version], pins, recipe._run, log)
+    site = ensure_base(builds, args.version, pythons[args.version], pins, recipe._run, log)
     print(f"Python {args.version} base ready: {Path(site)} (log {log})")
     return 0
