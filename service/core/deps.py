@@ -28,9 +28,18 @@ async def get_session() -> AsyncIterator[Session]:
     try:
         yield session
     except BaseException:
-        await run_in_threadpool(end_session, session, commit=False)
+        await _end(session, commit=False)
         raise
-    await run_in_threadpool(end_session, session, commit=True)
+    await _end(session, commit=True)
+
+
+async def _end(session: Session, *, commit: bool) -> None:
+    if not session.in_transaction():
+        # nothing began (a read served by async_db, a refused request): no round trip to make, so
+        # no threadpool trip either; closing an idle session does no I/O
+        session.close()
+        return
+    await run_in_threadpool(end_session, session, commit=commit)
 
 
 async def settings() -> Settings:

@@ -99,7 +99,8 @@ def warn_if_unknown(settings: Settings, who: str) -> None:
                     who, serve_record_path(settings), settings.base_url)
 
 
-def _base(request: Request) -> str:
+async def _base(request: Request) -> str:
+    # async: a sync dependency is a threadpool trip per request; this is a cached stat, cheap on the loop
     return public_base(get_settings(), request)
 
 

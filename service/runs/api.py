@@ -7,8 +7,10 @@ from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from models import ProbeFinding, Run, StepMetric
 from service.core.deps import ReadAccess, RunId, SessionDep, SettingsDep, SubmitClaimDep, SubmitToken
@@ -200,11 +202,21 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunOut)
-def get_run(run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAccess) -> Response:
+async def get_run(run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAccess) -> Response:
     """One run with its phases, verdict, signatures and links."""
-    # one round trip, no transaction to open and close, no ORM objects (one_statement.py)
-    run = one_statement.read_run(session, run_id)
+    # what CI polls: one round trip on the event loop, no thread, no transaction, no ORM objects
+    # (async_db.py says why); a session bound to a test's outer transaction reads through it instead
+    if one_statement.bound_to_connection(session):
+        return await run_in_threadpool(_get_run_in_session, session, run_id, base)
+    run = await one_statement.read_run_async(run_id)
     if run is None:  # the 404 exactly as elsewhere (or a run committed a moment ago)
+        return await run_in_threadpool(_get_run_in_session, session, run_id, base)
+    return json_response(run_out(run, base, with_phases=True))
+
+
+def _get_run_in_session(session: Session, run_id: int, base: str) -> Response:
+    run = one_statement.read_run(session, run_id)
+    if run is None:
         return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,
                                      with_phases=True))
     return json_response(run_out(run, base, with_phases=True))

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from jobs.spec import RunSpec
 from models import Phase, Run
 from models.base import utcnow
+from service.core import async_db
 from service.core.checks import check_key, check_name, track_of
 from service.core.db import autocommit
 from service.core.run_state import RunState
@@ -153,6 +154,21 @@ def _fetch(session: Session, sql: str, params: dict[str, Any]) -> list[tuple[Any
 def read_run(session: Session, run_id: int) -> Stored | None:
     """The run, its environment's name and its phases (ordered by id) in one round trip; None if absent."""
     rows = _fetch(session, READ_RUN, {"id": run_id})
+    if not rows:
+        return None
+    first = rows[0]
+    phases = [_phase(r[_N_RUN + 1:]) for r in rows if r[_PHASE_ID] is not None]
+    return Stored(dict(zip(_RUN_COLUMNS, first, strict=False)), first[_N_RUN], phases)
+
+
+def bound_to_connection(session: Session) -> bool:
+    """True when the session is bound to one connection (tests: an outer transaction to join)."""
+    return isinstance(session.get_bind(), Connection)
+
+
+async def read_run_async(run_id: int) -> Stored | None:
+    """read_run on the event loop, through async_db's pool (no thread, no session)."""
+    rows = await async_db.fetch(READ_RUN, {"id": run_id})
     if not rows:
         return None
     first = rows[0]

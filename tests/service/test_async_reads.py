@@ -1,0 +1,95 @@
+"""GET /runs/{id} on the event loop (service/core/async_db.py): the same answer as the session path,
+no thread, a 404 as before, and a 503 (nothing lost) while the database is away."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import make_url
+
+from service.core import tokens
+from service.core.db import reset_engine, session_scope
+from service.core.settings import get_settings
+from service.runs import api as runs_api
+from service.runs import one_statement
+from tests.service.tcp_proxy import Proxy
+
+SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}
+
+
+@pytest.fixture
+def served(committed_db: str) -> Iterator[tuple[TestClient, dict[str, str]]]:
+    """A client on the real app (no session override: requests commit) and a submit token."""
+    from service.web.app import create_app
+
+    with session_scope() as session:
+        secret = tokens.create_token(session, name="reader", scopes=["submit"])
+    with TestClient(create_app()) as client:
+        yield client, {"Authorization": f"Bearer {secret}"}
+
+
+def _no_session_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_a: object, **_k: object) -> None:
+        raise AssertionError("GET /runs/{id} read through the session (a threadpool trip)")
+
+    monkeypatch.setattr(one_statement, "read_run", refuse)
+
+
+def test_a_run_is_read_on_the_event_loop_and_answered_as_the_session_path_answers(
+    served: tuple[TestClient, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, headers = served
+    posted = client.post("/api/v1/runs", json={"spec": SPEC, "labels": {"commit": "c1"}}, headers=headers)
+    assert posted.status_code == 202, posted.text
+    run_id = posted.json()["id"]
+    with session_scope() as session:  # what the sync path answers, for comparison
+        expected = runs_api._get_run_in_session(session, run_id, "http://testserver").body
+    _no_session_reads(monkeypatch)
+    got = client.get(f"/api/v1/runs/{run_id}")
+    assert got.status_code == 200, got.text
+    assert got.content == expected
+    assert got.json()["links"]["self"] == f"http://testserver/api/v1/runs/{run_id}"
+
+
+def test_an_absent_run_is_the_same_404(served: tuple[TestClient, dict[str, str]]) -> None:
+    client, _ = served
+    missing = client.get("/api/v1/runs/99999")
+    assert missing.status_code == 404
+    assert missing.json()["error"] == "not_found" and "99999" in missing.json()["detail"]
+
+
+def test_the_event_loop_read_answers_503_while_the_database_is_away(
+    committed_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.web.app import create_app
+
+    with session_scope() as session:
+        secret = tokens.create_token(session, name="reader", scopes=["submit"])
+    real = make_url(committed_db)
+    proxy = Proxy(real.host or "127.0.0.1", real.port or 5432)
+    monkeypatch.setenv("PARITY_DATABASE_URL",
+                       real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False))
+    get_settings.cache_clear()
+    reset_engine()
+    try:
+        with TestClient(create_app()) as client:
+            posted = client.post("/api/v1/runs", json={"spec": SPEC, "labels": {"commit": "c1"}},
+                                 headers={"Authorization": f"Bearer {secret}"})
+            assert posted.status_code == 202, posted.text
+            run_id = posted.json()["id"]
+            _no_session_reads(monkeypatch)
+            assert client.get(f"/api/v1/runs/{run_id}").status_code == 200
+            proxy.down()  # the pooled connection breaks and no new one can be made
+            away = client.get(f"/api/v1/runs/{run_id}")
+            assert away.status_code == 503, away.text
+            assert away.json()["error"] == "database_unavailable"
+            assert away.headers["Retry-After"] == "10"
+            proxy.restore()
+            back = client.get(f"/api/v1/runs/{run_id}")  # a fresh connection, the same run
+            assert back.status_code == 200, back.text
+            assert back.json()["id"] == run_id
+    finally:
+        proxy.close()
+        reset_engine()
