@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/api_load.py [--runs 1000000] [--requests 3000] [--seconds 20]
                                              [--concurrency 4] [--workers 1] [--repeat 1]
-                                             [--client wrk|httpx] [--connections 16]
+                                             [--client wrk|httpx] [--connections 16] [--rate 500]
 
 Creates a throw-away database on PARITY_BENCH_SERVER_URL (default: the local Postgres), seeds it
 in SQL, starts `parity serve` against it, drives it with a bounded number of requests in bounded
@@ -17,6 +17,9 @@ installed, else httpx threads in this process. With wrk each line also gives the
 server's processes and the Postgres backends spent per request (read from /proc, so a busy machine
 inflates wall times but not these), and "cap" = cores x 1000 / (server + Postgres CPU ms): the
 throughput this machine could give if only the service and Postgres ran.
+--rate R adds two drives at a fixed offered load of at most R req/s (the floor and GET /runs/{id}): at
+saturation every request also waits for the ones queued before it, so a saturation p99 is mostly
+queueing (the bare floor's own is 20-40 ms here); a p99 at a stated rate is the latency a caller sees.
 Targets on a 2-core machine: POST /runs >= 500 req/s; GET /runs/{id} p99 <= 20 ms.
 """
 
@@ -173,6 +176,14 @@ def drive_with_wrk(args: argparse.Namespace, token: str, base: str, bare: str,
         "GET /api/v1/runs/{id}": (base, wrk_driver.GET_LUA % {"path": "/api/v1/runs/", "n": args.runs},
                                   [service_pid]),
     }
+    if args.rate:
+        # latency at a fixed offered load (what a CI fleet polling its runs offers), beside saturation:
+        # each connection waits connections/rate seconds between requests (wrk's delay()), so the
+        # offered rate is at most `rate`; the achieved one is printed
+        paced = wrk_driver.paced(args.rate, args.connections)
+        for label in ("floor: bare sync GET", "GET /api/v1/runs/{id}"):
+            url, script, pids = scripts[label]
+            scripts[f"{label} @{args.rate:.0f}/s"] = (url, script + paced, pids)
     figures: dict[str, list[dict[str, float]]] = {name: [] for name in scripts}
     for _ in range(args.repeat):  # interleaved, so a busy minute on the shared machine hits all alike
         for label, (url, script, pids) in scripts.items():
@@ -194,6 +205,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="drives per endpoint (medians reported)")
     ap.add_argument("--client", choices=("wrk", "httpx"), default="wrk" if wrk_driver.available() else "httpx")
     ap.add_argument("--connections", type=int, default=16, help="wrk's keep-alive connections")
+    ap.add_argument("--rate", type=float, default=0,
+                    help="also drive the floor and GET /runs/{id} at this offered rate (req/s, wrk only): "
+                         "latency at a stated load, beside the saturation figures")
     ap.add_argument("--database", help="reuse this seeded database and keep it (seeding 1M runs takes minutes; "
                                        "a before/after pair should read the same data)")
     args = ap.parse_args()

@@ -40,6 +40,11 @@ request = function() return wrk.format("GET", "%(path)s" .. math.random(1, %(n)d
 """
 
 
+def paced(rate: float, connections: int) -> str:
+    """Lua to append to a script: each connection waits so that all together offer at most `rate` req/s."""
+    return f"\ndelay = function() return {max(1, round(connections * 1000 / rate))} end\n"
+
+
 def available() -> bool:
     """True when wrk is installed (Debian package `wrk`)."""
     return shutil.which("wrk") is not None
