@@ -34,11 +34,18 @@ os.environ.setdefault("PARITY_NOTIFY_ALLOW_PRIVATE", "1")
 POSTGRES_FIXTURES = frozenset({"database_url", "settings_env", "db_session", "committed_db", "client"})
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the database as `postgres`."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses the database as `postgres`; leave out `nightly` unless -m names it."""
     for item in items:
         if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.postgres)
+    # The nightly tests repeat, at more cost, what a CI test already covers (each names its CI slice):
+    # `-m nightly` (scripts/test.sh --nightly) runs them, any other run leaves them out.
+    if "nightly" not in (config.getoption("markexpr") or ""):
+        nightly = [item for item in items if item.get_closest_marker("nightly")]
+        if nightly:
+            config.hook.pytest_deselected(items=nightly)
+            items[:] = [item for item in items if not item.get_closest_marker("nightly")]
 
 
 SERVER_URL = os.environ.get(
