@@ -10,7 +10,8 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,6 +22,7 @@ from models import Base
 from service.core.db import reset_engine
 from service.core.migrate import upgrade
 from service.core.settings import get_settings
+from tests.run_local import LocalReference
 
 # The periodic detector-health batch would queue Megatron runs behind every scheduler test;
 # tests that exercise it turn it on themselves.
@@ -163,3 +165,26 @@ def slurm() -> str:
             pytest.fail(f"Slurm is required here: {reason}")
         pytest.skip(reason)
     return os.environ["SLURM_CONF"]
+
+
+@pytest.fixture(scope="session")
+def run_local_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict[str, Any]], LocalReference]:
+    """run-local of a spec, once per session: tests/jobs' known-good DP 2 and reshard runs are the
+    references tests/service/test_protocol_equality.py compares the scheduler's runs with, and the
+    warm-pool walk its warm run (the same specs: run-local runs each once for all of them)."""
+    import json
+
+    from jobs.launch.local import run_parity
+    from jobs.spec import RunSpec
+
+    done: dict[str, LocalReference] = {}
+
+    def reference(fields: dict[str, Any]) -> LocalReference:
+        spec = RunSpec.from_dict(fields)
+        key = json.dumps(spec.to_dict(), sort_keys=True)
+        if key not in done:
+            folder = tmp_path_factory.mktemp("run-local")
+            done[key] = LocalReference(run_parity(spec, folder), folder)
+        return done[key]
+
+    return reference

@@ -32,8 +32,8 @@ from jobs.pool_folder import PoolFolder, read_pool_file
 from models import Phase
 from service.core.db import session_scope
 from service.runs.records import cancel_run
+from tests.run_local import PHASES, LocalReference
 from tests.security.test_hostile_builds import JOB_USER, _require_job_user
-from tests.service.run_local_reference import PHASES, LocalReference
 from tests.service.scheduler_harness import (
     GOOD,
     phases,
@@ -48,8 +48,8 @@ from tests.service.scheduler_harness import (
 from tests.service.test_protocol_equality import _differences, comparable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.postgres]
-SAME = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 3, "workarounds": GOOD,
-        "isolation": "process"}
+SAME = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 2, "workarounds": GOOD,
+        "isolation": "process"}  # test_protocol_equality's "process" case: one run-local reference for both
 # long enough that a fault lands while the attempt runs (it lands within a poll of the worker turning
 # busy, ~0.1 s); each fault's retry runs it again from the start, so no longer than that
 LONG = {**SAME, "steps": 20, "save_step": 10}
@@ -133,7 +133,7 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
         assert {p.name for p in _warm_phases(warm)} == {"train_and_save", "resume"}
         warm_docs = _documents(warm)
         for phase in PHASES:
-            assert list(_differences(comparable(warm_docs[phase]), comparable(cold.documents[phase]))) == [], phase
+            assert list(_differences(comparable(warm_docs[phase]), comparable(cold.document(phase)))) == [], phase
         first_worker = {w.name for w in _live(runs)}
         assert len(first_worker) == 1
         if as_job_user:  # the worker's tasks are the job user's, and its record is not theirs to rewrite
