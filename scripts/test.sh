@@ -4,8 +4,9 @@
 #   scripts/test.sh --fast   the fast lane: everything that needs no Megatron, Slurm or browser and
 #                            is not marked slow (Postgres only; under 3 minutes). Run it first.
 #   scripts/test.sh --nightly  only the tests marked nightly (costlier repeats of what CI covers: the
-#                            local warm-pool walk, ...), with every service the full suite starts.
-#                            Without it they are left out (tests/conftest.py), as in CI.
+#                            full local warm-pool walk, the "job" isolation runs of the parity
+#                            scenarios CI runs in "process" only), with every service the full suite
+#                            starts. Without it they are left out (tests/conftest.py), as in CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
