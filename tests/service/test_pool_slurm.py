@@ -108,11 +108,11 @@ def _documents(run_id: int) -> dict[str, dict]:
 
 
 # The local walk's own paths are the job user (its workers' tasks, the files it may not rewrite) and an
-# allocation ended by ending the controller's process group: CI walks those (walk="job user"); the
+# allocation ended by ending the controller's process group: CI walks those (walk="job-user"); the
 # cancel and the killed task, walked on Slurm in CI, walk locally too in the nightly full walk.
 @pytest.mark.parametrize(("executor", "walk"), [
     ("slurm", "full"),
-    ("local", "job user"),
+    ("local", "job-user"),
     pytest.param("local", "full", marks=pytest.mark.nightly),
 ])
 def test_warm_pool_matches_cold_and_survives_its_faults(
