@@ -3,6 +3,10 @@
 # real headless Chromium. Extra arguments go to pytest (e.g. scripts/test.sh -k scheduler).
 #   scripts/test.sh --fast   the fast lane: everything that needs no Megatron, Slurm or browser and
 #                            is not marked slow (Postgres only; under 3 minutes). Run it first.
+#   scripts/test.sh --nightly  only the tests marked nightly (costlier repeats of what CI covers: the
+#                            full local warm-pool walk, the "job" isolation runs of the parity
+#                            scenarios CI runs in "process" only), with every service the full suite
+#                            starts. Without it they are left out (tests/conftest.py), as in CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -20,6 +24,11 @@ if [[ "${1:-}" == "--fast" ]]; then
   .venv/bin/python -m pytest -q -m "not megatron and not slurm and not browser and not slow" "$@"
   say "fast lane done"
   exit 0
+fi
+MARKS=()
+if [[ "${1:-}" == "--nightly" ]]; then
+  shift
+  MARKS=(-m nightly)
 fi
 say "chromium (browser tests)"
 if ! command -v chromium >/dev/null; then
@@ -43,5 +52,5 @@ fi
 say "pytest"
 # Here nothing may be skipped for want of infrastructure: missing Slurm or Chromium is a failure.
 export PARITY_REQUIRE_SLURM=1 PARITY_REQUIRE_BROWSER=1 PARITY_REQUIRE_JOB_USER=1
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q "${MARKS[@]}" "$@"
 say "tests done"

@@ -10,7 +10,8 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,6 +22,7 @@ from models import Base
 from service.core.db import reset_engine
 from service.core.migrate import upgrade
 from service.core.settings import get_settings
+from tests.run_local import LocalReference
 
 # The periodic detector-health batch would queue Megatron runs behind every scheduler test;
 # tests that exercise it turn it on themselves.
@@ -34,11 +36,18 @@ os.environ.setdefault("PARITY_NOTIFY_ALLOW_PRIVATE", "1")
 POSTGRES_FIXTURES = frozenset({"database_url", "settings_env", "db_session", "committed_db", "client"})
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the database as `postgres`."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses the database as `postgres`; leave out `nightly` unless -m names it."""
     for item in items:
         if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.postgres)
+    # The nightly tests repeat, at more cost, what a CI test already covers (each names its CI slice):
+    # `-m nightly` (scripts/test.sh --nightly) runs them, any other run leaves them out.
+    if "nightly" not in (config.getoption("markexpr") or ""):
+        nightly = [item for item in items if item.get_closest_marker("nightly")]
+        if nightly:
+            config.hook.pytest_deselected(items=nightly)
+            items[:] = [item for item in items if not item.get_closest_marker("nightly")]
 
 
 SERVER_URL = os.environ.get(
@@ -156,3 +165,26 @@ def slurm() -> str:
             pytest.fail(f"Slurm is required here: {reason}")
         pytest.skip(reason)
     return os.environ["SLURM_CONF"]
+
+
+@pytest.fixture(scope="session")
+def run_local_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict[str, Any]], LocalReference]:
+    """run-local of a spec, once per session: tests/jobs' known-good DP 2 and reshard runs are the
+    references tests/service/test_protocol_equality.py compares the scheduler's runs with, and the
+    warm-pool walk its warm run (the same specs: run-local runs each once for all of them)."""
+    import json
+
+    from jobs.launch.local import run_parity
+    from jobs.spec import RunSpec
+
+    done: dict[str, LocalReference] = {}
+
+    def reference(fields: dict[str, Any]) -> LocalReference:
+        spec = RunSpec.from_dict(fields)
+        key = json.dumps(spec.to_dict(), sort_keys=True)
+        if key not in done:
+            folder = tmp_path_factory.mktemp("run-local")
+            done[key] = LocalReference(run_parity(spec, folder), folder)
+        return done[key]
+
+    return reference

@@ -2,19 +2,22 @@
 
 Each scenario runs once per module and isolation mode ("process": one job forking a child per
 phase; "job": a job per phase); every assertion holds in both, and both modes must agree on
-every verdict, signature and loss.
+every verdict, signature and loss. CI runs every scenario in "process" and JOB_SLICE in "job" too
+(a failed save, a pass at DP 2 and at DP 1, a silent misalignment, a wrong resume); the other
+scenarios' "job" runs, and the tests that read them in that mode, are `nightly`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from jobs.contract import ParityResult
-from jobs.launch.local import run_parity
-from jobs.spec import ISOLATION_MODES, RunSpec
+from jobs.spec import ISOLATION_MODES
+from tests.run_local import LocalReference
 
 pytestmark = pytest.mark.megatron
 
@@ -37,24 +40,51 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
+JOB_SLICE = ("known_bad", "known_good_dp2", "known_good_dp1", "silent", "dense")
+
+
+def in_modes(*names: str) -> list[Any]:
+    """Both isolation modes for a test reading these scenarios; "job" is nightly unless all are in JOB_SLICE."""
+    job = set(names) <= set(JOB_SLICE)
+    return [mode if mode != "job" or job else pytest.param(mode, marks=pytest.mark.nightly)
+            for mode in ISOLATION_MODES]
+
+
+class Results:
+    """One isolation mode's scenarios, each run the first time a test reads it (once per module)."""
+
+    def __init__(self, run: Callable[[str, str], ParityResult], mode: str) -> None:
+        self.run, self.mode = run, mode
+
+    def __getitem__(self, name: str) -> dict[str, Any]:  # read as plain JSON, as the document is
+        return dict(self.run(name, self.mode))
+
+
 @pytest.fixture(scope="module")
-def by_mode(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, ParityResult]]:
-    out: dict[str, dict[str, ParityResult]] = {mode: {} for mode in ISOLATION_MODES}
-    for name, fields in SCENARIOS.items():
-        for mode in ISOLATION_MODES:
-            spec = RunSpec.from_dict({"steps": 5, "save_step": 2, "isolation": mode, **fields})
-            out[mode][name] = run_parity(spec, tmp_path_factory.mktemp(f"{name}-{mode}"))
-    return out
+def run_scenario(
+    run_local_reference: Callable[[dict[str, Any]], LocalReference],
+) -> Callable[[str, str], ParityResult]:
+    """A scenario's run in a mode, once a session (known_good_dp2 is the protocol-equality reference too)."""
+
+    def run(name: str, mode: str) -> ParityResult:
+        return run_local_reference({"steps": 5, "save_step": 2, "isolation": mode, **SCENARIOS[name]}).result
+
+    return run
 
 
-@pytest.fixture(params=ISOLATION_MODES)
-def results(request: pytest.FixtureRequest, by_mode: dict) -> dict[str, ParityResult]:
-    return by_mode[request.param]
+@pytest.fixture
+def results(request: pytest.FixtureRequest, run_scenario: Callable[[str, str], ParityResult]) -> Results:
+    return Results(run_scenario, request.param)
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
-def test_both_isolation_modes_agree(by_mode: dict, name: str) -> None:
-    process, job = by_mode["process"][name], by_mode["job"][name]
+def _modes(*names: str) -> pytest.MarkDecorator:
+    return pytest.mark.parametrize("results", in_modes(*names), indirect=True)
+
+
+@pytest.mark.parametrize("name", [n if n in JOB_SLICE else pytest.param(n, marks=pytest.mark.nightly)
+                                  for n in SCENARIOS])
+def test_both_isolation_modes_agree(run_scenario: Callable[[str, str], ParityResult], name: str) -> None:
+    process, job = Results(run_scenario, "process")[name], Results(run_scenario, "job")[name]
     assert process["isolation"] == "process" and job["isolation"] == "job"
     assert (process["verdict"], process["signatures"], process["advisories"]) == (
         job["verdict"],
@@ -69,7 +99,8 @@ def _resumed_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in result["steps"] if s["resumed_phase"]]
 
 
-def test_known_bad_fails_with_misalignment_and_evidence(results: dict) -> None:
+@_modes("known_bad")
+def test_known_bad_fails_with_misalignment_and_evidence(results: Results) -> None:
     r = results["known_bad"]
     assert r["verdict"] == "fail"
     assert "optimizer-index-misalignment" in r["signatures"] and "checkpoint-save-crash" in r["signatures"]
@@ -83,8 +114,13 @@ def test_known_bad_fails_with_misalignment_and_evidence(results: dict) -> None:
     json.dumps(r)
 
 
-@pytest.mark.parametrize("name", ["known_good_dp2", "known_good_dp1", "gates_good", "silent_good", "dense_fixed"])
-def test_workarounds_make_resume_bit_identical(results: dict, name: str) -> None:
+@pytest.mark.parametrize(("results", "name"), [
+    pytest.param(mode, name, marks=() if mode == "process" or name in JOB_SLICE else pytest.mark.nightly,
+                 id=f"{mode}-{name}")
+    for name in ["known_good_dp2", "known_good_dp1", "gates_good", "silent_good", "dense_fixed"]
+    for mode in ISOLATION_MODES
+], indirect=["results"])
+def test_workarounds_make_resume_bit_identical(results: Results, name: str) -> None:
     r = results[name]
     assert r["verdict"] == "pass", (r["signatures"], r["errors"])
     rows = _resumed_rows(r)
@@ -93,7 +129,8 @@ def test_workarounds_make_resume_bit_identical(results: dict, name: str) -> None
     assert r["first_divergent_step"] is None
 
 
-def test_known_good_reports_what_workarounds_did(results: dict) -> None:
+@_modes("known_good_dp2", "dense_fixed")
+def test_known_good_reports_what_workarounds_did(results: Results) -> None:
     r = results["known_good_dp2"]
     # each workaround says what it hid, measured before and after it
     assert r["verdict_label"].startswith("pass (worked around: ")
@@ -111,7 +148,8 @@ def test_known_good_reports_what_workarounds_did(results: dict) -> None:
     assert dense == {}  # realign not requested; restore only acts at load
 
 
-def test_silent_case_saves_without_raising_and_still_fails(results: dict) -> None:
+@_modes("silent")
+def test_silent_case_saves_without_raising_and_still_fails(results: Results) -> None:
     r = results["silent"]
     assert r["phases"]["train_and_save"]["status"] == "ok"  # the save did not raise
     assert r["verdict"] == "fail"
@@ -122,14 +160,16 @@ def test_silent_case_saves_without_raising_and_still_fails(results: dict) -> Non
     )
 
 
-def test_silent_case_fails_even_when_loss_parity_is_exact(results: dict) -> None:
+@_modes("silent_loads")
+def test_silent_case_fails_even_when_loss_parity_is_exact(results: Results) -> None:
     r = results["silent_loads"]
     assert all(s["exact"] for s in _resumed_rows(r))  # the loss alone would call this a pass
     assert r["verdict"] == "fail"
     assert {"optimizer-index-misalignment", "optimizer-state-mismatch"} <= set(r["signatures"])
 
 
-def test_dense_adam_step_not_restored(results: dict) -> None:
+@_modes("dense")
+def test_dense_adam_step_not_restored(results: Results) -> None:
     r = results["dense"]
     assert r["verdict"] == "fail" and r["signatures"] == ["adam-step-not-restored"]
     assert r["evidence"]["adam-step-not-restored"]["items"][0]["before"] == "2.0"
@@ -140,21 +180,24 @@ def test_dense_adam_step_not_restored(results: dict) -> None:
     assert r["first_divergent_step"] == 4
 
 
-def test_bucket_probe_on_real_buffers(results: dict) -> None:
+@_modes("gates_good", "known_good_dp2")
+def test_bucket_probe_on_real_buffers(results: Results) -> None:
     # 0.16.1 has Bug B: the 1-element FP32 gates shift later params' unpadded offsets.
     gates = results["gates_good"]
     assert "bucket-offset-unaligned" in gates["advisories"]
     assert "bucket-offset-unaligned" not in results["known_good_dp2"]["advisories"]
 
 
-def test_layerwise_empty_rank_round_trips(results: dict) -> None:
+@_modes("layerwise")
+def test_layerwise_empty_rank_round_trips(results: Results) -> None:
     r = results["layerwise"]
     assert r["verdict"] == "pass", (r["signatures"], r["errors"])
     groups = r["probes"]["resume"]["param_groups_after_load"]
     assert {"rank": 0, "optimizer": 0, "group": 1} in groups["empty_rank_groups"] and groups["agree"]
 
 
-def test_phase_documents_carry_environment(results: dict) -> None:
+@_modes("known_good_dp2")
+def test_phase_documents_carry_environment(results: Results) -> None:
     info = results["known_good_dp2"]["phases"]["resume"]["info"]
     for key in ("torch", "megatron_core", "python", "device", "world_size", "host", "load_seconds"):
         assert key in info

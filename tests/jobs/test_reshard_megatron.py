@@ -8,13 +8,13 @@ and the final state against the bounds measured for the config and direction
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from jobs.contract import STATE_AFTER_LOAD, STATE_AFTER_LOAD_RAW, STATE_AT_SAVE, ParityResult
-from jobs.launch.local import run_parity
-from jobs.spec import RunSpec
+from tests.run_local import LocalReference
 
 pytestmark = pytest.mark.megatron
 
@@ -37,12 +37,10 @@ GOOD = [("good_2_to_1", 2, 1), ("good_1_to_2", 1, 2), ("dense_good_2_to_1", 2, 1
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParityResult]:
-    out = {}
-    for name, fields in SCENARIOS.items():
-        spec = RunSpec.from_dict({"steps": 6, "save_step": 3, **fields})
-        out[name] = run_parity(spec, tmp_path_factory.mktemp(name))
-    return out
+def results(run_local_reference: Callable[[dict[str, Any]], LocalReference]) -> dict[str, ParityResult]:
+    # once a session: good_2_to_1 is test_protocol_equality's resume_dp reference too
+    return {name: run_local_reference({"steps": 6, "save_step": 3, **fields}).result
+            for name, fields in SCENARIOS.items()}
 
 
 def _resumed(r: ParityResult) -> list[Any]:

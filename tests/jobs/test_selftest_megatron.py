@@ -3,8 +3,9 @@
 The catalogue one mutant per run at DP 1 on dense-bf16 (each caught alone, with the evidence naming
 what it broke) and an MoE slice at DP 2 on moe-fp32-router with its workarounds; the combined
 smoke test (control, the combined faults, a benign change) at DP 1 and 2; and the two faults that
-cannot share a run: a resumed loop that differs only after the restore (final state) and an option
-the build lacks (a crash that must not be blamed on Bug A). The full matrix (every mutant x DP 1, 2
+cannot share a run, read from their own runs in the catalogue and the slice: a resumed loop that
+differs only after the restore (final state) and an option the build lacks (a crash that must not be
+blamed on Bug A). The full matrix (every mutant x DP 1, 2
 x dense, MoE) is `parity selftest --dp 1 --dp 2` (the nightly detector-health batch runs it at DP 2).
 """
 
@@ -16,16 +17,31 @@ from typing import Any
 
 import pytest
 
-from jobs.launch.selftest import format_matrix, run_one, run_selftest
+from jobs.launch.selftest import format_matrix, run_selftest
 from jobs.selftest.catalogue import MUTANTS, combined_mutant
 
 DENSE = [n for n, m in MUTANTS.items() if "dense-bf16" in m.bases]
-MOE_SLICE = ["model-weight-skipped", "exp-avg-sq-reset", "moments-lost-on-last-rank", "benign-stale-grads-after-load"]
+# build-lacks-sharding-type last: its DP 2 run on moe-fp32-router is the one the unsupported-option test reads
+MOE_SLICE = ["model-weight-skipped", "exp-avg-sq-reset", "moments-lost-on-last-rank", "benign-stale-grads-after-load",
+             "build-lacks-sharding-type"]
+
+
+def _folder_of(report: dict[str, Any], mutant: str) -> Path:
+    """The run folder of one mutant's row in a single-DP report (run_selftest numbers them from 00)."""
+    (index,) = [i for i, r in enumerate(report["rows"]) if r["mutant"] == mutant]
+    return Path(report["folder"]) / f"dp{report['rows'][index]['dp']}" / f"{index:02d}"
 
 
 @pytest.fixture(scope="module")
 def catalogue(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_selftest(tmp_path_factory.mktemp("catalogue"), dps=(1,), names=DENSE, bases=("dense-bf16",))
+    folder = tmp_path_factory.mktemp("catalogue")
+    return {**run_selftest(folder, dps=(1,), names=DENSE, bases=("dense-bf16",)), "folder": folder}
+
+
+@pytest.fixture(scope="module")
+def moe_slice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("moe-slice")
+    return {**run_selftest(folder, dps=(2,), names=MOE_SLICE, bases=("moe-fp32-router",)), "folder": folder}
 
 
 def test_catalogue_catches_each_mutant_alone_with_its_evidence(catalogue: dict) -> None:
@@ -42,14 +58,14 @@ def test_catalogue_catches_each_mutant_alone_with_its_evidence(catalogue: dict) 
     assert rows["exp-avg-sq-reset"]["evidence_names"]["optimizer-moments-mismatch"][0].endswith("/exp_avg_sq")
 
 
-def test_moe_slice_at_dp2_names_what_broke(tmp_path: Path) -> None:
-    report = run_selftest(tmp_path, dps=(2,), names=MOE_SLICE, bases=("moe-fp32-router",))
+def test_moe_slice_at_dp2_names_what_broke(moe_slice: dict) -> None:
+    report = moe_slice
     assert report["ok"], format_matrix(report)
     rows = {r["mutant"]: r for r in report["rows"]}
     assert all(r["base"] == "moe-fp32-router" and r["dp"] == 2 for r in rows.values())
     names = rows["exp-avg-sq-reset"]["evidence_names"]["optimizer-moments-mismatch"]
     assert names and all(n.endswith("/exp_avg_sq") for n in names)
-    r = json.loads((tmp_path / "dp2" / "03" / "result.json").read_text())  # moments-lost-on-last-rank
+    r = json.loads((_folder_of(report, "moments-lost-on-last-rank") / "result.json").read_text())
     assert r["evidence"]["optimizer-moments-mismatch"]["ranks"] == [1]
 
 pytestmark = pytest.mark.megatron
@@ -105,17 +121,19 @@ def test_known_good_with_dropout_is_bit_identical_and_says_what_the_workaround_h
     assert r["phases"]["resume"]["info"]["restored_iteration"] == 2
 
 
-def test_resumed_loop_difference_shows_in_the_final_state(tmp_path: Path) -> None:
-    row = run_one(MUTANTS["clip-grad-changed-on-resume"], 1, tmp_path)
+def test_resumed_loop_difference_shows_in_the_final_state(catalogue: dict) -> None:
+    # the catalogue's own run of it (DP 1 on dense-bf16, its first base: what run_one(m, 1, …) runs)
+    (row,) = [r for r in catalogue["rows"] if r["mutant"] == "clip-grad-changed-on-resume"]
     assert row["outcome"] == "caught" and row["signatures"] == ["final-state-mismatch"]
-    r = json.loads((tmp_path / "result.json").read_text())
+    r = json.loads((_folder_of(catalogue, "clip-grad-changed-on-resume") / "result.json").read_text())
     assert r["evidence"]["final-state-mismatch"]["sections"][:1] == ["main"]
 
 
-def test_unsupported_option_is_an_error_not_bug_a(tmp_path: Path) -> None:
-    row = run_one(MUTANTS["build-lacks-sharding-type"], 2, tmp_path)
+def test_unsupported_option_is_an_error_not_bug_a(moe_slice: dict) -> None:
+    # the MoE slice's run of it: DP 2 on moe-fp32-router (its first base, which has Bug A)
+    (row,) = [r for r in moe_slice["rows"] if r["mutant"] == "build-lacks-sharding-type"]
     assert row["outcome"] == "caught", row
     assert row["verdict"] == "error" and row["signatures"][0] == "unsupported-by-build"
-    r = json.loads((tmp_path / "result.json").read_text())
+    r = json.loads((_folder_of(moe_slice, "build-lacks-sharding-type") / "result.json").read_text())
     assert "optimizer-index-misalignment" not in r["signatures"] and "optimizer-index-misalignment" in r["advisories"]
     assert r["error"]["ranks"] == [0, 1] and len(r["error"]["rank_errors"]) == 1  # one record for both ranks

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.service.ci_jobs import ROOT, github_job, gitlab_job
-from tests.service.client_venv import install_base_client
+from tests.service.client_venv import ClientVenv
 from tests.service.mcore_source import LR_OFF_BY_ONE, make_source
 from tests.service.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 from tests.service.webhook_receiver import start_receiver
@@ -38,9 +38,10 @@ def _statuses(forge, path: str) -> list[dict]:
     return out
 
 
-def test_the_documented_ci_jobs_gate_a_pull_request_on_its_own_build(committed_db: str, tmp_path: Path) -> None:
-    client = install_base_client(tmp_path / "client")
-    print(f"base client install: {client.install_s} s, {client.added_bytes / 1e6:.1f} MB over an empty venv")
+def test_the_documented_ci_jobs_gate_a_pull_request_on_its_own_build(
+    committed_db: str, tmp_path: Path, base_client: ClientVenv
+) -> None:
+    client = base_client
     forge = start_receiver()
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -10,14 +10,15 @@ import httpx
 import pytest
 import yaml
 
-from tests.service.client_venv import HEAVY, install_base_client
+from tests.service.client_venv import HEAVY, ClientVenv
 from tests.service.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 
 @pytest.mark.slow
-def test_the_base_install_is_a_client_that_drives_a_real_service(committed_db: str, tmp_path: Path) -> None:
-    client = install_base_client(tmp_path / "client")
-    print(f"base client install: {client.install_s} s, {client.added_bytes / 1e6:.1f} MB over an empty venv")
+def test_the_base_install_is_a_client_that_drives_a_real_service(
+    committed_db: str, tmp_path: Path, base_client: ClientVenv
+) -> None:
+    client = base_client
     python = str(client.bin / "python")
     found = subprocess.run([python, "-c", "import importlib.util as u, json, sys; "
                             f"print(json.dumps([m for m in {list(HEAVY)!r} if u.find_spec(m)]))"],

@@ -2,11 +2,14 @@
 
 One scheduler and one pool per executor carry every check in sequence, so the imports are paid by
 a couple of workers, not by every case: a warm run writes the same phase documents as a cold run
-of the same spec (timings and paths aside, as run-local and the scheduler are compared), a run
+of the same spec (timings and paths aside; the cold reference is run-local's documents of that spec,
+made once per session and shared with tests/service/test_protocol_equality.py, which shows the
+scheduler's cold run writes exactly those), a run
 cancelled while warm ends cancelled and its worker goes back to idle and serves the next run, a
 worker task SIGKILLed mid-run and a worker allocation ended from outside both hand their attempt
 back as an infrastructure retry that still ends in the right verdict, and the idle pool shrinks to
-zero (no worker job left).
+zero (no worker job left). CI walks all of it on Slurm and, as the job user, the local executor's own
+part (the warm run, an allocation ended, the idle shrink); the nightly run walks it all locally too.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -28,6 +33,7 @@ from jobs.pool_folder import PoolFolder, read_pool_file
 from models import Phase
 from service.core.db import session_scope
 from service.runs.records import cancel_run
+from tests.run_local import PHASES, LocalReference
 from tests.security.test_hostile_builds import JOB_USER, _require_job_user
 from tests.service.scheduler_harness import (
     GOOD,
@@ -43,10 +49,11 @@ from tests.service.scheduler_harness import (
 from tests.service.test_protocol_equality import _differences, comparable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.postgres]
-SAME = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 3, "workarounds": GOOD,
-        "isolation": "process"}
-# long enough that a fault lands while the attempt runs
-LONG = {**SAME, "steps": 40, "save_step": 20}
+SAME = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 2, "workarounds": GOOD,
+        "isolation": "process"}  # test_protocol_equality's "process" case: one run-local reference for both
+# long enough that a fault lands while the attempt runs (it lands within a poll of the worker turning
+# busy, ~0.1 s); each fault's retry runs it again from the start, so no longer than that
+LONG = {**SAME, "steps": 20, "save_step": 10}
 IDLE_S = 20
 
 
@@ -100,9 +107,17 @@ def _documents(run_id: int) -> dict[str, dict]:
     return {p.name: p.info for p in phases(run_id) if p.state == "succeeded"}
 
 
-@pytest.mark.parametrize("executor", ["slurm", "local"])
+# The local walk's own paths are the job user (its workers' tasks, the files it may not rewrite) and an
+# allocation ended by ending the controller's process group: CI walks those (walk="job-user"); the
+# cancel and the killed task, walked on Slurm in CI, walk locally too in the nightly full walk.
+@pytest.mark.parametrize(("executor", "walk"), [
+    ("slurm", "full"),
+    ("local", "job-user"),
+    pytest.param("local", "full", marks=pytest.mark.nightly),
+])
 def test_warm_pool_matches_cold_and_survives_its_faults(
-    committed_db: str, slurm: str, tmp_path: Path, executor: str
+    committed_db: str, slurm: str, tmp_path: Path, executor: str, walk: str,
+    run_local_reference: Callable[[dict[str, Any]], LocalReference],
 ) -> None:
     runs = tmp_path / "runs"
     as_job_user: dict[str, str] = {}
@@ -113,22 +128,20 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
         runs = base / "runs"
         as_job_user = {"PARITY_JOB_USER": JOB_USER, "PARITY_RUN_FOLDER": str(runs)}
     register_environment("pooled", sys.executable)
-    register_environment("cold", sys.executable)
     env = service_env(tmp_path, PARITY_EXECUTOR=executor, PARITY_LOCAL_MAX_RUNNING="2",
                       PARITY_POOL=f"env=pooled:tasks=2:size=1:idle={IDLE_S}:hang=10", **as_job_user)
     scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
     alive = [scheduler]
     try:
         # warm and cold, same spec: identical phase documents (timings, paths, ids aside)
-        cold = queue(SAME, environment="cold")
-        wait_for(lambda: run_row(cold).finished_at, 600, "the cold run", alive=alive)
         warm = queue(SAME, environment="pooled")
+        cold = run_local_reference(SAME)  # made while the first worker starts (or already, by the other variant)
         wait_for(lambda: run_row(warm).finished_at, 600, "the warm run", alive=alive)
-        assert run_row(cold).verdict == run_row(warm).verdict == "pass", (run_row(warm).error_message,)
-        assert not _warm_phases(cold) and {p.name for p in _warm_phases(warm)} == {"train_and_save", "resume"}
-        cold_docs, warm_docs = _documents(cold), _documents(warm)
-        for phase in ("train_and_save", "resume"):
-            assert list(_differences(comparable(warm_docs[phase]), comparable(cold_docs[phase]))) == [], phase
+        assert cold.verdict == run_row(warm).verdict == "pass", (run_row(warm).error_message,)
+        assert {p.name for p in _warm_phases(warm)} == {"train_and_save", "resume"}
+        warm_docs = _documents(warm)
+        for phase in PHASES:
+            assert list(_differences(comparable(warm_docs[phase]), comparable(cold.document(phase)))) == [], phase
         first_worker = {w.name for w in _live(runs)}
         assert len(first_worker) == 1
         if as_job_user:  # the worker's tasks are the job user's, and its record is not theirs to rewrite
@@ -138,19 +151,21 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
             assert worker_files.record.stat().st_uid == os.geteuid()
 
         # cancel while warm: the run ends cancelled, the same worker goes back to idle and serves again
-        cancelled = queue(LONG, environment="pooled")
-        wait_for(lambda: _busy_with(runs, cancelled), 300, "the run busy on a warm worker", 0.1, alive)
-        with session_scope() as session:
-            cancel_run(session, run_id=cancelled)
-        wait_for(lambda: run_row(cancelled).finished_at, 120, "the cancel", alive=alive)
-        assert run_row(cancelled).state == "cancelled"
-        after = queue(SAME, environment="pooled")
-        wait_for(lambda: run_row(after).finished_at, 300, "the run after the cancel", alive=alive)
-        assert run_row(after).verdict == "pass"
-        assert {p.job_name.split(":")[1] for p in _warm_phases(after)} == first_worker  # type: ignore[union-attr]
+        full = walk == "full"
+        if full:
+            cancelled = queue(LONG, environment="pooled")
+            wait_for(lambda: _busy_with(runs, cancelled), 300, "the run busy on a warm worker", 0.1, alive)
+            with session_scope() as session:
+                cancel_run(session, run_id=cancelled)
+            wait_for(lambda: run_row(cancelled).finished_at, 120, "the cancel", alive=alive)
+            assert run_row(cancelled).state == "cancelled"
+            after = queue(SAME, environment="pooled")
+            wait_for(lambda: run_row(after).finished_at, 300, "the run after the cancel", alive=alive)
+            assert run_row(after).verdict == "pass"
+            assert {p.job_name.split(":")[1] for p in _warm_phases(after)} == first_worker  # type: ignore[union-attr]
 
         # a worker task SIGKILLed mid-run, then a worker allocation ended: each an infrastructure retry
-        for fault in ("task killed", "allocation ended"):
+        for fault in ("task killed", "allocation ended") if full else ("allocation ended",):
             run_id = queue(LONG, environment="pooled")
             worker = wait_for(partial(_busy_with, runs, run_id), 300, "a busy worker", 0.1, alive)
             if fault == "task killed":

@@ -7,23 +7,25 @@ differ here, and a reproduction printed by the dashboard would stop reproducing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from jobs.launch.local import run_parity
-from jobs.protocol import RunPlan
 from jobs.spec import RunSpec
-from tests.service.scheduler_harness import GOOD, phases, queue, run_to_end, service_env
+from tests.run_local import PHASES, LocalReference
+from tests.service.scheduler_harness import GOOD, phases, queue, run_row, service_env, start, stop, wait_for
 
 pytestmark = [pytest.mark.megatron, pytest.mark.postgres]
 
-BASE = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 3, "workarounds": GOOD}
+# The specs of tests/jobs' runs of the same (test_parity_megatron's known_good_dp2 in each isolation,
+# test_reshard_megatron's good_2_to_1): run_local_reference runs each once a session for both.
+BASE = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 2, "workarounds": GOOD}
 CASES = {
     "process": {**BASE, "isolation": "process"},
     "job": {**BASE, "isolation": "job"},
-    "resume_dp": {**BASE, "resume_dp": 1},
+    "resume_dp": {**BASE, "steps": 6, "save_step": 3, "resume_dp": 1},
 }
 # What legitimately differs between two launches of the same plan: clocks, folders, job ids, hosts.
 VOLATILE = ("seconds", "wall", "time", "folder", "path", "job_id", "pid", "port", "started", "submitit", "node",
@@ -43,19 +45,23 @@ def comparable(value: Any) -> Any:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_run_local_and_the_scheduler_write_the_same_phase_documents(
-    case: str, committed_db: str, tmp_path: Path
+    case: str, committed_db: str, tmp_path: Path, run_local_reference: Callable[[dict[str, Any]], LocalReference]
 ) -> None:
     spec = RunSpec.from_dict(CASES[case])
-    local = run_parity(spec, tmp_path / "run-local")
     run_id = queue(spec.to_dict())
-    run = run_to_end(service_env(tmp_path, PARITY_EXECUTOR="local"), run_id, tmp_path / "scheduler.log", 900)
+    scheduler = start(["scheduler"], service_env(tmp_path, PARITY_EXECUTOR="local"), tmp_path / "scheduler.log")
+    try:
+        # run-local runs while the scheduler runs the same spec (each waits on its jobs much of the time);
+        # the "process" case's run-local is the warm-pool walk's reference too, made once a session
+        local = run_local_reference(CASES[case])
+        wait_for(lambda: run_row(run_id).finished_at, 900, "the run to end", alive=[scheduler])
+    finally:
+        stop(scheduler)
+    run = run_row(run_id)
     served = {p.name: p.info for p in phases(run_id) if p.state in ("succeeded", "failed")}
-    assert run.verdict == local["verdict"] == "pass", (run.verdict, local["verdict"], run.error_message)
-    plan = RunPlan.of(spec)
-    for phase in ("train_and_save", "resume"):
-        local_doc, refused = plan.collect(plan.attempt_folder(tmp_path / "run-local", phase, 1), phase)
-        assert local_doc is not None and not refused
-        differences = list(_differences(comparable(served[phase]), comparable(local_doc)))
+    assert run.verdict == local.verdict == "pass", (run.verdict, local.verdict, run.error_message)
+    for phase in PHASES:
+        differences = list(_differences(comparable(served[phase]), comparable(local.document(phase))))
         assert differences == [], f"{case}: {phase} documents differ (scheduler | run-local)"
 
 
