@@ -201,7 +201,10 @@ def stop_service(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def cluster_nodes() -> dict[str, int]:
     """The nodes of the Slurm that SLURM_CONF names, in name order, with the CPUs each declares."""
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c"], capture_output=True, text=True, check=True, timeout=30)
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c"], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise SystemExit(f"--nodes: sinfo failed (SLURM_CONF={os.environ.get('SLURM_CONF', '')!r}; "
+                         f"source the cluster's env.sh first): {out.stderr.strip()[:300]}")
     nodes: dict[str, int] = {}
     for line in out.stdout.splitlines():
         name, cpus = line.split()
