@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/e2e_latency.py [--sizes 1,4,16] [--executor slurm] [--repeat 1]
                                                [--config moe-fp32-router] [--dp 2] [--steps 20] [--save-step 10]
                                                [--isolation process|job] [--json]
-                                               [--warm | --both] [--pool-size 1]
+                                               [--warm | --both] [--pool-size 1] [--nodes 1,2]
 
 Creates a throw-away database on PARITY_BENCH_SERVER_URL (default: the local Postgres), starts
 `parity serve` and one `parity scheduler` against it (the scheduler's settings are the shipped
@@ -20,6 +20,18 @@ single-node Slurm. Drops the database at the end.
 --json document are the cold one's (plus "warm", "pool" and "load_average"). --both measures cold,
 then warm, in one invocation against the same unit (--json: {"cold": ..., "warm": ...}); target: warm
 N=1 <= 0.8 x one launch, and N=16 at least twice the cold runs per minute. Workers are stopped at the end.
+
+--nodes 1,2 (Slurm only) repeats everything above once per node count K on the cluster SLURM_CONF
+names (the namespaces cluster of scripts/slurm-multinode-up.sh): the scheduler's jobs, pool workers
+included, are kept off every node but the first K (`exclude=` in PARITY_SLURM_EXTRA_ARGS), the pool
+has --pool-size workers per node (K x --pool-size), and before each mode the benchmark waits until
+no job of its own is left on the cluster. Output lines start with `nodes=K`; --json is
+{"nodes=K": <the document above>, ...} plus "node_cpus". Nodes that share one machine share its
+cores: declare each node's CPUs (PARITY_SLURM2_CPUS) so that K nodes hold no more than the host has,
+or the growth measured is oversubscription. Example, on 2 cores:
+
+    PARITY_SLURM2_CPUS=1 scripts/slurm-multinode-up.sh --nodes 2; source /var/tmp/parity-slurm2/env.sh
+    .venv/bin/python benchmarks/e2e_latency.py --nodes 1,2 --both --sizes 6 --dp 1 --steps 6 --save-step 3
 """
 
 from __future__ import annotations
@@ -187,6 +199,119 @@ def stop_service(procs: list[subprocess.Popen[bytes]]) -> None:
     procs.clear()
 
 
+def cluster_nodes() -> dict[str, int]:
+    """The nodes of the Slurm that SLURM_CONF names, in name order, with the CPUs each declares."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c"], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise SystemExit(f"--nodes: sinfo failed (SLURM_CONF={os.environ.get('SLURM_CONF', '')!r}; "
+                         f"source the cluster's env.sh first): {out.stderr.strip()[:300]}")
+    nodes: dict[str, int] = {}
+    for line in out.stdout.splitlines():
+        name, cpus = line.split()
+        nodes[name] = int(cpus)
+    return dict(sorted(nodes.items()))
+
+
+def only_first_nodes(names: list[str], k: int, extra_args: str) -> str:
+    """PARITY_SLURM_EXTRA_ARGS that keeps the service's jobs on the first k of names (`exclude=` the rest)."""
+    rest = names[k:]
+    if not rest:
+        return extra_args
+    # one hostlist expression: the setting's items are comma-separated, so it may hold no comma
+    hostlist = subprocess.run(["scontrol", "show", "hostlist", ",".join(rest)], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+    if "," in hostlist:
+        raise SystemExit(f"--nodes: cannot exclude {hostlist!r} in one PARITY_SLURM_EXTRA_ARGS item")
+    return ",".join(filter(None, [extra_args, f"exclude={hostlist}"]))
+
+
+def wait_jobs_gone(run_folder: Path, timeout: float = 120) -> None:
+    """Until no Slurm job of this benchmark's installation is left (a retired worker still exiting holds CPUs)."""
+    from service.core.settings import Settings
+    from service.executors import pool
+
+    prefix = f"parity-{pool.job_tag(Settings(run_folder=run_folder))}-"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        names = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True, timeout=30).stdout
+        if not any(n.startswith(prefix) for n in names.split()):
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"jobs of this benchmark ({prefix}*) still queued or running after {timeout:.0f}s")
+
+
+def wait_pool_idle(run_folder: Path, size: int, timeout: float = 300) -> None:
+    """Until `size` pool workers wait idle (the warm-up burst may end before the last one is up)."""
+    from service.core.settings import Settings
+    from service.executors import pool
+
+    settings = Settings(run_folder=run_folder)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(pool.view(settings, w, None).state == "idle" for w in pool.list_workers(settings)) >= size:
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"fewer than {size} warm workers idle after {timeout:.0f}s")
+
+
+def measure(
+    args: argparse.Namespace, mode: str, env: dict[str, str], procs: list[subprocess.Popen[bytes]], root: Path,
+    spec: dict[str, Any], unit: float, headers: dict[str, str], label: str = "", pool_size: int | None = None,
+) -> dict[str, Any]:
+    """One mode (cold or warm): start the service, burst each size --repeat times, stop it; the summary."""
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    body = {"spec": spec, "labels": {"branch": "bench"}}
+    size = args.pool_size if pool_size is None else pool_size
+    pool = f"env=default:tasks={args.dp}:size={size}:idle=600" if mode == "warm" else ""
+    if args.executor == "slurm":
+        wait_jobs_gone(root / "runs")
+    base = start_service(procs, {**env, "PARITY_POOL": pool}, root)
+    if mode == "warm":
+        # the pool starts on demand: one unmeasured run per worker brings them up (and leaves them
+        # idle, waiting), as they are between runs in steady use
+        burst(base, headers, body, size, args.timeout, root / "runs")
+        wait_pool_idle(root / "runs", size)
+    results = []
+    for n in sizes:
+        rounds = [burst(base, headers, body, n, args.timeout, root / "runs") for _ in range(args.repeat)]
+        results.append({
+            "n": n,
+            "median_x": statistics.median(r["median_s"] for r in rounds) / unit,
+            "max_x": statistics.median(r["max_s"] for r in rounds) / unit,
+            "runs_per_minute": statistics.median(r["runs_per_minute"] for r in rounds),
+            "verdicts": sorted({v for r in rounds for v in r["verdicts"]}),
+            "claim_s_median": statistics.median(x for r in rounds for x in r["claim_s"] or [float("nan")]),
+            "notice_s_median": statistics.median(
+                x for r in rounds for x in r["notice_s"] or [float("nan")]),
+            "load_average": list(os.getloadavg()),
+            "rounds": rounds,
+        })
+        if not args.json:
+            r = results[-1]
+            print(f"{label}{mode} N={n:<3} median {r['median_x']:.2f}x  max {r['max_x']:.2f}x  "
+                  f"{r['runs_per_minute']:.1f} runs/min  verdicts {','.join(r['verdicts'])}  "
+                  f"(median {statistics.median(x['median_s'] for x in rounds):.1f} s); "
+                  f"POST->claimed median {r['claim_s_median'] * 1000:.0f} ms, "
+                  f"result file->phase closed median {r['notice_s_median'] * 1000:.0f} ms; "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+    summary = {"spec": spec, "executor": args.executor, "one_launch_s": unit, "warm": mode == "warm", "pool": pool,
+               "load_average": list(os.getloadavg()), "sizes": results}
+    stop_service(procs)
+    stop_pool(root / "runs")
+    return summary
+
+
+def print_node_table(summaries: dict[str, Any], node_counts: list[int], modes: list[str]) -> None:
+    """Runs per minute by node count, per mode and burst size, each against the first node count's."""
+    for mode in modes:
+        docs = {k: summaries[f"nodes={k}"][mode] if len(modes) > 1 else summaries[f"nodes={k}"] for k in node_counts}
+        first = docs[node_counts[0]]["sizes"]
+        for i, row in enumerate(first):
+            cells = [f"{k} node(s) {docs[k]['sizes'][i]['runs_per_minute']:.2f} "
+                     f"({docs[k]['sizes'][i]['runs_per_minute'] / row['runs_per_minute']:.2f}x)" for k in node_counts]
+            print(f"runs/min {mode} N={row['n']}: " + ", ".join(cells), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the figures."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,11 +328,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--warm", action="store_true", help="measure the warm path (PARITY_POOL for the environment)")
     ap.add_argument("--both", action="store_true", help="cold, then warm, in this one invocation")
-    ap.add_argument("--pool-size", type=int, default=1, help="warm workers (each holds DP ranks' CPUs)")
+    ap.add_argument("--pool-size", type=int, default=1,
+                    help="warm workers (each holds DP ranks' CPUs); per node with --nodes")
+    ap.add_argument("--nodes", default="", help="node counts to measure on SLURM_CONF's cluster, e.g. 1,2 (Slurm only)")
     args = ap.parse_args(argv)
     # a SIGTERM ends the run through `finally`: the server, the scheduler and the database go with it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    node_counts = [int(k) for k in args.nodes.split(",") if k]
+    node_cpus: dict[str, int] = {}
+    if node_counts:
+        if args.executor != "slurm":
+            raise SystemExit("--nodes needs --executor slurm")
+        node_cpus = cluster_nodes()
+        if max(node_counts) > len(node_cpus) or min(node_counts) < 1:
+            raise SystemExit(f"--nodes {args.nodes}: the cluster has {len(node_cpus)} node(s) ({', '.join(node_cpus)})")
     spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step,
                             "workarounds": GOOD}
     if args.isolation:
@@ -219,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     url = make_url(SERVER).set(database=name, drivername="postgresql+psycopg").render_as_string(False)
     procs: list[subprocess.Popen[bytes]] = []
     summaries: dict[str, Any] = {}
-    modes = ["cold"]
+    modes = ["cold", "warm"] if args.both else ["warm" if args.warm else "cold"]
     root: Path | None = None
     try:
         from service.core.migrate import upgrade
@@ -231,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 print(f"one uninterrupted launch (unit): {unit:.2f} s; executor {args.executor}; "
                       f"{args.repeat} burst(s) per size, medians", flush=True)
+                if node_counts:
+                    print(f"nodes {', '.join(f'{n} ({c} CPUs)' for n, c in node_cpus.items())}; "
+                          f"{os.cpu_count()} CPUs on this host", flush=True)
             # no detector self-test: a fresh database would queue one at start-up, beside the measured runs
             env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": args.executor,
                    "PARITY_RUN_FOLDER": str(root / "runs"), "PARITY_SELFTEST_INTERVAL_HOURS": "0"}
@@ -239,50 +376,30 @@ def main(argv: list[str] | None = None) -> int:
                 env=env, capture_output=True, text=True, check=True, cwd=ROOT,
             ).stdout.strip()
             headers = {"Authorization": f"Bearer {token}"}
-            body = {"spec": spec, "labels": {"branch": "bench"}}
-            modes = ["cold", "warm"] if args.both else ["warm" if args.warm else "cold"]
-            for mode in modes:
-                pool = f"env=default:tasks={args.dp}:size={args.pool_size}:idle=600" if mode == "warm" else ""
-                base = start_service(procs, {**env, "PARITY_POOL": pool}, root)
-                if mode == "warm":
-                    # the pool starts on demand: one unmeasured run brings its workers up (and
-                    # leaves them idle, waiting), as they are between runs in steady use
-                    burst(base, headers, body, args.pool_size, args.timeout, root / "runs")
-                results = []
-                for n in sizes:
-                    rounds = [burst(base, headers, body, n, args.timeout, root / "runs") for _ in range(args.repeat)]
-                    results.append({
-                        "n": n,
-                        "median_x": statistics.median(r["median_s"] for r in rounds) / unit,
-                        "max_x": statistics.median(r["max_s"] for r in rounds) / unit,
-                        "runs_per_minute": statistics.median(r["runs_per_minute"] for r in rounds),
-                        "verdicts": sorted({v for r in rounds for v in r["verdicts"]}),
-                        "claim_s_median": statistics.median(x for r in rounds for x in r["claim_s"] or [float("nan")]),
-                        "notice_s_median": statistics.median(
-                            x for r in rounds for x in r["notice_s"] or [float("nan")]),
-                        "rounds": rounds,
-                    })
-                    if not args.json:
-                        r = results[-1]
-                        print(f"{mode} N={n:<3} median {r['median_x']:.2f}x  max {r['max_x']:.2f}x  "
-                              f"{r['runs_per_minute']:.1f} runs/min  verdicts {','.join(r['verdicts'])}  "
-                              f"(median {statistics.median(x['median_s'] for x in rounds):.1f} s); "
-                              f"POST->claimed median {r['claim_s_median'] * 1000:.0f} ms, "
-                              f"result file->phase closed median {r['notice_s_median'] * 1000:.0f} ms; "
-                              f"load {os.getloadavg()[0]:.1f}", flush=True)
-                summaries[mode] = {"spec": spec, "executor": args.executor, "one_launch_s": unit,
-                                   "warm": mode == "warm", "pool": pool,
-                                   "load_average": list(os.getloadavg()), "sizes": results}
-                stop_service(procs)
-                stop_pool(root / "runs")
+            if not node_counts:
+                for mode in modes:
+                    summaries[mode] = measure(args, mode, env, procs, root, spec, unit, headers)
+            for k in node_counts:
+                extra = only_first_nodes(list(node_cpus), k, env.get("PARITY_SLURM_EXTRA_ARGS", ""))
+                per_k = {}
+                for mode in modes:
+                    per_k[mode] = measure(args, mode, {**env, "PARITY_SLURM_EXTRA_ARGS": extra}, procs, root, spec,
+                                          unit, headers, label=f"nodes={k} ", pool_size=args.pool_size * k)
+                    per_k[mode]["nodes"] = k
+                summaries[f"nodes={k}"] = per_k if args.both else per_k[modes[0]]
     finally:
         stop_service(procs)
         if root is not None:
             stop_pool(root / "runs")
         with psycopg.connect(SERVER, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    if node_counts and not args.json:
+        print_node_table(summaries, node_counts, modes)
     if args.json:
-        json.dump(summaries if args.both else summaries[modes[0]], sys.stdout, indent=1)
+        if node_counts:
+            json.dump({**summaries, "node_cpus": node_cpus, "host_cpus": os.cpu_count()}, sys.stdout, indent=1)
+        else:
+            json.dump(summaries if args.both else summaries[modes[0]], sys.stdout, indent=1)
         print()
     return 0
 

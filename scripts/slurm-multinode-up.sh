@@ -10,6 +10,8 @@
 #   PARITY_SLURM2_DIR          state folder                          (default /var/tmp/parity-slurm2)
 #   PARITY_SLURM2_SUBNET       first three octets of the node network (default 10.77.0: ctld .1, nodes .11..)
 #   PARITY_SLURM2_PORT         slurmctld port; slurmd uses PORT+1    (default 6827)
+#   PARITY_SLURM2_CPUS         CPUs each node declares               (default: nproc, the whole host per
+#                              node; 1 on a 2-core host makes two nodes claim no more than the host has)
 #   PARITY_SLURM2_DBD_PORT     a running slurmdbd on 127.0.0.1 to register with (default 6819); when
 #                              none answers the cluster runs without accounting (sacct then fails)
 #   PARITY_SLURM_NO_APT=1      fail instead of apt-get installing missing packages
@@ -22,6 +24,7 @@ DIR=${PARITY_SLURM2_DIR:-/var/tmp/parity-slurm2}
 SUBNET=${PARITY_SLURM2_SUBNET:-10.77.0}
 PORT=${PARITY_SLURM2_PORT:-6827}
 DBD_PORT=${PARITY_SLURM2_DBD_PORT:-6819}
+CPUS=${PARITY_SLURM2_CPUS:-$(nproc)}
 NODES=2
 while (( $# )); do
   case $1 in
@@ -31,6 +34,7 @@ while (( $# )); do
   esac
 done
 [[ $NODES =~ ^[1-9]$ ]] || { echo "--nodes: must be 1..9, got '$NODES'" >&2; exit 2; }
+[[ $CPUS =~ ^[1-9][0-9]*$ ]] || { echo "PARITY_SLURM2_CPUS: must be a whole number >= 1, got '$CPUS'" >&2; exit 2; }
 CLUSTER=parity2
 PARTITION=debug
 BRIDGE=parity2br # interface names are at most 15 characters
@@ -103,7 +107,6 @@ for i in $(seq "$NODES"); do
 done
 
 # --------------------------------------------------------------------------------------- config
-CPUS=$(nproc)
 MEM=$(( $(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo) * 9 / 10 / NODES ))
 ACCOUNTING="AccountingStorageType=accounting_storage/none"
 if tcp_open 127.0.0.1 "$DBD_PORT"; then

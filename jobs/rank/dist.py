@@ -107,6 +107,22 @@ def _tcp_store(*, is_master: bool, timeout_s: float) -> Any:
     )
 
 
+def cpu_threads(local_ranks: int) -> int:
+    """Intra-op threads for one CPU rank: its share of the cores it may run on, at most its Slurm CPUs.
+
+    Ranks share the host's cores; oversubscribed intra-op threads only slow everyone down. Slurm's
+    allocation counts too: a task given one CPU (SLURM_CPUS_PER_TASK) on a node whose other CPUs
+    hold other jobs must not spread over the whole host (without CPU binding it could).
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    share = max(1, cpus // max(1, local_ranks))
+    given = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return min(share, int(given)) if given.isdigit() and int(given) >= 1 else share
+
+
 def start_rendezvous(master_port: int | None, timeout_s: float) -> None:
     """Export the env and, on rank 0, start the TCPStore server now (before the slow imports).
 
@@ -134,9 +150,8 @@ def init(master_port: int | None, timeout_s: float, tp: int = 1, pp: int = 1, ep
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     else:
-        # Ranks share the host's cores; oversubscribed intra-op threads only slow everyone down.
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
+        torch.set_num_threads(cpu_threads(local))
     if not torch.distributed.is_initialized():
         # A finite timeout turns a peer that died mid-collective into an exception, not a hang.
         timeout = datetime.timedelta(seconds=timeout_s)

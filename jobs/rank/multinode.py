@@ -61,13 +61,37 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+def resolves(name: str) -> bool:
+    """Whether this host can look `name` up (an IPv4 or IPv6 address)."""
+    try:
+        socket.getaddrinfo(name, None)
+    except (OSError, UnicodeError):
+        return False
+    return True
+
+
+def keep_local_master() -> None:
+    """On a one-node job: submitit's MASTER_ADDR (this node's hostname) as it is, or loopback if it does not resolve.
+
+    Every rank of a one-node job runs on this host, so loopback reaches rank 0's store; a node whose
+    own name is in no resolver (the namespaces cluster of scripts/slurm-multinode-up.sh) would
+    otherwise retry the lookup until the rendezvous times out.
+    """
+    if not resolves(os.environ["MASTER_ADDR"]):
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+
+
 def export_multinode_env() -> dict[str, str]:
     """On a job spanning nodes: point MASTER_ADDR at the first node's address and pick gloo's interface.
 
     Call after submitit's export (which set MASTER_ADDR to the first node's hostname). Returns what
-    it set, for the phase document; nothing on a one-node job.
+    it set, for the phase document; nothing on a one-node job (which keeps the hostname, or takes
+    loopback when the hostname does not resolve: keep_local_master).
     """
-    if job_nodes() < 2 or "MASTER_ADDR" not in os.environ:
+    if "MASTER_ADDR" not in os.environ:
+        return {}
+    if job_nodes() < 2:
+        keep_local_master()
         return {}
     first = os.environ["MASTER_ADDR"]
     master = node_address(first)

@@ -1,4 +1,4 @@
-"""scripts/*.sh: valid bash, and slurm-up.sh on a running cluster is a fast no-op."""
+"""scripts/*.sh: valid bash, slurm-up.sh on a live cluster is a fast no-op, multinode-up checks its options."""
 
 from __future__ import annotations
 
@@ -56,3 +56,15 @@ def test_second_slurm_up_is_a_fast_no_op(slurm_cluster: str) -> None:
     assert "READY" in result.stdout
     assert _pids(state_dir / "run") == before, "a second start restarted a daemon"
     assert elapsed < 5, f"second start took {elapsed:.1f}s"
+
+
+@pytest.mark.parametrize("cpus", ["0", "two", "-1"])
+def test_slurm_multinode_up_rejects_bad_node_cpus_before_touching_anything(cpus: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(SCRIPTS / "slurm-multinode-up.sh"), "--nodes", "2"],
+        env={**os.environ, "PARITY_SLURM2_CPUS": cpus, "PARITY_SLURM2_DIR": str(tmp_path / "state")},
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "PARITY_SLURM2_CPUS" in result.stderr
+    assert not (tmp_path / "state").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,16 @@ def test_one_node_jobs_keep_the_submitit_rendezvous(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("MASTER_ADDR", "somehost")
     assert multinode.export_multinode_env() == {}
     assert multinode.job_nodes() == 1
+
+
+def test_one_node_job_whose_hostname_does_not_resolve_rendezvous_on_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
+    monkeypatch.setenv("MASTER_ADDR", "pnode1.invalid")  # RFC 6761: never resolves
+    assert multinode.export_multinode_env() == {}
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1"
+    monkeypatch.setenv("MASTER_ADDR", "localhost")  # a name that resolves is kept
+    assert multinode.export_multinode_env() == {}
+    assert os.environ["MASTER_ADDR"] == "localhost"
 
 
 def test_gloo_interface_is_the_one_routing_to_the_master() -> None:
