@@ -38,6 +38,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import history_summary
 import httpx
 import psycopg
 import wrk_driver
@@ -65,17 +66,12 @@ SELECT (ARRAY['moe-fp32-router','moe-fp32-router-gates','dense-bf16'])[1 + i %% 
        (ARRAY['moe-fp32-router','moe-fp32-router-gates','dense-bf16'])[1 + i %% 3], 'main'
 FROM generate_series(1, %(n)s) AS i;
 RESET session_replication_role;
-INSERT INTO history_summary (check_key, track, verdict, runs, latest_run_id, latest_finished_at)
-SELECT check_key, track, verdict, count(*),
-       (array_agg(id ORDER BY finished_at DESC NULLS LAST, id DESC))[1],
-       (array_agg(finished_at ORDER BY finished_at DESC NULLS LAST, id DESC))[1]
-FROM runs WHERE verdict IS NOT NULL AND NOT (labels ? 'selftest')
-GROUP BY check_key, track, verdict;
+""" + history_summary.backfill_sql() + """;
 ANALYZE;
 """
 # The runs go in with triggers off (session_replication_role = replica): the per-row history_summary
 # trigger made one INSERT of 1M rows take over half an hour, rewriting the same three summary rows a
-# million times; the summary is then built in one statement, as migration 0014's backfill does.
+# million times; the summary is then built in one statement, migration 0014's backfill.
 
 
 def free_port() -> int:

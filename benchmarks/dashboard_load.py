@@ -22,6 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
+import history_summary
 import psycopg
 from sqlalchemy import make_url
 
@@ -92,12 +93,7 @@ ALTER TABLE step_metrics ADD CONSTRAINT pk_step_metrics PRIMARY KEY (run_id, ste
 
 RESET session_replication_role;
 
-INSERT INTO history_summary (check_key, track, verdict, runs, latest_run_id, latest_finished_at)
-SELECT check_key, track, verdict, count(*),
-       (array_agg(id ORDER BY finished_at DESC NULLS LAST, id DESC))[1],
-       (array_agg(finished_at ORDER BY finished_at DESC NULLS LAST, id DESC))[1]
-FROM runs WHERE verdict IS NOT NULL AND NOT (labels ? 'selftest')
-GROUP BY check_key, track, verdict;
+""" + history_summary.backfill_sql() + """;
 
 INSERT INTO phases (run_id, name, attempt, state, executor, job_id, folder, submitted_at, started_at, ended_at,
                     duration_s, info, log_paths, created_at)

@@ -154,6 +154,11 @@ def reset_engine() -> None:
     _session_factory.cache_clear()
 
 
+def bound_to_connection(session: Session) -> bool:
+    """True when the session is bound to one connection (tests: an outer transaction to join)."""
+    return isinstance(session.get_bind(), Connection)
+
+
 @contextmanager
 def autocommit(session: Session) -> Iterator[Connection]:
     """A connection on which each statement is its own transaction (no BEGIN/COMMIT round trips).
@@ -162,7 +167,7 @@ def autocommit(session: Session) -> Iterator[Connection]:
     afterwards), so the statement sees and joins what the test wrote.
     """
     bind = session.get_bind()
-    if isinstance(bind, Connection):
+    if isinstance(bind, Connection):  # bound_to_connection, spelled so the type narrows
         yield session.connection()
         return
     with bind.connect() as conn:

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models import ProbeFinding, Run, StepMetric
+from service.core.db import bound_to_connection
 from service.core.deps import ReadAccess, RunId, SessionDep, SettingsDep, SubmitClaimDep, SubmitToken
 from service.core.errors import InvalidSpec, TooManyRequests
 from service.core.inputs import MAX_OFFSET, Instant
@@ -206,20 +207,25 @@ async def get_run(run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAcce
     """One run with its phases, verdict, signatures and links."""
     # what CI polls: one round trip on the event loop, no thread, no transaction, no ORM objects
     # (async_db.py says why); a session bound to a test's outer transaction reads through it instead
-    if one_statement.bound_to_connection(session):
+    if bound_to_connection(session):
         return await run_in_threadpool(_get_run_in_session, session, run_id, base)
     run = await one_statement.read_run_async(run_id)
-    if run is None:  # the 404 exactly as elsewhere (or a run committed a moment ago)
-        return await run_in_threadpool(_get_run_in_session, session, run_id, base)
+    if run is None:
+        return await run_in_threadpool(_get_run_by_orm, session, run_id, base)
     return json_response(run_out(run, base, with_phases=True))
 
 
 def _get_run_in_session(session: Session, run_id: int, base: str) -> Response:
     run = one_statement.read_run(session, run_id)
     if run is None:
-        return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,
-                                     with_phases=True))
+        return _get_run_by_orm(session, run_id, base)
     return json_response(run_out(run, base, with_phases=True))
+
+
+def _get_run_by_orm(session: Session, run_id: int, base: str) -> Response:
+    # the 404 exactly as elsewhere (or a run committed a moment ago)
+    return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,
+                                 with_phases=True))
 
 
 @router.get("/{run_id}/metrics", response_model=RunMetrics)

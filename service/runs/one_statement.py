@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection
@@ -153,22 +154,15 @@ def _fetch(session: Session, sql: str, params: dict[str, Any]) -> list[tuple[Any
 
 def read_run(session: Session, run_id: int) -> Stored | None:
     """The run, its environment's name and its phases (ordered by id) in one round trip; None if absent."""
-    rows = _fetch(session, READ_RUN, {"id": run_id})
-    if not rows:
-        return None
-    first = rows[0]
-    phases = [_phase(r[_N_RUN + 1:]) for r in rows if r[_PHASE_ID] is not None]
-    return Stored(dict(zip(_RUN_COLUMNS, first, strict=False)), first[_N_RUN], phases)
-
-
-def bound_to_connection(session: Session) -> bool:
-    """True when the session is bound to one connection (tests: an outer transaction to join)."""
-    return isinstance(session.get_bind(), Connection)
+    return _stored_run(_fetch(session, READ_RUN, {"id": run_id}))
 
 
 async def read_run_async(run_id: int) -> Stored | None:
     """read_run on the event loop, through async_db's pool (no thread, no session)."""
-    rows = await async_db.fetch(READ_RUN, {"id": run_id})
+    return _stored_run(await async_db.fetch(READ_RUN, {"id": run_id}))
+
+
+def _stored_run(rows: Sequence[tuple[Any, ...]]) -> Stored | None:
     if not rows:
         return None
     first = rows[0]
