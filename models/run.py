@@ -30,6 +30,10 @@ class Run(CreatedAt, Base):
         # verdict and regression filters, newest first; queued runs (no verdict) never enter them
         Index("ix_runs_verdict_id", "verdict", "id", postgresql_where=text("verdict IS NOT NULL")),
         Index("ix_runs_regression_id", "id", postgresql_where=text("regression IS TRUE")),
+        # the dashboard's worst-first list of failures (verdict=fail&sort=delta): in its own order, and
+        # its predicate is the default view's, so the page walks 50 entries and the count reads no heap
+        Index("ix_runs_verdict_delta", "verdict", text("max_abs_loss_delta DESC NULLS LAST"), text("id DESC"),
+              postgresql_where=text("verdict IS NOT NULL AND NOT (labels ? 'selftest')")),
         Index("ix_runs_state_created", "state", "created_at"),
         # an Idempotency-Key belongs to the token that sent it: two CI systems may pick the same key
         UniqueConstraint("token_id", "idempotency_key", name="uq_runs_token_id_idempotency_key"),

@@ -18,6 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -52,25 +53,68 @@ def _entry(settings: Settings, env: Environment, tasks: int) -> PoolEntry | None
     return entry_for(entries, env.name, tasks) if entries else None
 
 
+# how many attempts' pool keys a scheduler remembers across ticks (cleared past that)
+KEYS_KEPT = 10_000
+
+
+@dataclass
+class TickWaits:
+    """What one scheduler tick learnt while launching: the attempts it left pending for a warm worker
+    and the pool keys with no idle worker left this tick.
+
+    With sixteen runs queued on one worker, every tick walked ten waiting attempts, each in its own
+    transaction, through the environment lookup and the pool's files only to find the same busy
+    worker (a tenth of a core for the scheduler, taken from the jobs), and never looked past the
+    tenth: a cold attempt queued behind them waited for the pool to drain. Now the oldest attempt of
+    each key is looked at once per tick; once its key is full, the attempts known to share it are
+    skipped in the query itself (`skip`), so the pass reaches whatever else is pending."""
+
+    # the pool key (environment id, tasks) of each attempt that has waited, owned by the scheduler
+    # loop and kept across its ticks (a phase row's key never changes)
+    keys: dict[int, tuple[int, int]] = field(default_factory=dict)
+    phases: set[int] = field(default_factory=set)
+    full_keys: set[tuple[int, int]] = field(default_factory=set)
+
+    def skip(self) -> set[int]:
+        """Phase ids the next launch of this tick need not look at."""
+        return self.phases | {pid for pid, key in self.keys.items() if key in self.full_keys}
+
+    def waited(self, phase_id: int, key: tuple[int, int]) -> None:
+        self.phases.add(phase_id)
+        if len(self.keys) >= KEYS_KEPT:
+            self.keys.clear()
+        self.keys[phase_id] = key
+
+
 def route(
     session: Session, phase: Phase, run: Run, *, settings: Settings, executor: str, entry_name: str,
     args: tuple[Any, ...], tasks: int, nodes: int, job_folder: Path, hand_over: Callable[[], object] = lambda: None,
+    waits: TickWaits | None = None,
 ) -> launcher.PhaseJob | str | None:
     """A warm placement of this attempt (its job handle), WAIT (leave it pending), or None (go cold).
 
     job_folder: the attempt's submitit folder (submitter.launcher_folder), where its tasks' logs go.
     """
-    env = session.get(Environment, run.environment_id)
-    if env is None or nodes != 1:
+    if nodes != 1:
         return None
-    entry = _entry(settings, env, tasks)
-    if entry is None:
-        return None
+    key = (run.environment_id, tasks)
+    full = waits is not None and key in waits.full_keys  # known pooled, and no idle worker this tick
+    if not full:
+        env = session.get(Environment, run.environment_id)
+        if env is None:
+            return None
+        entry = _entry(settings, env, tasks)
+        if entry is None:
+            return None
     order_id = order_id_of(phase)
     held = pool.find_order(settings, order_id)
     if held is not None:  # placed by a scheduler that died before recording it: adopt, never place twice
         return _record(phase, held, order_id, job_folder)
-    views = [v for v in pool.observe(settings) if v.worker.key == (env.id, tasks)
+    if full:
+        if waits is not None:
+            waits.waited(phase.id, key)
+        return WAIT
+    views = [v for v in pool.observe(settings) if v.worker.key == key
              and v.worker.record.get("executor") == executor]
     for v in sorted((v for v in views if v.state == "idle" and not v.expiring), key=lambda v: v.idle_s):
         attempt_job = launcher.PhaseJob(executor=executor, folder=str(job_folder),
@@ -84,8 +128,11 @@ def route(
         if pool.place(v.worker, order_id, entry_name, order_args, launcher.task_log_files(attempt_job)):
             log.info("run %s: %s attempt %d to warm worker %s", run.id, phase.name, phase.attempt, v.worker.name)
             return _record(phase, v.worker, order_id, job_folder)
-    if time.monotonic() - _start_failures.get((env.id, tasks), float("-inf")) < START_FAILURE_COOLDOWN_S:
+    if time.monotonic() - _start_failures.get(key, float("-inf")) < START_FAILURE_COOLDOWN_S:
         return None
+    if waits is not None:
+        waits.full_keys.add(key)
+        waits.waited(phase.id, key)
     return WAIT
 
 

@@ -127,12 +127,12 @@ def next_pending(session: Session, skip: Collection[int] = ()) -> Phase | None:
 
 
 def launch(
-    session: Session, phase: Phase, *, settings: Settings, executor: str, waiting: set[int] | None = None
+    session: Session, phase: Phase, *, settings: Settings, executor: str, waits: pool_dispatch.TickWaits | None = None
 ) -> None:
     """Submit (or adopt) one pending phase with the executor this scheduler was started with.
 
     An attempt that PARITY_POOL covers goes to a warm worker (service/runs/pool_dispatch.py), or stays
-    pending (its id added to `waiting`) while that key's workers start or are busy.
+    pending (its id added to `waits.phases`) while that key's workers start or are busy.
     """
     run = session.get(Run, phase.run_id)
     assert run is not None
@@ -160,10 +160,11 @@ def launch(
         warm = pool_dispatch.route(session, phase, run, settings=settings, executor=executor, entry_name=payload.entry,
                                    args=payload.args, tasks=payload.tasks, nodes=payload.nodes, job_folder=folder,
                                    hand_over=lambda: launcher.hand_over(settings, folder, gate=gate,
-                                                                        also_writable=forked))
-        if warm == pool_dispatch.WAIT:
-            if waiting is not None:
-                waiting.add(phase.id)
+                                                                        also_writable=forked),
+                                   waits=waits)
+        if warm == pool_dispatch.WAIT:  # route recorded it in waits
+            if waits is not None:
+                waits.phases.add(phase.id)
             return
         if isinstance(warm, launcher.PhaseJob):
             phase.job_id, phase.process_started_at = warm.job_id, warm.started

@@ -63,8 +63,11 @@ def heartbeat(name: str, executor: str = "") -> None:
                                                                                  "detail": detail}))
 
 
-def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[str, int]:
-    """One pass of every step; returns what each step did."""
+def tick(
+    settings: Settings, *, executor: str, max_launches: int = 10, pool_keys: dict[int, tuple[int, int]] | None = None
+) -> dict[str, int]:
+    """One pass of every step; returns what each step did. pool_keys: the loop's memory of which
+    pool key each waiting attempt needs (pool_dispatch.TickWaits), kept from tick to tick."""
     done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "pruned": 0,
             "selftest_queued": 0, "builds": 0, "bisects": 0, "pool": 0}
     with session_scope() as session:
@@ -86,18 +89,19 @@ def tick(settings: Settings, *, executor: str, max_launches: int = 10) -> dict[s
     if executor == "local":  # Slurm queues by CPUs itself
         with session_scope() as session:
             slots = min(slots, local_slots(session, settings))
-    waiting: set[int] = set()  # attempts left pending for a warm worker: the next launch looks past them
+    # attempts left pending for a warm worker, keys with none idle
+    waits = pool_dispatch.TickWaits(keys={} if pool_keys is None else pool_keys)
     for _ in range(slots):
         # one transaction per launch: the pending row stays committed until the submission is recorded
         with session_scope() as session:
-            phase = next_pending(session, waiting)
+            phase = next_pending(session, waits.skip())
             if phase is None:
                 break
             run = session.get(Run, phase.run_id)
             assert run is not None
-            step = partial(launch, session, phase, settings=settings, executor=executor, waiting=waiting)
+            step = partial(launch, session, phase, settings=settings, executor=executor, waits=waits)
             launched = per_row(session, run, step, settings=settings,
-                               what=f"launching {phase.name} attempt {phase.attempt}") and phase.id not in waiting
+                               what=f"launching {phase.name} attempt {phase.attempt}") and phase.id not in waits.phases
         done["launched"] += launched
     with session_scope() as session:
         done["reconciled"] = reconcile(session, settings=settings, executor=executor)
@@ -129,6 +133,7 @@ def run_forever(settings: Settings, stop: threading.Event | None = None, executo
     delivery = DeliveryWorker(stop, interval_s=settings.scheduler_poll_seconds)
     delivery.start()
     failures = 0
+    pool_keys: dict[int, tuple[int, int]] = {}
     last_beat = float("-inf")
     log.info("scheduler %s started (executor %s; events, polling every %.1fs)", name, executor,
              settings.scheduler_poll_seconds)
@@ -138,7 +143,7 @@ def run_forever(settings: Settings, stop: threading.Event | None = None, executo
             if time.monotonic() - last_beat >= min(settings.scheduler_poll_seconds, 10.0):
                 heartbeat(name, executor)
                 last_beat = time.monotonic()
-            done = tick(settings, executor=executor)
+            done = tick(settings, executor=executor, pool_keys=pool_keys)
             if any(done.values()):
                 log.info("tick: %s", done)
             failures = 0

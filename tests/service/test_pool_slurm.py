@@ -181,7 +181,8 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
             row, attempts = run_row(run_id), phases(run_id)
             assert row.verdict == "pass", (fault, row.state, row.error_message)
             struck = [p for p in attempts if p.name == hit.name and p.attempt == hit.attempt]
-            assert struck[0].state == "infra_failed", (fault, hit.name, [(p.name, p.attempt, p.state) for p in attempts])
+            seen = [(p.name, p.attempt, p.state) for p in attempts]
+            assert struck[0].state == "infra_failed", (fault, hit.name, seen)
             assert any(p.name == hit.name and p.attempt > hit.attempt and p.state == "succeeded" for p in attempts)
             assert worker.retired.exists(), fault  # never handed another order
 

@@ -1,0 +1,122 @@
+"""One tick's launch pass with a warm pool: a key whose workers are all busy answers WAIT for the rest
+of the tick without looking again, an order a dead scheduler placed is still adopted on a full key,
+and the next tick places the waiting attempt on a worker that turned idle meanwhile.
+
+Real Postgres rows and real worker folders (written as a worker writes them); nothing is submitted.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.pool_folder import PoolFolder, write_atomic
+from models import Phase, Run
+from service.core.db import session_scope
+from service.core.phase_state import PhaseState
+from service.core.settings import Settings
+from service.executors import pool
+from service.runs import pool_dispatch
+from service.runs.submitter import claim_queued, launch, next_pending
+from tests.service.scheduler_harness import GOOD, phases, queue, register_environment
+
+pytestmark = pytest.mark.postgres
+SPEC = {"config": "dense-bf16", "dp": 2, "steps": 4, "save_step": 2, "workarounds": GOOD, "isolation": "process"}
+
+
+@pytest.fixture
+def settings(committed_db: str, tmp_path: Path) -> Settings:
+    return Settings(database_url=committed_db, run_folder=tmp_path / "runs", executor="slurm",
+                    pool="env=pooled:tasks=2:size=1:idle=600")
+
+
+def _worker(settings: Settings, name: str, env_id: int, state: str, order: str | None = None) -> PoolFolder:
+    files = PoolFolder(pool.pool_root(settings) / name)
+    files.folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(files.record, {"env_id": env_id, "env_name": "pooled", "tasks": 2, "executor": "slurm",
+                                "job_id": "4242", "started": None, "created": time.time() - 5, "hang_s": 30,
+                                "idle_s": 600})
+    for rank in range(2):
+        write_atomic(files.heartbeat(rank), {"state": state, "order": order, "since": time.time() - 1})
+    if order:
+        files.place_order({"id": order, "kind": "attempt"})
+    return files
+
+
+def _pending(settings: Settings, n: int) -> tuple[int, list[int]]:
+    register_environment("pooled", sys.executable)
+    runs = [queue(SPEC, environment="pooled") for _ in range(n)]
+    with session_scope() as session:
+        assert claim_queued(session, settings=settings, executor="slurm") == n
+        env_id = session.get(Run, runs[0]).environment_id  # type: ignore[union-attr]
+    return env_id, [phases(r)[0].id for r in runs]
+
+
+def _launch(settings: Settings, waits: pool_dispatch.TickWaits) -> Phase | None:
+    with session_scope() as session:
+        phase = next_pending(session, waits.phases)
+        if phase is None:
+            return None
+        launch(session, phase, settings=settings, executor="slurm", waits=waits)
+        session.flush()
+        session.expunge(phase)
+        return phase
+
+
+def test_a_full_key_waits_for_the_rest_of_the_tick_and_the_next_tick_places(settings: Settings) -> None:
+    env_id, ids = _pending(settings, 3)
+    _worker(settings, "busy", env_id, "busy", "phase-999")
+    waits = pool_dispatch.TickWaits()
+    first = _launch(settings, waits)
+    assert first is not None and first.state == PhaseState.PENDING.value
+    assert waits.full_keys == {(env_id, 2)} and waits.phases == {ids[0]}
+    # a worker turning idle mid-tick is left to the next tick: this one already knows the key is full
+    idle = _worker(settings, "idle", env_id, "idle")
+    second = _launch(settings, waits)
+    assert second is not None and second.state == PhaseState.PENDING.value and idle.read_order() is None
+    # the next tick looks again and hands the oldest waiting attempt to the idle worker
+    placed = _launch(settings, pool_dispatch.TickWaits())
+    assert placed is not None and placed.id == ids[0] and placed.state == PhaseState.SUBMITTED.value
+    assert placed.job_name == f"{pool.WARM_PREFIX}idle:phase-{ids[0]}"
+    assert (idle.read_order() or {}).get("id") == f"phase-{ids[0]}"
+
+
+def test_an_order_already_placed_is_adopted_even_on_a_full_key(settings: Settings) -> None:
+    env_id, ids = _pending(settings, 2)
+    _worker(settings, "busy", env_id, "busy", "phase-999")
+    waits = pool_dispatch.TickWaits()
+    assert _launch(settings, waits) is not None and waits.full_keys == {(env_id, 2)}
+    # a scheduler that died after placing the second attempt's order, before recording it
+    _worker(settings, "holder", env_id, "busy", f"phase-{ids[1]}")
+    adopted = _launch(settings, waits)
+    assert adopted is not None and adopted.id == ids[1]
+    assert adopted.state == PhaseState.SUBMITTED.value
+    assert adopted.job_name == f"{pool.WARM_PREFIX}holder:phase-{ids[1]}"
+
+
+def test_attempts_waiting_on_a_full_key_do_not_hide_the_rest_of_the_queue(settings: Settings) -> None:
+    env_id, ids = _pending(settings, 12)  # more than a tick's ten launches
+    other = queue(SPEC)  # the default environment: no pool entry, so it goes cold
+    with session_scope() as session:
+        claim_queued(session, settings=settings, executor="slurm")
+    cold_phase = phases(other)[0].id
+    _worker(settings, "busy", env_id, "busy", "phase-999")
+    first_tick = pool_dispatch.TickWaits()
+    for _ in range(10):
+        _launch(settings, first_tick)
+    # the next tick (the loop keeps the keys) looks at the oldest waiting attempt once, then straight
+    # past its key's others
+    waits = pool_dispatch.TickWaits(keys=first_tick.keys)
+    oldest = _launch(settings, waits)
+    assert oldest is not None and oldest.id == ids[0] and waits.full_keys == {(env_id, 2)}
+    assert set(ids[:10]) <= waits.skip()
+    with session_scope() as session:
+        following = next_pending(session, waits.skip())
+        assert following is not None and following.id in (*ids[10:], cold_phase)
+        rest = {following.id}
+        while (nxt := next_pending(session, waits.skip() | rest)) is not None and len(rest) < 5:
+            rest.add(nxt.id)
+    assert cold_phase in rest  # reached in this tick, not after the pool drains
