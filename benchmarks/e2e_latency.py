@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import psycopg
+import wrk_driver
 from sqlalchemy import make_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,24 +217,10 @@ def _fresh(health: dict[str, Any]) -> bool:
 
 
 def _service_cpu(procs: list[subprocess.Popen[bytes]]) -> dict[str, float]:
-    """CPU seconds (user + system) the server and the scheduler have used so far (with their
-    children: uvicorn's workers, the local executor's jobs), read from /proc."""
-    out: dict[str, float] = {}
-    for name, proc in zip(("server", "scheduler"), procs, strict=False):
-        try:
-            root = psutil.Process(proc.pid)
-            family = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            continue
-        total = 0.0
-        for p in family:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.NoSuchProcess:
-                pass
-        out[name] = total
-    return out
+    """CPU seconds the server and the scheduler have used so far (with their children: uvicorn's
+    workers, the local executor's jobs)."""
+    names = ("server", "scheduler")
+    return {name: wrk_driver.cpu_seconds([proc.pid]) for name, proc in zip(names, procs, strict=False)}
 
 
 def stop_pool(run_folder: Path) -> None:

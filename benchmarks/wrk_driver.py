@@ -50,7 +50,8 @@ def available() -> bool:
     return shutil.which("wrk") is not None
 
 
-def _cpu_seconds(pids: list[int]) -> float:
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes and their children have used so far, from /proc."""
     total = 0.0
     for pid in pids:
         try:
@@ -82,12 +83,12 @@ def drive(url: str, script: str, *, seconds: float, connections: int, server_pid
     """Run wrk against url with the Lua script; throughput, latency percentiles and CPU per request."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
         fh.write(script)
-    pg_before, srv_before = _cpu_seconds(_postgres_pids()), _cpu_seconds(server_pids)
+    pg_before, srv_before = cpu_seconds(_postgres_pids()), cpu_seconds(server_pids)
     out = subprocess.run(
         ["wrk", "-t", "1", "-c", str(connections), "-d", f"{max(1, int(seconds))}s", "--latency", "-s", fh.name, url],
         capture_output=True, text=True, check=True,
     ).stdout
-    srv_cpu, pg_cpu = _cpu_seconds(server_pids) - srv_before, _cpu_seconds(_postgres_pids()) - pg_before
+    srv_cpu, pg_cpu = cpu_seconds(server_pids) - srv_before, cpu_seconds(_postgres_pids()) - pg_before
     Path(fh.name).unlink()
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     wall = float(re.search(r"requests in ([\d.]+)s", out).group(1))  # type: ignore[union-attr]

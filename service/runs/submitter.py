@@ -162,9 +162,7 @@ def launch(
                                    hand_over=lambda: launcher.hand_over(settings, folder, gate=gate,
                                                                         also_writable=forked),
                                    waits=waits)
-        if warm == pool_dispatch.WAIT:  # route recorded it in waits
-            if waits is not None:
-                waits.phases.add(phase.id)
+        if warm == pool_dispatch.WAIT:  # route recorded it (and its key) in waits
             return
         if isinstance(warm, launcher.PhaseJob):
             phase.job_id, phase.process_started_at = warm.job_id, warm.started
