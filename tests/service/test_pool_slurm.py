@@ -103,7 +103,10 @@ def _end_allocation(worker: PoolFolder, executor: str) -> None:
     record = read_pool_file(worker.record)
     assert record is not None and record["job_id"]
     if executor == "slurm":
-        subprocess.run(["scancel", str(record["job_id"])], check=True)
+        # SIGKILL to the batch shell and every step at once, as a lost node: a plain scancel sends
+        # SIGTERM first, which submitit ignores, so a short attempt could finish in Slurm's KillWait
+        # and the fault would strike nothing
+        subprocess.run(["scancel", "--signal=KILL", "--full", str(record["job_id"])], check=True)
     else:  # the local worker's controller leads its own process group: end the group, as a lost node would
         os.killpg(int(record["job_id"]), signal.SIGKILL)
 
