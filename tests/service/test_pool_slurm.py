@@ -183,10 +183,12 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
             wait_for(partial(_finished, run_id), 600, f"the run after {fault}", alive=alive)
             row, attempts = run_row(run_id), phases(run_id)
             assert row.verdict == "pass", (fault, row.state, row.error_message)
-            struck = [p for p in attempts if p.name == hit.name and p.attempt == hit.attempt]
+            # One order runs both phases, and the worker may already be in resume while train_and_save's
+            # row still reads running: the attempt the fault ended is the one handed back, whichever it was
             seen = [(p.name, p.attempt, p.state) for p in attempts]
-            assert struck[0].state == "infra_failed", (fault, hit.name, seen)
-            assert any(p.name == hit.name and p.attempt > hit.attempt and p.state == "succeeded" for p in attempts)
+            struck = [p for p in attempts if p.state == "infra_failed"]
+            assert struck and struck[0].attempt == 1 and struck[0].name in (hit.name, "resume"), (fault, hit.name, seen)
+            assert any(p.name == struck[0].name and p.attempt == 2 and p.state == "succeeded" for p in attempts), seen
             assert worker.retired.exists(), fault  # never handed another order
 
         # idle: the pool shrinks to zero, its worker jobs gone
