@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -43,6 +44,7 @@ def record_serving(settings: Settings, host: str, port: int) -> str:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "host": socket.gethostname()}))
         tmp.replace(path)
+        _recorded.pop(path, None)
     except OSError as exc:
         log.warning("cannot record the serving address in %s (%s): notifications will link to %s",
                     path, exc, settings.base_url)
@@ -52,28 +54,36 @@ def record_serving(settings: Settings, host: str, port: int) -> str:
     return url
 
 
-# path -> ((mtime_ns, size, inode), url): every API response builds links, and reading and parsing the
-# record on each was a few per cent of a GET; a stat tells whether another `parity serve` rewrote it
-_recorded: dict[Path, tuple[tuple[int, int, int], str | None]] = {}
+# path -> (checked at, (mtime_ns, size, inode), url): every API response builds links. Reading and
+# parsing the record on each was a few per cent of a GET, and so was the stat that tells whether
+# another `parity serve` rewrote it: it is re-stated at most once a second (this process's own
+# record_serving forgets it at once).
+_recorded: dict[Path, tuple[float, tuple[int, int, int], str | None]] = {}
+RECHECK_S = 1.0
 
 
 def recorded_url(settings: Settings) -> str | None:
     """The base URL the last `parity serve` recorded, if any."""
     path = serve_record_path(settings)
+    now = time.monotonic()
+    known = _recorded.get(path)
+    if known is not None and now - known[0] < RECHECK_S:
+        return known[2]
     try:
         st = path.stat()
     except OSError:
+        _recorded.pop(path, None)
         return None
     stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-    known = _recorded.get(path)
-    if known is not None and known[0] == stamp:
-        return known[1]
+    if known is not None and known[1] == stamp:
+        _recorded[path] = (now, stamp, known[2])
+        return known[2]
     try:
         url = json.loads(path.read_text()).get("url")
     except (OSError, ValueError, AttributeError):
         return None
     found = str(url).rstrip("/") if url else None
-    _recorded[path] = (stamp, found)
+    _recorded[path] = (now, stamp, found)
     return found
 
 

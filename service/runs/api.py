@@ -10,14 +10,22 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from models import ProbeFinding, Run, StepMetric
-from service.core.db import bound_to_connection
-from service.core.deps import ReadAccess, RunId, SessionDep, SettingsDep, SubmitClaimDep, SubmitToken
+from service.core.deps import (
+    ReadAccess,
+    RunId,
+    SessionDep,
+    SettingsDep,
+    SubmitClaimDep,
+    SubmitToken,
+    check_read,
+    request_session,
+    session_overridden,
+)
 from service.core.errors import InvalidSpec, TooManyRequests
 from service.core.inputs import MAX_OFFSET, Instant
-from service.core.links import BaseUrl
+from service.core.links import BaseUrl, public_base
 from service.core.run_state import RunState
 from service.core.schemas import (
     ERROR_RESPONSES,
@@ -30,7 +38,7 @@ from service.core.schemas import (
     RunPage,
     StepMetricOut,
 )
-from service.core.settings import Settings
+from service.core.settings import Settings, get_settings
 from service.core.tokens import authenticate, forget
 from service.core.verdicts import label_of
 from service.environments.registry import (
@@ -203,29 +211,29 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunOut)
-async def get_run(run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAccess) -> Response:
+async def get_run(run_id: RunId, request: Request) -> Response:
     """One run with its phases, verdict, signatures and links."""
     # what CI polls: one round trip on the event loop, no thread, no transaction, no ORM objects
-    # (async_db.py says why); a session bound to a test's outer transaction reads through it instead
-    if bound_to_connection(session):
-        return await run_in_threadpool(_get_run_in_session, session, run_id, base)
-    run = await one_statement.read_run_async(run_id)
-    if run is None:
-        return await run_in_threadpool(_get_run_by_orm, session, run_id, base)
-    return json_response(run_out(run, base, with_phases=True))
+    # (async_db.py says why) and no dependencies to resolve (request_session says why). A token
+    # check, an absent run and a test's bound session take the sync path, which reads as before.
+    settings = get_settings()
+    base = public_base(settings, request)
+    if not settings.reads_require_token and not session_overridden(request):
+        run = await one_statement.read_run_async(run_id)
+        if run is not None:
+            return json_response(run_out(run, base, with_phases=True))
+    return await run_in_threadpool(_get_run_checked, request, run_id, base)
 
 
-def _get_run_in_session(session: Session, run_id: int, base: str) -> Response:
-    run = one_statement.read_run(session, run_id)
-    if run is None:
-        return _get_run_by_orm(session, run_id, base)
-    return json_response(run_out(run, base, with_phases=True))
-
-
-def _get_run_by_orm(session: Session, run_id: int, base: str) -> Response:
-    # the 404 exactly as elsewhere (or a run committed a moment ago)
-    return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,
-                                 with_phases=True))
+def _get_run_checked(request: Request, run_id: int, base: str) -> Response:
+    with request_session(request) as session:
+        check_read(session, request)
+        run = one_statement.read_run(session, run_id)
+        if run is None:
+            # the 404 exactly as elsewhere (or a run committed a moment ago)
+            return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,
+                                         with_phases=True))
+        return json_response(run_out(run, base, with_phases=True))
 
 
 @router.get("/{run_id}/metrics", response_model=RunMetrics)
