@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from models import ProbeFinding, Run, StepMetric
 from service.core.deps import (
@@ -228,12 +229,16 @@ async def get_run(run_id: RunId, request: Request) -> Response:
 def _get_run_checked(request: Request, run_id: int, base: str) -> Response:
     with request_session(request) as session:
         check_read(session, request)
-        run = one_statement.read_run(session, run_id)
-        if run is None:
-            # the 404 exactly as elsewhere (or a run committed a moment ago)
-            return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,
-                                         with_phases=True))
-        return json_response(run_out(run, base, with_phases=True))
+        return _get_run_in_session(session, run_id, base)
+
+
+def _get_run_in_session(session: Session, run_id: int, base: str) -> Response:
+    run = one_statement.read_run(session, run_id)
+    if run is None:
+        # the 404 exactly as elsewhere (or a run committed a moment ago)
+        return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,
+                                     with_phases=True))
+    return json_response(run_out(run, base, with_phases=True))
 
 
 @router.get("/{run_id}/metrics", response_model=RunMetrics)

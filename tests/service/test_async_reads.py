@@ -60,6 +60,24 @@ def test_an_absent_run_is_the_same_404(served: tuple[TestClient, dict[str, str]]
     assert missing.json()["error"] == "not_found" and "99999" in missing.json()["detail"]
 
 
+def test_a_read_token_is_checked_although_the_route_declares_no_dependency(
+    served: tuple[TestClient, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GET /runs/{id} resolves no FastAPI dependencies (a third of its CPU): the token check it used to
+    # get from ReadAccess is its own now, and must still refuse, with or without a stored run
+    client, headers = served
+    run_id = client.post("/api/v1/runs", json={"spec": SPEC, "labels": {"commit": "c1"}}, headers=headers).json()["id"]
+    monkeypatch.setenv("PARITY_READS_REQUIRE_TOKEN", "1")
+    get_settings.cache_clear()
+    with session_scope() as session:
+        reader = {"Authorization": f"Bearer {tokens.create_token(session, name='r', scopes=['read'])}"}
+    for path in (f"/api/v1/runs/{run_id}", "/api/v1/runs/99999"):
+        assert client.get(path).status_code == 401, path
+        assert client.get(path, headers={"Authorization": "Bearer prt_wrong"}).status_code == 401, path
+    assert client.get(f"/api/v1/runs/{run_id}", headers=reader).json()["id"] == run_id
+    assert client.get("/api/v1/runs/99999", headers=reader).status_code == 404
+
+
 def test_the_event_loop_read_answers_503_while_the_database_is_away(
     committed_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
