@@ -154,11 +154,6 @@ def reset_engine() -> None:
     _session_factory.cache_clear()
 
 
-def bound_to_connection(session: Session) -> bool:
-    """True when the session is bound to one connection (tests: an outer transaction to join)."""
-    return isinstance(session.get_bind(), Connection)
-
-
 @contextmanager
 def autocommit(session: Session) -> Iterator[Connection]:
     """A connection on which each statement is its own transaction (no BEGIN/COMMIT round trips).
@@ -167,7 +162,7 @@ def autocommit(session: Session) -> Iterator[Connection]:
     afterwards), so the statement sees and joins what the test wrote.
     """
     bind = session.get_bind()
-    if isinstance(bind, Connection):  # bound_to_connection, spelled so the type narrows
+    if isinstance(bind, Connection):
         yield session.connection()
         return
     with bind.connect() as conn:

@@ -53,7 +53,11 @@ def request_session(request: Request) -> Iterator[Session]:
     """
     override = request.app.dependency_overrides.get(get_session)
     if override is not None:
-        yield next(iter(override()))
+        given = override()
+        try:
+            yield next(given)
+        finally:
+            given.close()
         return
     session = new_session()
     try:
@@ -69,9 +73,13 @@ def session_overridden(request: Request) -> bool:
 
 def check_read(session: Session, request: Request) -> ApiToken | None:
     """require_read for a route without dependencies (sync: call it in the threadpool)."""
-    if not get_settings().reads_require_token:
+    return _read_token(session, get_settings(), request.headers.get("authorization"))
+
+
+def _read_token(session: Session, config: Settings, authorization: str | None) -> ApiToken | None:
+    if not config.reads_require_token:
         return None
-    return authenticate(session, token=_bearer(request.headers.get("authorization")), scope="read")
+    return authenticate(session, token=_bearer(authorization), scope="read")
 
 
 async def settings() -> Settings:
@@ -112,8 +120,8 @@ async def require_read(
 ) -> ApiToken | None:
     """Reads are open unless PARITY_READS_REQUIRE_TOKEN is set (then the token check runs in the threadpool)."""
     if not config.reads_require_token:
-        return None
-    return await run_in_threadpool(authenticate, session, token=_bearer(authorization), scope="read")
+        return None  # no threadpool trip when there is nothing to check
+    return await run_in_threadpool(_read_token, session, config, authorization)
 
 
 @dataclass(frozen=True)
