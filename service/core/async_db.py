@@ -22,15 +22,12 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy import make_url
 
 from service.core.db import get_engine
+from service.core.driver_cursor import DatabaseDown, first_line
 
 log = logging.getLogger(__name__)
 
 POOL_MAX = 10  # per API process, beside the sync engine's 10 + 20: well inside Postgres's 100
 CONNECT_TIMEOUT_S = 5.0  # a database that is away answers 503 after this, not a hung request
-
-
-class DatabaseDown(psycopg.OperationalError):
-    """The database could not be reached for a read (answered 503, as the sync path's outage is)."""
 
 
 _pools: dict[tuple[int, int], AsyncConnectionPool] = {}
@@ -68,17 +65,12 @@ async def fetch(sql: str, params: dict[str, Any]) -> Sequence[tuple[Any, ...]]:
                 await cursor.execute(sql, params)
                 return await cursor.fetchall()
         except PoolTimeout as exc:
-            raise DatabaseDown(_reason(exc)) from None
+            raise DatabaseDown(first_line(exc)) from None
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             if attempt == 2:
-                raise DatabaseDown(_reason(exc)) from None
-            log.info("read on a broken pooled connection (%s): retrying on a fresh one", _reason(exc))
+                raise DatabaseDown(first_line(exc)) from None
+            log.info("read on a broken pooled connection (%s): retrying on a fresh one", first_line(exc))
     raise AssertionError("unreachable")
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 async def close_all() -> None:

@@ -9,17 +9,27 @@ one statement on an autocommit connection, and hands each request its row after 
 lone request is written at once (no timer); under load a batch forms while the previous one commits.
 
 Durability is unchanged: a request gets its row only after the statement that inserted it has
-committed. A batch that fails is retried row by row, so one bad row fails only its own request.
+committed. A batch the database refused is retried row by row, so one bad row fails only its own
+request. A batch whose connection broke, or that could not get one, is not sent again: whether a
+statement committed before its connection broke is not knowable, and sending it again could queue
+runs twice; every request of it answers 503 (the client may send it again with its Idempotency-Key).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from service.core.driver_cursor import DatabaseDown
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 64
 IDLE_S = 5.0  # a writer with nothing to do for this long ends; the next request starts another
@@ -54,21 +64,33 @@ class _Writer:
                         self.thread = None
                         return
                 batch, self.pending = self.pending[:MAX_BATCH], self.pending[MAX_BATCH:]
-            self._write(batch)
+            try:
+                self._write(batch)
+            except Exception as exc:  # a bug here must not leave requests waiting on a writer that is gone
+                log.exception("group commit: a batch of %d failed outside its statement", len(batch))
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
 
     def _write(self, batch: list[tuple[dict[str, Any], Future[Row]]]) -> None:
         try:
             with self.engine.connect() as conn:
                 rows = self.write(conn.execution_options(isolation_level="AUTOCOMMIT"), [i for i, _ in batch])
         except Exception as exc:
-            if len(batch) == 1:
-                batch[0][1].set_exception(exc)
+            if len(batch) == 1 or isinstance(exc, NOT_SENT_AGAIN):
+                for _, future in batch:
+                    future.set_exception(exc)
                 return
-            for one in batch:  # so that one bad row (or a broken connection) fails only its own request
+            for one in batch:  # the database refused the statement: one bad row fails only its own request
                 self._write([one])
             return
         for (_, future), row in zip(batch, rows, strict=True):
             future.set_result(row)
+
+
+# A lost connection (maybe committed), no connection at all, no pooled connection free: row by row
+# would either queue runs twice or fail each row alike, one connect timeout after another.
+NOT_SENT_AGAIN = (DatabaseDown, OperationalError, InterfaceError, PoolTimeout)
 
 
 _writers: dict[int, _Writer] = {}

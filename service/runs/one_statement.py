@@ -37,6 +37,7 @@ from models.base import utcnow
 from service.core import async_db
 from service.core.checks import check_key, check_name, track_of
 from service.core.db import autocommit
+from service.core.driver_cursor import driver_cursor
 from service.core.run_state import RunState
 from service.environments.registry import DEFAULT_ENVIRONMENT, LAST_USED_RESOLUTION
 from service.runs import group_commit
@@ -130,9 +131,7 @@ def write_batch(conn: Connection, items: list[dict[str, Any]]) -> list[tuple[Any
     """Insert the runs of items in one statement on conn; each item's row, or None where it was refused."""
     batch = json.dumps([{**item, "ord": i} for i, item in enumerate(items)])
     params = {"batch": batch, "own_python": sys.executable, "state": RunState.QUEUED.value, "reason": QUEUED_REASON}
-    driver = conn.connection.driver_connection
-    assert driver is not None
-    with driver.cursor() as cursor:
+    with driver_cursor(conn) as cursor:
         cursor.execute(INSERT_RUNS, params)
         rows = cursor.fetchall()
     found: list[tuple[Any, ...] | None] = [None] * len(items)
@@ -144,12 +143,9 @@ def write_batch(conn: Connection, items: list[dict[str, Any]]) -> list[tuple[Any
 def _fetch(session: Session, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     # psycopg's cursor directly: SQLAlchemy's statement cache keys and result wrapping were a third
     # of a GET's CPU, for a statement that is a fixed string with the same column order every time
-    with autocommit(session) as conn:
-        driver = conn.connection.driver_connection
-        assert driver is not None
-        with driver.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall()
+    with autocommit(session) as conn, driver_cursor(conn) as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def read_run(session: Session, run_id: int) -> Stored | None:

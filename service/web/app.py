@@ -8,12 +8,15 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from psycopg import InterfaceError as DriverInterfaceError
+from psycopg import OperationalError as DriverOperationalError
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.artifacts import api as artifacts
 from service.bisects import api as bisects
-from service.core.async_db import DatabaseDown, close_all
+from service.core.async_db import close_all
+from service.core.driver_cursor import ConnectionLost
 from service.core.errors import DomainError
 from service.core.inputs import refuse_unstorable
 from service.core.limits import BodyLimit
@@ -50,11 +53,13 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 def _database_down(_: Request, exc: Exception) -> JSONResponse:
-    # nothing was written (the request's transaction rolled back); the client may retry as is
+    # the client may send the request again (a POST with its Idempotency-Key: see ConnectionLost)
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    # a connection that broke under the request renewed the pool: the next send is likely served
+    renewed = isinstance(exc, ConnectionLost) or getattr(exc, "connection_invalidated", False)
     return JSONResponse(
         {"error": "database_unavailable", "detail": f"database: {reason[:300]}", "field": None},
-        status_code=503, headers={"Retry-After": "10"},
+        status_code=503, headers={"Retry-After": "1" if renewed else "10"},
     )
 
 
@@ -90,7 +95,9 @@ def create_app() -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(InterfaceError, _database_down)
-    app.add_exception_handler(DatabaseDown, _database_down)
+    # the hot statements run on psycopg's own cursor (driver_cursor.py): its errors are the same outage
+    app.add_exception_handler(DriverOperationalError, _database_down)
+    app.add_exception_handler(DriverInterfaceError, _database_down)
     # uploads stream past the JSON limit under their own (read per request, so tests can change it)
     app.add_middleware(BodyLimit, streamed={"/api/v1/artifacts": lambda: get_settings().artifact_max_bytes})
     app.include_router(runs.router)

@@ -180,3 +180,71 @@ def test_a_row_that_cannot_be_stored_fails_only_its_own_request(queued_by_engine
         t.join()
     assert len(errors) == 1 and len(results) == 7 and all(r is not None for r in results)
     assert group_commit.MAX_BATCH >= 8
+
+
+def test_a_batch_whose_connection_broke_is_not_sent_again(database_url: str) -> None:
+    # row by row after a lost connection could queue twice a run whose commit did happen: each request
+    # of the batch gets the loss (a 503), and no item is ever handed to the database a second time
+    from sqlalchemy import create_engine
+
+    from service.core.driver_cursor import ConnectionLost
+
+    engine = create_engine(database_url)
+    sent: list[list[int]] = []
+    first_in = threading.Event()
+
+    def write(_conn, items):
+        sent.append([item["n"] for item in items])
+        if len(sent) == 1:
+            first_in.set()
+            threading.Event().wait(0.5)  # the others queue behind this one and form a batch
+        raise ConnectionLost("connection lost: terminating connection due to administrator command")
+
+    errors: list[BaseException] = []
+
+    def post(n: int) -> None:
+        try:
+            group_commit.submit(engine, {"n": n}, write)
+        except ConnectionLost as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=post, args=(0,))]
+    threads[0].start()
+    assert first_in.wait(10)
+    threads += [threading.Thread(target=post, args=(n,)) for n in range(1, 5)]
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(30)
+    engine.dispose()
+    assert len(errors) == 5
+    assert sorted(n for batch in sent for n in batch) == [0, 1, 2, 3, 4], sent  # each item sent once
+    assert max(len(batch) for batch in sent) >= 2, sent  # a batch did form
+
+
+def test_the_writer_outlives_a_failure_outside_its_statement(database_url: str) -> None:
+    # a write that hands back too few rows (a bug) fails its own request; the writer thread must not
+    # die with it, or every later POST of the process would wait forever on a writer that is gone
+    from sqlalchemy import create_engine
+
+    engine = create_engine(database_url)
+    calls: list[int] = []
+
+    def write(_conn, items):
+        calls.append(len(items))
+        return [] if len(calls) == 1 else [("row", item["n"]) for item in items]
+
+    done: list[object] = []
+
+    def post(n: int) -> None:
+        try:
+            done.append(group_commit.submit(engine, {"n": n}, write))
+        except ValueError as exc:
+            done.append(type(exc))
+
+    for n in (1, 2):  # each in a thread with a deadline: without the fix the first one waits forever
+        request = threading.Thread(target=post, args=(n,), daemon=True)
+        request.start()
+        request.join(10)
+    engine.dispose()
+    assert done == [ValueError, ("row", 2)]

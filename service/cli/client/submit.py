@@ -17,6 +17,7 @@ from service.cli.client import forge as forges
 from service.cli.client.artifacts import upload
 from service.cli.client.config import service_target
 from service.cli.client.junit import junit_xml
+from service.cli.client.resend import new_key, post_resent
 from service.cli.client.shape_arg import add_shape_argument, parse_shape
 from service.cli.client.summary import run_summary
 
@@ -150,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         headers["Idempotency-Key"] = args.idempotency_key
     labels = parse_labels(args.label)
     forge = _forge(args)
+    key = args.idempotency_key or new_key()  # a POST sent again is the same request (resend.py)
     with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
         try:
             environment = _environment(client, args)  # runs queue at once and start when the build is ready
@@ -158,10 +160,11 @@ def run(args: argparse.Namespace) -> int:
 
                 return submit_suite(client, suite=args.suite, environment=environment, labels=labels,
                                     wait=args.wait, timeout=args.timeout, junit=args.junit,
-                                    summary=getattr(args, "summary", None), strict=args.strict, forge=forge)
+                                    summary=getattr(args, "summary", None), strict=args.strict, forge=forge,
+                                    key=key)
             body = build_body(args)
             body["environment"] = environment
-            resp = client.post("/api/v1/runs", json=body)
+            resp = post_resent(client, "/api/v1/runs", json=body, key=key, who="parity submit")
         except httpx.HTTPError as exc:
             print(f"parity submit: cannot reach {url}: {exc}", file=sys.stderr)
             if forge:

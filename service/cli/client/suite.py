@@ -16,6 +16,7 @@ from service.cli.client.config import add_client_args, http_client
 from service.cli.client.env import _detail
 from service.cli.client.forge import Forge
 from service.cli.client.junit import suite_junit_xml
+from service.cli.client.resend import post_resent
 from service.cli.client.summary import suite_summary
 
 
@@ -74,9 +75,14 @@ def outcome_of(view: dict[str, Any], *, timed_out: bool, strict: bool) -> str:
 
 def submit_suite(http: httpx.Client, *, suite: str, environment: str, labels: dict[str, str], wait: bool,
                  timeout: float, junit: Path | None, summary: Path | None, strict: bool,
-                 forge: Forge | None) -> int:
-    """POST the suite run, post a pending status, wait, report: exit 0 pass, 1 fail/regression, 2 error."""
-    resp = http.post("/api/v1/suite-runs", json={"suite": suite, "environment": environment, "labels": labels})
+                 forge: Forge | None, key: str) -> int:
+    """POST the suite run, post a pending status, wait, report: exit 0 pass, 1 fail/regression, 2 error.
+
+    key is the suite run's Idempotency-Key: a send whose outcome is unknown (a 503, a broken
+    connection) is sent again with it, and cannot queue the suite twice.
+    """
+    resp = post_resent(http, "/api/v1/suite-runs", json={"suite": suite, "environment": environment, "labels": labels},
+                       key=key, who="parity submit")
     if resp.status_code != 202:
         print(f"parity submit: {resp.status_code} {_detail(resp)}", file=sys.stderr)
         if forge:
