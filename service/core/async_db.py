@@ -55,7 +55,8 @@ async def fetch(sql: str, params: dict[str, Any]) -> Sequence[tuple[Any, ...]]:
     """The rows of one read-only statement.
 
     A pooled connection that a database restart broke fails its first statement; the pool discards
-    it and the read is tried once more on a fresh one (a read can be repeated; nothing was written).
+    it and every other broken idle one, and the read is tried once more on a fresh one (a read can be
+    repeated; nothing was written).
     A database that stays away (no connection within CONNECT_TIMEOUT_S) raises DatabaseDown.
     """
     for attempt in (1, 2):
@@ -70,6 +71,9 @@ async def fetch(sql: str, params: dict[str, Any]) -> Sequence[tuple[Any, ...]]:
             if attempt == 2:
                 raise DatabaseDown(first_line(exc)) from None
             log.info("read on a broken pooled connection (%s): retrying on a fresh one", first_line(exc))
+            # its idle neighbours were opened against the same server: after a restart they are all
+            # dead, and each would fail one more read (check() replaces every broken idle connection)
+            await pool.check()
     raise AssertionError("unreachable")
 
 
