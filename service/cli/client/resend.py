@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from service.cli.client.env import _detail
+
 RESENT_STATUSES = {502, 503, 504}
 WAITS_S = (1.0, 2.0, 4.0, 8.0)  # four more sends, ~15 s in all: a database restart, not an outage
 MAX_RETRY_AFTER_S = 10.0
@@ -60,10 +62,3 @@ def post_resent(client: httpx.Client, path: str, *, json: Any, key: str, who: st
         time.sleep(wait)
     raise AssertionError("unreachable")
 
-
-def _detail(resp: httpx.Response) -> str:
-    try:
-        doc = resp.json()
-    except ValueError:
-        return resp.text[:200]
-    return str(doc.get("detail", "")) if isinstance(doc, dict) else str(doc)[:200]
