@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 64
 IDLE_S = 5.0  # a writer with nothing to do for this long ends; the next request starts another
+# A lost connection (maybe committed), no connection at all, no pooled connection free: row by row
+# would either queue runs twice or fail each row alike, one connect timeout after another.
+NOT_SENT_AGAIN = (DatabaseDown, OperationalError, InterfaceError, PoolTimeout)
 
 Row = tuple[Any, ...] | None
 WriteBatch = Callable[[Connection, list[dict[str, Any]]], list[Row]]
@@ -86,11 +89,6 @@ class _Writer:
             return
         for (_, future), row in zip(batch, rows, strict=True):
             future.set_result(row)
-
-
-# A lost connection (maybe committed), no connection at all, no pooled connection free: row by row
-# would either queue runs twice or fail each row alike, one connect timeout after another.
-NOT_SENT_AGAIN = (DatabaseDown, OperationalError, InterfaceError, PoolTimeout)
 
 
 _writers: dict[int, _Writer] = {}

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.artifacts import api as artifacts
 from service.bisects import api as bisects
 from service.core.async_db import close_all
-from service.core.driver_cursor import ConnectionLost
+from service.core.driver_cursor import ConnectionLost, first_line
 from service.core.errors import DomainError
 from service.core.inputs import refuse_unstorable
 from service.core.limits import BodyLimit
@@ -54,7 +54,7 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 def _database_down(_: Request, exc: Exception) -> JSONResponse:
     # the client may send the request again (a POST with its Idempotency-Key: see ConnectionLost)
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    reason = first_line(exc)
     # a connection that broke under the request renewed the pool: the next send is likely served
     renewed = isinstance(exc, ConnectionLost) or getattr(exc, "connection_invalidated", False)
     return JSONResponse(

@@ -6,6 +6,21 @@ import socket
 import threading
 
 
+def pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy src to dst until either ends, then shut both down."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 class Proxy:
     """Forwards 127.0.0.1:<port> to a target; `down()` drops every connection and refuses new ones."""
 
@@ -38,21 +53,7 @@ class Proxy:
             with self.lock:
                 self.conns += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
 
     def down(self) -> None:
         """Cut every open connection and refuse new ones."""

@@ -26,6 +26,7 @@ from models import Run
 from service.cli.main import main as parity
 from service.core.db import session_scope
 from service.core.tokens import create_token
+from tests.service.tcp_proxy import pipe
 from tests.service.test_commit_before_response import SPEC, live_api  # noqa: F401 - the fixture
 
 SUBMIT: list[str] = ["--config", str(SPEC["config"]), "--dp", str(SPEC["dp"]), "--steps", str(SPEC["steps"]),
@@ -130,7 +131,7 @@ class ResponseSwallower:
                 s.close()
             return
         for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+            threading.Thread(target=pipe, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         self.listener.close()
@@ -154,19 +155,6 @@ def _read_http(sock: socket.socket) -> bytes:
         body += chunk
     return head + b"\r\n\r\n" + body
 
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 @pytest.fixture
