@@ -168,9 +168,11 @@ def install_shims() -> list[str]:
     Engine version", even with no FP8 params to quantize, so every distributed-optimizer step
     fails. With nothing to quantize it has nothing to do; with FP8 params it still raises.
     """
-    from megatron.core import fp8_utils
-
     applied = _numpy_product_shim()
+    try:
+        from megatron.core import fp8_utils
+    except ImportError:  # a build without the module has nothing of it to shim
+        return applied
     impl = getattr(fp8_utils, "_quantize_param_shard_impl", None)
     if impl is not None and not getattr(impl, "_parity_shim", False) and _is_te_fallback(impl):
 
@@ -189,18 +191,32 @@ def install_shims() -> list[str]:
 def sync_save_forks() -> bool:
     """Whether this build's synchronous dist_checkpointing save writes from a forked process.
 
-    0.12.x-0.14.x: `AsyncSaveShardedStrategy.save` schedules the request on the module-level
+    0.12.x-0.14.x: the default torch_dist save strategy schedules the request on the module-level
     `AsyncCallsQueue` (a forked writer, TemporalAsyncCaller) and finalizes it at once; the writer
     reports through `filesystem_async._results_queue`, so that queue must reach another process.
-    0.15+ call `async_request.execute_sync()` (the writer runs in this process). Read, never called.
+    0.15+ call `async_request.execute_sync()` (the writer runs in this process). Found by reading
+    the `save` of the strategy the build itself picks by default (its class moved between modules:
+    `strategies.base` is gone on main), never by a module path. Read, never called.
     """
-    from megatron.core.dist_checkpointing.strategies.base import AsyncSaveShardedStrategy
-
     try:
-        source = inspect.getsource(AsyncSaveShardedStrategy.save)
-    except (OSError, TypeError):
+        from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+
+        strategy = type(get_default_save_sharded_strategy())
+    except (ImportError, AttributeError, TypeError, ValueError):
         return True  # unknown: the cross-process queue works either way
-    return "execute_sync" not in source
+    for cls in strategy.__mro__:
+        save = cls.__dict__.get("save")
+        if save is None:
+            continue
+        try:
+            source = inspect.getsource(save)
+        except (OSError, TypeError):
+            return True
+        if "execute_sync" in source:
+            return False
+        if "async_sharded_save" in source or "schedule" in source or "async_request" in source:
+            return True
+    return True
 
 
 def prime_optimizer_state(opt: Any) -> None:
@@ -233,9 +249,12 @@ def check_writer() -> None:
     (ADLR/megatron-lm!3243). Read, never called; checked at the save, after the state is built, so a
     cause found while building it (Bug A) still shows.
     """
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
     from torch.distributed.checkpoint import filesystem
 
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:  # no async filesystem writer of its own: it uses torch's, which fits this torch
+        return
     param = inspect.signature(filesystem._write_item).parameters.get("serialization_format")
     if param is None or param.default is not inspect.Parameter.empty:
         return
@@ -268,7 +287,10 @@ def _numpy_product_shim() -> list[str]:
 
     if hasattr(numpy, "product"):
         return []
-    from megatron.core.dist_checkpointing import validation
+    try:
+        from megatron.core.dist_checkpointing import validation
+    except ImportError:
+        return []
 
     try:
         calls_it = "np.product(" in inspect.getsource(validation)
@@ -315,6 +337,64 @@ def layerwise_inner_optimizers(optimizers: list[Any]) -> list[Any]:
     raise TypeError ("expects base torch optimizers … Do not pre-wrap with Megatron optimizers").
     Unwrapping here is what every release then does inside, so all of them wrap the same torch Adam.
     """
-    from megatron.core.optimizer.optimizer import FP32Optimizer
+    import torch
 
-    return [opt.optimizer if isinstance(opt, FP32Optimizer) else opt for opt in optimizers]
+    # by what it is, not by where its class lives: a Megatron wrapper holds the torch optimizer in `.optimizer`
+    return [
+        opt.optimizer if not isinstance(opt, torch.optim.Optimizer) and hasattr(opt, "optimizer") else opt
+        for opt in optimizers
+    ]
+
+
+def _has(module: str, attribute: str | None = None) -> bool:
+    try:
+        found = importlib.import_module(module)
+    except ImportError:
+        return False
+    return attribute is None or hasattr(found, attribute)
+
+
+def capabilities() -> dict[str, Any]:
+    """What this build offers, as the harness detected it: recorded per environment and per phase.
+
+    Each entry is found by asking the build (a source literal, a signature, an attribute), with a
+    fallback when the place it is asked moved: a build the harness has not seen still runs, and the
+    record says what was found, so a new build's failure can be told from a harness that guessed.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return {
+        "megatron_core": megatron_version(),
+        "sharding_types": list(sharding_types()),
+        "dp_reshardable_types": list(dp_reshardable_types()),
+        "sharding_argument": "metadata" if _takes_metadata() else "sharding_type",
+        "sync_save_forks": sync_save_forks(),
+        "optimizer_priming": (
+            "_init_optimizer_states_with_dummy_values"
+            if hasattr(DistributedOptimizer, "_init_optimizer_states_with_dummy_values")
+            else "a step on zero grads"
+        ),
+        "layerwise_optimizer": _has(OPTIMIZER_MODULES["layerwise-adam"]),
+        "bucket_param_to_index": _bucket_has_param_to_index(),
+        "mark_keep_in_fp32": any(
+            _has(m, "mark_keep_in_fp32")
+            for m in ("megatron.core.transformer.module", "megatron.core.utils", "megatron.core.transformer.utils")
+        ),
+    }
+
+
+def _bucket_has_param_to_index() -> bool:
+    try:
+        from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucket
+    except ImportError:
+        return False
+    try:
+        return "param_to_index" in inspect.getsource(_ParamAndGradBucket)
+    except (OSError, TypeError):
+        return False
+
+
+if __name__ == "__main__":  # `python -m jobs.rank.compat`: what a build's environment records
+    import json
+
+    print(json.dumps(capabilities(), sort_keys=True))
