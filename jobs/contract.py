@@ -38,8 +38,10 @@ STAGES: tuple[Stage, ...] = get_args(Stage)
 
 SignatureId = Literal[
     "optimizer-index-misalignment",
+    "optimizer-index-unexplained",
     "optimizer-state-mismatch",
     "adam-step-not-restored",
+    "adam-step-unexplained",
     "lr-schedule-mismatch",
     "layerwise-metadata-mismatch",
     "loss-divergence-unexplained",
@@ -65,11 +67,12 @@ SignatureId = Literal[
 SIGNATURE_IDS: tuple[SignatureId, ...] = get_args(SignatureId)
 SignatureKind = Literal["cause", "latent", "crash"]
 
-WorkaroundName = Literal["realign-param-index", "restore-adam-step", "load-no-grad"]
+WorkaroundName = Literal["realign-param-index", "restore-adam-step", "load-no-grad", "load-absent-step"]
 WORKAROUND_NAMES: tuple[WorkaroundName, ...] = get_args(WorkaroundName)
 REALIGN: WorkaroundName = "realign-param-index"
 LOAD_NO_GRAD: WorkaroundName = "load-no-grad"
 RESTORE_STEP: WorkaroundName = "restore-adam-step"
+LOAD_ABSENT_STEP: WorkaroundName = "load-absent-step"
 
 # Probe keys of a phase document. State probes run at a moment: at the save, or right after the load.
 Moment = Literal["at_save", "after_load"]
@@ -150,6 +153,7 @@ class IndexMapReport(TypedDict):
 
     applicable: bool
     misaligned_total: int
+    unexplained_total: NotRequired[int]  # misaligned entries not at the slot Bug A predicts (a new bug)
     per_rank: list[dict[str, Any]]
     reason: NotRequired[str]  # why the probe could not look ("not applicable on this build: ...")
 
@@ -357,6 +361,7 @@ class ParityResult(TypedDict):
     worked_around: list[SignatureId]
     worked_around_by: NotRequired[dict[str, list[SignatureId]]]  # workaround -> the findings it hid
     worked_around_evidence: NotRequired[dict[str, Any]]  # finding -> its evidence before the workaround
+    workarounds_not_needed: NotRequired[list[str]]  # requested workarounds whose known bug did not fire
     evidence: dict[str, Any]
     errors: list[ErrorRecord]
     error: ErrorRecord | None

@@ -153,7 +153,10 @@ def format_step_table(result: ParityResult) -> str:
         lines.append(f"advisories: {', '.join(result['advisories'])}")
     if result.get("worked_around"):
         by = result.get("worked_around_by") or {}
-        lines += [f"passes only with workaround {w}, which hides {', '.join(sigs)}" for w, sigs in sorted(by.items())]
+        hides = "passes only with" if result.get("verdict") == "pass" else "requested"
+        lines += [f"{hides} workaround {w}, which hides {', '.join(sigs)}" for w, sigs in sorted(by.items())]
+    for w in result.get("workarounds_not_needed") or []:
+        lines.append(f"workaround {w} was not needed: the bug it corrects did not fire on this build")
     lines.append(f"first divergent step: {_fmt(result.get('first_divergent_step'), '')}")
     for err in result.get("errors") or []:
         lines.append(f"error in {err.get('stage')}: {err.get('type')}: {str(err.get('message'))[:300]}")

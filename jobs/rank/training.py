@@ -21,6 +21,7 @@ from jobs.contract import (
     GROUPS_AFTER_OPTIMIZER_LOAD,
     INDEX_MAP,
     INDEX_MAP_EFFECTIVE,
+    LOAD_ABSENT_STEP,
     LOAD_NO_GRAD,
     PARAM_GROUPS,
     REALIGN,
@@ -38,7 +39,15 @@ from jobs.rank import checkpoint, compat, dist, model
 from jobs.rank.context import RankContext
 from jobs.rank.probes import buckets, final_numeric, fingerprints, global_state, groups, index_map
 from jobs.rank.probes import state as state_probe
-from jobs.rank.workarounds import adam_steps, fp32_leaf_views, realign_param_index, restore_adam_step
+from jobs.rank.workarounds import (
+    adam_steps,
+    fp32_leaf_views,
+    load_absent_step,
+    name_unexplained,
+    realign_param_index,
+    restore_adam_step,
+    shared_step_params,
+)
 from jobs.shape import apply_shape
 from jobs.spec import RunSpec
 
@@ -85,7 +94,7 @@ def build(ctx: RankContext, spec: RunSpec, phase: str = "train_and_save") -> mod
         BUCKETS: compat.guarded(buckets.probe, buffers=[], unaligned_total=0)(tr.ddp, tr.name_of),
     }
     if REALIGN in spec.workarounds:
-        ctx.doc["workarounds"][REALIGN] = realign_param_index(tr.optimizer)
+        ctx.doc["workarounds"][REALIGN] = name_unexplained(realign_param_index(tr.optimizer), tr.name_of)
         ctx.local_build_probes[INDEX_MAP_EFFECTIVE] = index_map.probe(tr.optimizer, tr.name_of)
     return tr
 
@@ -99,6 +108,7 @@ def _publish_build_probes(ctx: RankContext) -> None:
             probes[key] = {
                 "applicable": per_rank[0][key]["applicable"],
                 "misaligned_total": sum(r[key]["misaligned_total"] for r in per_rank),
+                "unexplained_total": sum(r[key].get("unexplained_total", 0) for r in per_rank),
                 "per_rank": [r[key] for r in per_rank],
             }
     probes[BUCKETS] = {
@@ -115,6 +125,8 @@ def _publish_build_probes(ctx: RankContext) -> None:
         reports = _gather(ctx, ctx.doc["workarounds"][REALIGN])
         ctx.doc["workarounds"][REALIGN] = {
             "corrected_total": sum(r["corrected_total"] for r in reports),
+            "unexplained_total": sum(r.get("unexplained_total", 0) for r in reports),
+            "needed": any(r.get("needed", r["corrected_total"] > 0) for r in reports),
             "per_rank": reports,
         }
 
@@ -156,6 +168,9 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     state = ctx.run(
         "load", lambda: checkpoint.build_load_state(tr, spec.sharding, with_rng), timeout_s, agree=True
     )
+    primed = adam_steps(tr.optimizer)  # what the load priming left: the value the known step bug keeps
+    if LOAD_ABSENT_STEP in spec.workarounds:
+        ctx.doc["workarounds"][LOAD_ABSENT_STEP] = load_absent_step(tr.optimizer)
     loaded = ctx.run("load", lambda: checkpoint.read(state, ckpt, spec.fully_parallel), timeout_s, agree=True)
 
     def groups_now() -> None:  # Bug C: before the scheduler rewrites lr / weight decay
@@ -169,6 +184,9 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     )
     if no_grad:
         ctx.doc["workarounds"][LOAD_NO_GRAD] = True
+    if LOAD_ABSENT_STEP in spec.workarounds:
+        report = ctx.doc["workarounds"][LOAD_ABSENT_STEP]
+        report["needed"] = report["params"] > 0
     info = ctx.doc["info"]
     info["load_seconds"] = round(time.perf_counter() - t0, 4)
     info["checkpoint"] = checkpoint.describe(ckpt)
@@ -176,6 +194,7 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     ck_step = checkpoint.checkpoint_step(loaded)
     info["checkpoint_adam_step"] = ck_step
     info["adam_steps_after_load"] = adam_steps(tr.optimizer)
+    info["adam_step_shared_after_load"] = shared_step_params(tr.optimizer)
     info["scheduler_num_steps_after_load"] = int(tr.scheduler.num_steps)
     raw = None if spec.reshards else state_probe.snapshot(tr)
     raw_view = _snapshots(ctx, tr, spec) if spec.reshards else None
@@ -184,7 +203,7 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
         if ck_step is None:
             ctx.doc["workarounds"][RESTORE_STEP] = {"name": RESTORE_STEP, "skipped": "no step in checkpoint"}
         else:
-            ctx.doc["workarounds"][RESTORE_STEP] = restore_adam_step(tr.optimizer, ck_step)
+            ctx.doc["workarounds"][RESTORE_STEP] = restore_adam_step(tr.optimizer, ck_step, primed)
         local["after"] = None if spec.reshards else state_probe.snapshot(tr)
         after_view = _snapshots(ctx, tr, spec) if spec.reshards else None
     local["raw"] = raw

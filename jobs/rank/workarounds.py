@@ -6,8 +6,13 @@
   views of leaf params that require grad, so the in-place load copy raises otherwise).
 - `load-no-grad`: only the `torch.no_grad()` load fix, leaving the index map as built; shows the
   silent case end to end (state restored through the same wrong map, so loss parity can pass).
-- `restore-adam-step`: after a load on the torch-Adam path, set every Adam `step` back to the
-  checkpoint's step (dp_reshardable leaves the dummy value 1 from the load priming).
+- `restore-adam-step`: after a load on the torch-Adam path, set every Adam `step` left at the load
+  priming's dummy value back to the checkpoint's step (dp_reshardable leaves it there).
+- `load-absent-step`: let fully_reshardable / dp_zero_gather_scatter loads skip the per-param Adam
+  `step` their checkpoints do not carry (KeyError: 'step' on the torch-Adam path).
+
+Every workaround is narrow: it changes only what its known bug predicts, reports anything else it
+would have changed as unexplained (a finding, never corrected), and says when it was not needed.
 """
 
 from __future__ import annotations
@@ -16,31 +21,58 @@ from typing import Any
 
 import torch
 
-from jobs.contract import REALIGN, RESTORE_STEP
-from jobs.rank.probes.index_map import distributed_optimizers, installed_order
+from jobs.contract import LOAD_ABSENT_STEP, REALIGN, RESTORE_STEP
+from jobs.rank.probes.index_map import bug_a_map, correct_map, distributed_optimizers
 
 
 def realign_param_index(optimizer: Any) -> dict[str, Any]:
-    """Rebuild each DistributedOptimizer's index map in installed order; report corrections."""
-    reports = []
+    """Correct only the index-map entries Bug A predicts; report what it corrected and what it would not.
+
+    Each entry is compared with the correct slot (installed order) and with the slot Bug A puts it
+    at (`index_map.bug_a_map`, from the build's own grad-buffer walk). An entry at Bug A's slot is
+    moved to the correct one; an entry at neither is left as built and reported as unexplained, so
+    a new index-map bug still fails the run (the probe of the effective map sees it) instead of
+    being rebuilt away with the known one.
+    """
+    reports: list[dict[str, Any]] = []
     for i, opt in enumerate(distributed_optimizers(optimizer)):
         old = opt.model_param_group_index_map
-        new = {p: (g, k) for g in range(len(opt.model_fp32_groups)) for k, p in enumerate(installed_order(opt, g))}
-        if set(new) != set(old):
+        correct = correct_map(opt)
+        if set(correct) != set(old):
             # Not the shape this fix understands: changing the map could make things worse.
-            reports.append(
-                {
-                    "optimizer": i,
-                    "corrected": 0,
-                    "entries": len(old),
-                    "skipped": "parameter sets of the map and the installed groups differ",
-                }
-            )
+            reports.append({"optimizer": i, "corrected": 0, "entries": len(old), "unexplained": [],
+                            "skipped": "parameter sets of the map and the installed groups differ"})
             continue
-        corrected = sum(1 for p, pos in new.items() if old[p] != pos)
+        predicted = bug_a_map(opt)
+        new = dict(old)
+        corrected = 0
+        unexplained = []
+        for param, pos in old.items():
+            if pos == correct[param]:
+                continue
+            if pos == predicted.get(param):
+                new[param] = correct[param]
+                corrected += 1
+            else:
+                unexplained.append({"param": param, "slot": list(pos), "correct": list(correct[param]),
+                                    "bug_a_slot": list(predicted[param]) if param in predicted else None})
         opt.model_param_group_index_map = new
-        reports.append({"optimizer": i, "corrected": corrected, "entries": len(new), "skipped": None})
-    return {"name": REALIGN, "optimizers": reports, "corrected_total": sum(r["corrected"] for r in reports)}
+        reports.append({"optimizer": i, "corrected": corrected, "entries": len(new), "unexplained": unexplained,
+                        "skipped": None})
+    return {
+        "name": REALIGN,
+        "optimizers": reports,
+        "corrected_total": sum(r["corrected"] for r in reports),
+        "unexplained_total": sum(len(r["unexplained"]) for r in reports),
+        "needed": any(r["corrected"] for r in reports),
+    }
+
+
+def name_unexplained(report: dict[str, Any], name_of: dict[Any, str]) -> dict[str, Any]:
+    """The realign report with parameters named (it holds the tensors until the document is written)."""
+    for r in report["optimizers"]:
+        r["unexplained"] = [{**u, "param": name_of.get(u["param"], "?")} for u in r["unexplained"]][:12]
+    return report
 
 
 def adam_steps(optimizer: Any) -> list[float]:
@@ -53,24 +85,95 @@ def adam_steps(optimizer: Any) -> list[float]:
     return sorted(steps)
 
 
-def restore_adam_step(optimizer: Any, checkpoint_step: float) -> dict[str, Any]:
-    """Set every Adam `step` to `checkpoint_step`; report the values before and after."""
-    before = adam_steps(optimizer)
-    changed = 0
+def shared_step_params(optimizer: Any) -> int:
+    """How many params' Adam `step` is one tensor object shared with another param's.
+
+    torch Adam increments `state["step"]` in place once per param, so a shared tensor advances by
+    the number of params sharing it each step: bias correction is wrong from the first resumed update.
+    """
+    seen: dict[int, int] = {}
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         for state in opt.optimizer.state.values():
-            if "step" in state and float(state["step"]) != checkpoint_step:
-                changed += 1
-            if "step" in state:
-                # A fresh tensor per param: torch Adam increments `step` in place.
-                state["step"] = torch.tensor(float(checkpoint_step), dtype=torch.float32)
+            if isinstance(state.get("step"), torch.Tensor):
+                seen[id(state["step"])] = seen.get(id(state["step"]), 0) + 1
+    return sum(n for n in seen.values() if n > 1)
+
+
+def restore_adam_step(optimizer: Any, checkpoint_step: float, primed: list[float]) -> dict[str, Any]:
+    """Give every param its own Adam `step` at `checkpoint_step`, only where the known bugs predict otherwise.
+
+    The torch-Adam load path loses the per-param step in two known ways: dp_reshardable leaves
+    each `step` at the value the load priming set (`primed`, read right after the priming), and
+    fully_reshardable / dp_zero_gather_scatter set the right value but as one tensor shared by every
+    param (DistributedOptimizer.load_state_dict's non-Apex/TE branch). A step already at the
+    checkpoint's value in a tensor of its own needs nothing; a step at any other value is not what
+    those bugs do: it is left as loaded and reported as unexplained, so the restore diff fails the
+    run instead of the workaround hiding it.
+    """
+    before = adam_steps(optimizer)
+    expected = set(primed) | {checkpoint_step}
+    unexplained = sorted(v for v in before if v not in expected)
+    shared = shared_step_params(optimizer)
+    changed = 0
+    unshared = 0
+    seen: set[int] = set()
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for state in opt.optimizer.state.values():
+            if "step" not in state:
+                continue
+            first_holder = id(state["step"]) not in seen
+            seen.add(id(state["step"]))
+            if float(state["step"]) == checkpoint_step:
+                if shared and not first_holder:
+                    unshared += 1
+                    state["step"] = torch.tensor(float(checkpoint_step), dtype=torch.float32)
+                continue
+            if float(state["step"]) in unexplained:
+                continue
+            changed += 1
+            # A fresh tensor per param: torch Adam increments `step` in place.
+            state["step"] = torch.tensor(float(checkpoint_step), dtype=torch.float32)
     return {
         "name": RESTORE_STEP,
         "checkpoint_step": checkpoint_step,
+        "primed": primed,
         "before": before,
         "after": adam_steps(optimizer),
         "changed": changed,
+        "unshared": unshared,
+        "unexplained": unexplained,
+        "needed": changed + unshared > 0,
     }
+
+
+def load_absent_step(optimizer: Any) -> dict[str, Any]:
+    """Let the optimizer-state load skip the per-param Adam `step` its checkpoint does not carry.
+
+    fully_reshardable and dp_zero_gather_scatter write every state tensor but `step` ("handled
+    separately": load_state_dict sets it from the param groups), yet on the torch-Adam path
+    `_set_main_param_and_optimizer_states` copies every tensor of the primed state, `step` included,
+    and raises KeyError: 'step' (optimizer-step-key-missing). The wrapper passes `step` as absent
+    (None, which that copy skips) only when the source lacks it and the destination holds it; any
+    other missing key still raises. The returned report counts the params it let through while the
+    load runs; none means the workaround was not needed.
+    """
+    report: dict[str, Any] = {"name": LOAD_ABSENT_STEP, "params": 0, "optimizers": 0}
+    for opt in distributed_optimizers(optimizer):
+        original = getattr(opt, "_set_main_param_and_optimizer_states", None)
+        if original is None:
+            continue
+        report["optimizers"] += 1
+
+        def without_step(model_param: Any, tensors: dict[str, Any], _opt: Any = opt, _orig: Any = original) -> Any:
+            g, k = _opt.model_param_group_index_map[model_param]
+            state = _opt.optimizer.state.get(_opt.optimizer.param_groups[g]["params"][k], {})
+            if "step" not in tensors and isinstance(state.get("step"), torch.Tensor):
+                tensors = {**tensors, "step": None}
+                report["params"] += 1
+            return _orig(model_param, tensors)
+
+        opt._set_main_param_and_optimizer_states = without_step
+    return report
 
 
 def fp32_leaf_views(optimizer: Any, name_of: dict[Any, str]) -> dict[str, Any]:

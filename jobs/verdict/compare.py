@@ -229,6 +229,7 @@ def evaluate(
     lane = lanes(spec, rows, profile)
     evidence = collect_evidence(spec, baseline_doc, resumed_doc, lane)
     hidden: dict[str, Any] = evidence.pop("_worked_around", {})
+    not_needed: list[str] = evidence.pop("_not_needed", [])
     causes = [n for n in SIGNATURE_IDS if n in evidence and SIGNATURES[n].kind == "cause"]
     advisories = [n for n in SIGNATURE_IDS if n in evidence and SIGNATURES[n].kind == "latent"]
     errors = [
@@ -279,6 +280,7 @@ def evaluate(
         worked_around=worked_around,
         worked_around_by=by,
         worked_around_evidence={n: hidden[n]["evidence"] for n in worked_around},
+        workarounds_not_needed=not_needed,
         evidence=evidence,
         probe_findings=probe_findings(baseline_doc, resumed_doc),
         first_divergent_step=lane["exact"]["first_divergent_step"],

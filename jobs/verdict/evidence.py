@@ -11,6 +11,7 @@ from jobs.contract import (
     GROUPS_AFTER_OPTIMIZER_LOAD,
     INDEX_MAP,
     INDEX_MAP_EFFECTIVE,
+    LOAD_ABSENT_STEP,
     LOAD_NO_GRAD,
     PARAM_GROUPS,
     REALIGN,
@@ -87,6 +88,36 @@ def index_map_findings(doc: PhaseDocument | None) -> tuple[dict[str, Any] | None
     return {"misaligned_total": effective["misaligned_total"], "per_rank": per_rank}, False
 
 
+def unexplained_index_entries(doc: PhaseDocument | None) -> dict[str, Any] | None:
+    """Index-map entries as built that are at neither the param's own slot nor Bug A's: a new bug.
+
+    Read from the map as the build made it (before any workaround), so requesting
+    realign-param-index never hides one; None when every misaligned entry is Bug A's.
+    """
+    raw = _probes(doc).get(INDEX_MAP)
+    if not raw or not raw.get("unexplained_total"):
+        return None
+    items = [
+        {
+            "rank": r,
+            "optimizer": o["optimizer"],
+            "param": m["param"],
+            "slot": [m["group"], m["index"]],
+            "own_slot": [m["group"], m["expected_index"]],
+            "slot_holds": m["installed_param"],
+        }
+        for r, rank_report in enumerate(raw["per_rank"])
+        for o in rank_report["optimizers"]
+        for m in o["misaligned"]
+        if m.get("bug_a_predicted") is False
+    ]
+    return {"count": raw["unexplained_total"], "items": items[:MAX_ITEMS]}
+
+
+def _workaround_reports(doc: PhaseDocument | None) -> dict[str, Any]:
+    return (doc.get("workarounds") or {}) if doc else {}
+
+
 def _per_rank_diffs(before: list[Any] | None, after: list[Any] | None) -> list[dict[str, Any]]:
     out = []
     for rank, (a, b) in enumerate(zip(before or [], after or [], strict=False)):
@@ -160,6 +191,9 @@ def collect_evidence(
         misaligned, worked_around = index_map_findings(resumed)
     if misaligned:
         ev["optimizer-index-misalignment"] = misaligned
+    unexplained = unexplained_index_entries(baseline) or unexplained_index_entries(resumed)
+    if unexplained:
+        ev["optimizer-index-unexplained"] = unexplained
     if worked_around:
         raw_map = _probes(baseline or resumed).get(INDEX_MAP)
         hidden["optimizer-index-misalignment"] = {
@@ -209,6 +243,36 @@ def collect_evidence(
     skipped = not_applicable(baseline, resumed)
     if skipped:
         ev["probe-not-applicable"] = {"probes": skipped}
+    step_report = _workaround_reports(resumed).get(RESTORE_STEP) or {}
+    resumed_info: dict[str, Any] = resumed["info"] if resumed else {}
+    shared = int(resumed_info.get("adam_step_shared_after_load") or 0)
+    if shared:
+        found = {"step": spec.save_step + 1, "shared_step_tensor_params": shared,
+                 "meaning": "every param's Adam step is one tensor after the load; torch Adam advances it "
+                            "once per param per step"}
+        if step_report.get("unshared"):
+            hidden["adam-step-not-restored"] = {"by": RESTORE_STEP, "evidence": found}
+        else:
+            ev["adam-step-not-restored"] = {**ev.get("adam-step-not-restored", {}), **found}
+    if step_report.get("unexplained"):
+        ev["adam-step-unexplained"] = {
+            "step": spec.save_step + 1,
+            "steps_after_load": step_report.get("before"),
+            "checkpoint_step": step_report.get("checkpoint_step"),
+            "priming_steps": step_report.get("primed"),
+            "unexplained_values": step_report["unexplained"],
+        }
+    absent = _workaround_reports(resumed).get(LOAD_ABSENT_STEP) or {}
+    if absent.get("needed"):
+        hidden["optimizer-step-key-missing"] = {"by": LOAD_ABSENT_STEP, "evidence": {"params": absent["params"]}}
+    not_needed = [
+        name
+        for name in spec.workarounds
+        if any((_workaround_reports(d).get(name) or {}).get("needed") is False for d in (baseline, resumed))
+        and not any((_workaround_reports(d).get(name) or {}).get("needed") for d in (baseline, resumed))
+    ]
+    if not_needed:
+        ev["_not_needed"] = not_needed
     view = _fp32_view(resumed)
     if view:
         hidden["fp32-view-inplace-load"] = {"by": LOAD_NO_GRAD if LOAD_NO_GRAD in spec.workarounds else REALIGN,

@@ -78,6 +78,16 @@ _TABLE = (
         r"sharded_param_state_dp_reshardable",
     ),
     Signature(
+        "optimizer-index-unexplained",
+        "cause",
+        "Optimizer index map wrong where Bug A does not put it",
+        "A DistributedOptimizer.model_param_group_index_map entry points at neither the param's own "
+        "slot nor the slot Bug A predicts (its place in grad-buffer walk order within its group): a "
+        "new index-map bug, which realign-param-index leaves as built and the known-failure entry of "
+        "Bug A never matches. The evidence names each param, the slot it points at and its own.",
+        (DISTRIB_OPTIMIZER,),
+    ),
+    Signature(
         "optimizer-state-mismatch",
         "cause",
         "Checkpoint records other params' optimizer state",
@@ -92,6 +102,15 @@ _TABLE = (
         "After a dp_reshardable load on the torch-Adam path (no TE/Apex) every Adam `step` is the "
         "dummy value from load priming instead of the checkpoint's N; the first resumed update "
         "(step N+1) uses the wrong bias correction, so losses differ from step N+2 on.",
+        (DISTRIB_OPTIMIZER,),
+    ),
+    Signature(
+        "adam-step-unexplained",
+        "cause",
+        "Adam step after load is neither the checkpoint's nor the priming value",
+        "restore-adam-step corrects only what the torch-Adam load predicts (every `step` left at the "
+        "value the load priming set); a step at any other value after the load is a new restore bug "
+        "and is left as loaded, so the state diff fails the run.",
         (DISTRIB_OPTIMIZER,),
     ),
     Signature(
