@@ -172,6 +172,15 @@ CONFIGS: dict[str, ModelConfig] = {
             **_MOE,  # type: ignore[arg-type]
         ),
         ModelConfig(
+            name="moe-bf16",
+            description="moe-fp32-router with every param bf16 (routers not kept FP32), ~0.9M params",
+            why="Bug A cannot fire without FP32 params among bf16 ones, so the index map must be exact "
+            "with no workaround: the gate's direct view of a new index-map bug, which realign-param-index "
+            "would otherwise share a signature with.",
+            expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+            **_MOE,  # type: ignore[arg-type]
+        ),
+        ModelConfig(
             name="dense-bf16",
             description="GPT, 2 dense layers, hidden 128, all params bf16 (control)",
             why="No FP32 params, so the index map is aligned; isolates the torch-Adam `step` restore bug.",

@@ -250,7 +250,7 @@ def collect_evidence(
         found = {"step": spec.save_step + 1, "shared_step_tensor_params": shared,
                  "meaning": "every param's Adam step is one tensor after the load; torch Adam advances it "
                             "once per param per step"}
-        if step_report.get("unshared"):
+        if step_report.get("needed") and not step_report.get("unexplained"):  # every step is a fresh tensor
             hidden["adam-step-not-restored"] = {"by": RESTORE_STEP, "evidence": found}
         else:
             ev["adam-step-not-restored"] = {**ev.get("adam-step-not-restored", {}), **found}
