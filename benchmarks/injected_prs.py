@@ -1,0 +1,119 @@
+"""Run the gate suite on every injected pull request (jobs/selftest/pull_requests.py) and on clean main.
+
+Each PR is a change applied to the Megatron-LM main snapshot's source before its wheel is built
+(Python 3.12, as main requires), submitted exactly as a PR's CI does: `parity submit --suite gate
+--wheel … --wait --junit …`. Prints one row per build: the exit code, whether it is the expected one
+(clean 0, every PR 1), and per failing check the causes the JUnit file names — the table in
+docs/detection.md.
+
+    PARITY_SERVICE_URL=… PARITY_TOKEN=… .venv/bin/python benchmarks/injected_prs.py [--only NAME …]
+    .venv/bin/python benchmarks/injected_prs.py      # a service of its own (embedded Postgres, local executor)
+
+Wheels are cached under $PARITY_CI_CACHE (default /var/tmp/parity-ci), keyed by the snapshot's hash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from jobs.selftest.pull_requests import BY_NAME, PULL_REQUESTS, SNAPSHOT, source_tree  # noqa: E402
+
+PARITY = [sys.executable, "-m", "service.cli.main"]
+CACHE = Path(os.environ.get("PARITY_CI_CACHE", "/var/tmp/parity-ci"))
+
+
+def wheel(name: str, python: str) -> Path:
+    """The megatron-core wheel of the snapshot with PR `name` applied ("clean": none), built once."""
+    out = CACHE / f"main-{hashlib.sha256(SNAPSHOT.read_bytes()).hexdigest()[:16]}" / name
+    found = sorted(out.glob("megatron_core-*.whl"))
+    if found:
+        return found[0]
+    tree = source_tree(out / "src", None if name == "clean" else BY_NAME[name])
+    subprocess.run([python, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(out), str(tree)], check=True)
+    return sorted(out.glob("megatron_core-*.whl"))[0]
+
+
+def gate(url: str, token: str, whl: Path, name: str, work: Path) -> tuple[int, dict[str, str], float]:
+    """Submit the gate on one wheel; return (exit code, {failing check: message}, seconds)."""
+    junit = work / f"{name}.xml"
+    t0 = time.time()
+    done = subprocess.run(
+        [*PARITY, "submit", "--url", url, "--token", token, "--suite", "gate", "--wheel", str(whl), "--wait",
+         "--junit", str(junit), "--label", f"branch=pr-{name}", "--label", "base_branch=main", "--timeout", "3600"],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    failing: dict[str, str] = {}
+    if junit.exists():
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if bad is not None:
+                failing[str(case.get("name"))] = (bad.get("message") or "")[:160]
+    return done.returncode, failing, time.time() - t0
+
+
+def own_service(work: Path) -> tuple[str, str, list[subprocess.Popen[bytes]]]:
+    """Start an API + scheduler of our own (embedded Postgres under work); return url, token, processes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PARITY_DATA_DIR": str(work / "data"), "PARITY_EXECUTOR": "local",
+           "PARITY_SELFTEST_INTERVAL_HOURS": "0"}
+    os.environ.update(env)
+    subprocess.run([*PARITY, "db", "upgrade"], check=True, cwd=ROOT)
+    token = subprocess.run([*PARITY, "token", "create", "--name", "prs", "--scope", "submit", "--scope", "admin"],
+                           check=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    procs = [subprocess.Popen([*PARITY, *args], cwd=ROOT, stdout=(work / f"{args[0]}.log").open("wb"),
+                              stderr=subprocess.STDOUT) for args in (["serve", "--port", str(port)], ["scheduler"])]
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        if subprocess.run(["curl", "-fsS", f"{url}/api/v1/livez"], capture_output=True).returncode == 0:
+            break
+        time.sleep(0.2)
+    return url, token, procs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", help="run only these PRs (and clean main)")
+    parser.add_argument("--python", default="python3.12", help="the Python main's wheel is built with")
+    args = parser.parse_args()
+    names = ["clean", *[pr.name for pr in PULL_REQUESTS if not args.only or pr.name in args.only]]
+    work = Path(tempfile.mkdtemp(prefix="parity-prs-"))
+    url, token = os.environ.get("PARITY_SERVICE_URL", ""), os.environ.get("PARITY_TOKEN", "")
+    procs: list[subprocess.Popen[bytes]] = []
+    if not url:
+        url, token, procs = own_service(work)
+    try:
+        subprocess.run([*PARITY, "suite", "apply", str(ROOT / "suites" / "gate.yaml"), "--url", url, "--token", token],
+                       check=True, cwd=ROOT)
+        print("| build | exit | expected | seconds | failing checks: causes |")
+        print("|---|---|---|---|---|")
+        ok = True
+        for name in names:
+            code, failing, seconds = gate(url, token, wheel(name, args.python), name, work)
+            expected = 0 if name == "clean" else 1
+            ok &= code == expected
+            causes = "; ".join(f"{check}: {msg}" for check, msg in failing.items()) or "-"
+            print(f"| {name} | {code} | {'yes' if code == expected else '**NO**'} | {seconds:.0f} | {causes} |",
+                  flush=True)
+        return 0 if ok else 1
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
