@@ -186,6 +186,18 @@ def adam_step_loaded_elsewhere() -> list[Patch]:
     return [_after(_dist_opt(), "load_state_dict", shift)]
 
 
+def exp_avg_sq_lossy_on_load() -> list[Patch]:
+    """After the optimizer load every exp_avg_sq passes through bf16 (a lossy reshard of one moment)."""
+
+    def round_trip(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        for s in _states(self):
+            if isinstance(s.get("exp_avg_sq"), torch.Tensor):
+                s["exp_avg_sq"].copy_(s["exp_avg_sq"].to(torch.bfloat16).to(s["exp_avg_sq"].dtype))
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", round_trip)]
+
+
 def moments_lost_on_last_rank() -> list[Patch]:
     def lose(self: Any, result: Any, *a: Any, **k: Any) -> Any:
         if _last_rank():
@@ -444,6 +456,7 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "index-map-swap": (BOTH, index_map_swap),
     "index-map-swap-beside-bug-a": (BOTH, index_map_swap),
     "adam-step-loaded-elsewhere": (RESUME, adam_step_loaded_elsewhere),
+    "exp-avg-sq-lossy-on-load": (RESUME, exp_avg_sq_lossy_on_load),
     "moments-lost-on-last-rank": (RESUME, moments_lost_on_last_rank),
     "group-lr-skewed-on-last-rank": (RESUME, group_lr_skewed_on_last_rank),
     "adam-eps-not-restored": (RESUME, adam_eps_not_restored),

@@ -108,6 +108,12 @@ MUTANTS: dict[str, Mutant] = {
                evidence=(("optimizer-index-unexplained", r"\."),),
                note="the workaround corrects only the entries at Bug A's predicted slots: the swapped ones are "
                "left as built and named, so the known bug's workaround never hides a new index-map bug"),
+        Mutant("exp-avg-sq-lossy-on-load", "moments",
+               "after the optimizer load every exp_avg_sq has passed through bf16 (a lossy restore of one moment)",
+               ("optimizer-moments-mismatch",), patches=f"{_DO}.load_state_dict",
+               evidence=(("optimizer-moments-mismatch", r"exp_avg_sq"),),
+               note="small enough to hide inside a loss tolerance; the restored state is compared exactly, at "
+               "one DP size and across a reshard"),
         Mutant("adam-step-loaded-elsewhere", "step",
                "after the optimizer load every Adam step is 100 past the loaded value",
                ("adam-step-unexplained",), patches=f"{_DO}.load_state_dict",
