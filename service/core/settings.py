@@ -23,17 +23,17 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_QUOTA_BYTES = 1 << 50  # 1 PiB: anything larger is a typo, and overflows what rlimits take
 
 
-def parse_size(value: str) -> int:
+def parse_size(value: str, setting: str = "PARITY_RUN_DISK_QUOTA") -> int:
     """'20G' -> bytes; a clear error naming the setting and the allowed forms otherwise."""
     text = value.strip().upper().removesuffix("B").removesuffix("I")
     unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
     number = text[: len(text) - len(unit)]
     if not (number.isascii() and number.isdigit()) or len(number) > 16:
-        raise ValueError(f"PARITY_RUN_DISK_QUOTA: {value!r} is not a size; expected bytes or a number with K, M, G "
+        raise ValueError(f"{setting}: {value!r} is not a size; expected bytes or a number with K, M, G "
                          "or T (e.g. 20G)")
     size = int(number) * _SIZE_UNITS[unit]
     if not 1 << 20 <= size <= MAX_QUOTA_BYTES:
-        raise ValueError(f"PARITY_RUN_DISK_QUOTA: {value!r} must lie between 1M and 1P")
+        raise ValueError(f"{setting}: {value!r} must lie between 1M and 1P")
     return size
 
 
@@ -109,6 +109,12 @@ class Settings(BaseSettings):
     artifact_folder: Path | None = None
     artifact_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
     artifact_keep_days: float = Field(default=30.0, ge=0)
+    # per-token quotas (admin tokens have none; 429 `quota_exceeded` naming the setting beyond them): the
+    # artifacts one token's uploads keep stored, in number and in bytes (size as PARITY_RUN_DISK_QUOTA), and
+    # the builds it may have pending or building at once. Queued runs: PARITY_MAX_QUEUED_PER_REQUESTER.
+    token_max_artifacts: int = Field(default=100, ge=1)
+    token_max_artifact_bytes: str = "10G"
+    token_max_builds: int = Field(default=4, ge=1)
     # the detector-health self-test batch (service/selftest/batch.py); 0 turns it off
     selftest_interval_hours: float = Field(default=24.0, ge=0)
     # a phase not running this long after submission (PENDING, or a state nobody can read) is
@@ -158,6 +164,17 @@ class Settings(BaseSettings):
     def _check_quota(cls, value: str) -> str:
         parse_size(value)
         return value
+
+    @field_validator("token_max_artifact_bytes")
+    @classmethod
+    def _check_artifact_quota(cls, value: str) -> str:
+        parse_size(value, "PARITY_TOKEN_MAX_ARTIFACT_BYTES")
+        return value
+
+    @property
+    def token_max_artifact_bytes_int(self) -> int:
+        """PARITY_TOKEN_MAX_ARTIFACT_BYTES in bytes."""
+        return parse_size(self.token_max_artifact_bytes, "PARITY_TOKEN_MAX_ARTIFACT_BYTES")
 
     @property
     def run_disk_quota_bytes(self) -> int:
