@@ -68,9 +68,8 @@ class JobUser:
         return cls(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
 
     def environment(self) -> dict[str, str]:
-        """What the job's own identity variables say (never the service's home)."""
-        home = self.home if os.path.isdir(self.home) else "/tmp"
-        return {"HOME": home, "USER": self.name, "LOGNAME": self.name}
+        """What the job's own identity variables say (its HOME is private to the job: launcher.private_environment)."""
+        return {"USER": self.name, "LOGNAME": self.name}
 
 
 def job_user(name: str | None) -> JobUser | None:

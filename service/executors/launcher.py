@@ -12,6 +12,8 @@ import logging
 import os
 import re
 import shlex
+import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -123,6 +125,67 @@ class _SlurmExecutor(submitit.SlurmExecutor):
         return job
 
 
+# In the folder a job is granted: its own HOME, TMPDIR and caches (what it writes there counts in its quota
+# and is gone for the next job: a build that writes ~/.config/pip/pip.conf or user site-packages
+# reaches only itself). Made fresh by hand_over before every job.
+PRIVATE = ".private"
+
+
+def private_environment(granted: Path) -> dict[str, str]:
+    """The variables that point a job's home, temporary files, XDG folders and pip's cache into `granted`.
+
+    pip reads no configuration file at all (PIP_CONFIG_FILE=/dev/null: pip's documented off switch; its
+    options come only from PIP_* variables the scheduler passes on), and Python no user site-packages.
+    """
+    home = granted / PRIVATE / "home"
+    return {
+        "HOME": str(home), "TMPDIR": str(granted / PRIVATE / "tmp"), "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_CACHE_HOME": str(home / ".cache"), "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"), "PYTHONUSERBASE": str(home / ".local"),
+        "PIP_CACHE_DIR": str(home / ".cache" / "pip"), "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1",
+    }
+
+
+def make_private(granted: Path) -> dict[str, str]:
+    """Create the job's private folders in `granted` afresh (what an earlier job left is removed first).
+
+    Called before `granted` is handed over, and by directory descriptor without following a link all
+    the same: the service never creates anything where a link a job planted points.
+    """
+    granted.mkdir(mode=0o700, parents=True, exist_ok=True)
+    top = os.open(granted, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            left = os.stat(PRIVATE, dir_fd=top, follow_symlinks=False)
+        except FileNotFoundError:
+            left = None
+        if left is not None and stat.S_ISDIR(left.st_mode):
+            shutil.rmtree(PRIVATE, dir_fd=top)  # fd-based: never follows a link left inside
+        elif left is not None:
+            os.unlink(PRIVATE, dir_fd=top)  # a file or a link: itself, never its target
+        parts = ("home", "home/.config", "home/.cache", "home/.cache/pip", "home/.local", "home/.local/share",
+                 "home/.local/state", "tmp")
+        _make_dirs(top, PRIVATE, parts)
+    finally:
+        os.close(top)
+    return private_environment(granted)
+
+
+def _make_dirs(top: int, base: str, parts: tuple[str, ...]) -> None:
+    os.mkdir(base, 0o700, dir_fd=top)
+    for part in parts:
+        *above, name = [base, *part.split("/")]
+        fd = os.open(above[0], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+        try:
+            for step in above[1:]:
+                inner = os.open(step, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            os.mkdir(name, 0o700, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+
 def submit_phase(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
     function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(), nodes: int = 1,
@@ -143,6 +206,7 @@ def submit_phase(
     if nodes < 1 or tasks % nodes:
         raise ValueError(f"nodes: {nodes} does not divide tasks ({tasks})")
     run_as = hand_over(settings, folder, gate=gate, also_writable=also_writable)
+    private = private_environment(folder.parent)
     fsize = settings.run_disk_quota_bytes
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")
@@ -160,7 +224,8 @@ def submit_phase(
             time=settings.slurm_time_limit_min, job_name=name,
             # ulimit -f (1024-byte blocks) sets soft and hard RLIMIT_FSIZE; srun hands it to every task
             setup=[f"export PYTHONPATH={shlex.quote(pythonpath)}", f"ulimit -f {max(1, fsize // 1024)}",
-                   *[f"export {k}={shlex.quote(v)}" for k, v in (run_as.environment() if run_as else {}).items()]],
+                   *[f"export {k}={shlex.quote(v)}"
+                     for k, v in {**(run_as.environment() if run_as else {}), **private}.items()]],
             additional_parameters={**settings.sbatch_extra(), "no-requeue": True},
         )
         if settings.slurm_partition:
@@ -176,7 +241,7 @@ def submit_phase(
     else:
         raise ValueError(f"executor: {executor!r} is not one of slurm, local")
     local_path = {"PYTHONPATH": pythonpath} if executor == "local" else {}
-    with only_job_environment(settings.job_env_names() | env_names, local_path):
+    with only_job_environment(settings.job_env_names() | env_names, {**local_path, **private}):
         job = ex.submit(function, *args)
     started = None
     if executor == "local":
@@ -191,12 +256,14 @@ def hand_over(
 ) -> jobuser.JobUser | None:
     """With PARITY_JOB_USER: give the job user folder (a submitit folder) and its attempt folder, the
     run's gate and the other folders the job writes; the caller takes them back when the phase ends.
+    The granted folder gets fresh private folders (make_private) for the job's HOME, TMPDIR and caches.
     Cold jobs get this at submission, warm attempts before their order is placed. Returns the user."""
     run_as = jobuser.job_user(settings.job_user)
     root = settings.resolved_run_folder
     jobuser.prepare_tree(root, folder.parent, run_as)
     if gate is not None:
         jobuser.open_gate(gate, run_as)
+    make_private(folder.parent)  # before the hand-over: the folder is still the service's
     jobuser.grant(folder.parent, run_as, root=root)
     jobuser.grant(folder, run_as, root=root)
     for other in also_writable:

@@ -125,7 +125,8 @@ def route(
         order_args[3] = [job_master_port(str(phase.id), i) for i in range(2)] if entry_name == "attempt" \
             else job_master_port(str(phase.id))
         hand_over()  # with PARITY_JOB_USER the worker writes this attempt's folders as the job user
-        if pool.place(v.worker, order_id, entry_name, order_args, launcher.task_log_files(attempt_job)):
+        if pool.place(v.worker, order_id, entry_name, order_args, launcher.task_log_files(attempt_job),
+                      env=launcher.private_environment(job_folder.parent)):
             log.info("run %s: %s attempt %d to warm worker %s", run.id, phase.name, phase.attempt, v.worker.name)
             return _record(phase, v.worker, order_id, job_folder)
     if time.monotonic() - _start_failures.get(key, float("-inf")) < START_FAILURE_COOLDOWN_S:
