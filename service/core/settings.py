@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     # What one run attempt or build may write into its folder: bytes, or with a K/M/G/T suffix (powers
     # of 1024). Every job file is capped at this (RLIMIT_FSIZE); the reconciler fails a folder past it.
     run_disk_quota: str = "20G"
+    # where each local job gets a cgroup of its own, killed whole when the job ends (nothing it started,
+    # a setsid daemon included, outlives it): "auto" (a writable cgroup v2 hierarchy, as root), "off", or
+    # the path of a cgroup v2 folder the scheduler may write (service/executors/job_cgroup.py)
+    job_cgroup: str = "auto"
 
     # what a submit token may build (service/environments/build_policy.py): project names (released
     # versions, pinned), git+https repository URLs (at a full commit), `artifact` (artifact:<sha256>)

@@ -27,7 +27,8 @@ import submitit
 from submitit.core.core import Job
 
 from jobs.protocol import read_job_file_tail
-from service.core.settings import Settings
+from service.core.settings import Settings, get_settings
+from service.executors import job_cgroup
 from service.executors import job_user as jobuser
 from service.executors.local_jobs import IsolatedLocalExecutor, kill_group, local_process, start_time
 
@@ -237,6 +238,7 @@ def submit_phase(
         local = IsolatedLocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
         local.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
         local.run_as, local.max_file_bytes = run_as, fsize
+        local.cgroups = job_cgroup.jobs_root(settings.job_cgroup)
         ex = local
     else:
         raise ValueError(f"executor: {executor!r} is not one of slurm, local")
@@ -359,12 +361,36 @@ def cancel(job: PhaseJob) -> None:
             raise RuntimeError(f"scancel {job.job_id}: {out.stderr.strip() or out.returncode}")
         return
     proc = local_process(job.job_id, job.started)
-    if proc is None:
-        return
-    kill_group(proc)
+    if proc is not None:
+        kill_group(proc)
+        local = _LOCAL_JOBS.get(job.job_id)
+        if local is not None:
+            local._process.wait(timeout=10)  # type: ignore[attr-defined]  # reap our own child
+    end_job(job, get_settings())
+
+
+def end_job(job: PhaseJob, settings: Settings) -> int:
+    """A local job has ended (or was stopped): kill what it left running, its daemons included, and reap.
+
+    Everything the job started is in its cgroup (job_cgroup.py), however it detached; the cgroup is
+    killed whole and removed before the caller takes its folder back. Returns how many processes were
+    left. Slurm jobs end with their allocation (proctrack/cgroup on the cluster, docs/security.md).
+    """
+    if job.executor != "local":
+        return 0
+    try:
+        root = job_cgroup.jobs_root(settings.job_cgroup)
+    except job_cgroup.CgroupError as exc:
+        log.warning("not ending local job %s: %s", job.job_id, exc)
+        return 0
+    left = job_cgroup.kill(job_cgroup.cgroup_of(root, Path(job.folder))) if root is not None else 0
+    if left:
+        log.info("local job %s left %d processes running; killed", job.job_id, left)
     local = _LOCAL_JOBS.get(job.job_id)
     if local is not None:
-        local._process.wait(timeout=10)  # type: ignore[attr-defined]  # reap our own child
+        local._process.poll()  # type: ignore[attr-defined]  # reap the controller once it is gone
+    job_cgroup.reap_orphans(keep=frozenset(int(j) for j in _LOCAL_JOBS if j.isdigit()))
+    return left
 
 
 def log_paths(job: PhaseJob) -> list[str]:

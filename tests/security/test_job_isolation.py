@@ -14,6 +14,7 @@ import io
 import os
 import pwd
 import shutil
+import sys
 import textwrap
 import time
 import uuid
@@ -155,3 +156,66 @@ def test_a_build_cannot_poison_the_next_builds_pip(scene: Path) -> None:
     assert victim.state == "failed", "a build with no Megatron-Core passed: the poisoned pip config installed one"
     assert "megatron" in (victim.error_message or ""), victim.error_message
     assert "fake-megatron-core" not in " ".join(victim.freeze or [])
+
+
+def leave_a_daemon(pid_file: str) -> int:
+    """A job that starts a `setsid` daemon (out of its process group and session) and returns at once."""
+    import subprocess
+    import sys
+
+    daemon = subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid() if os.getsid(0) != os.getpid() "
+                               "else None; time.sleep(600)"], start_new_session=True)
+    Path(pid_file).write_text(str(daemon.pid))
+    return daemon.pid
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _gone(pid: int) -> bool:
+    """Neither running nor a zombie waiting to be reaped."""
+    import psutil
+
+    return not psutil.pid_exists(pid)
+
+
+@pytest.mark.parametrize("as_job_user", [False, True], ids=["service-user", "job-user"])
+def test_a_daemon_a_job_leaves_is_killed_when_the_job_ends(as_job_user: bool) -> None:
+    import cloudpickle
+    import submitit
+
+    from service.executors import job_cgroup, launcher
+
+    if as_job_user:
+        _require_job_user()
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    base = Path("/var/tmp") / f"parity-daemon-{uuid.uuid4().hex[:8]}"
+    base.mkdir(mode=0o711)
+    base.chmod(0o711)
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER if as_job_user else None)
+    if job_cgroup.jobs_root(settings.job_cgroup) is None:
+        pytest.skip("no writable cgroup v2 here: docs/security.md says what survives a job without one")
+    folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
+    pid_file = folder.parent / "daemon.pid"
+    try:
+        job = launcher.submit_phase(executor="local", folder=folder, python=sys.executable, tasks=1,
+                                    settings=settings, name="daemon", function=leave_a_daemon,
+                                    args=(str(pid_file),))
+        handle: submitit.Job[int] = launcher._LOCAL_JOBS[job.job_id]
+        pid = handle.result()
+        assert _alive(pid), "the daemon should still run once its job returned (that is the attack)"
+        assert launcher.poll([job])[job].kind == "done"
+        left = launcher.end_job(job, settings)  # what the scheduler does when the phase ends
+        assert left >= 1 and not _alive(pid), "a setsid daemon outlived its job"
+        deadline = time.monotonic() + 10
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(pid), "the killed daemon was left a zombie"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
