@@ -27,8 +27,9 @@ def _plain(url: str) -> str:
 def _connect_as(url: str, user: str, password: str | None) -> None:
     """Connect where url points (the server's socket), as user, with password (None: none at all)."""
     where = make_url(url)
-    extra = {} if password is None else {"password": password}
-    psycopg.connect(host=str(where.query["host"]), dbname="postgres", user=user, connect_timeout=5, **extra).close()
+    conninfo = psycopg.conninfo.make_conninfo(host=str(where.query["host"]), dbname="postgres", user=user,
+                                              connect_timeout=5, **({} if password is None else {"password": password}))
+    psycopg.connect(conninfo).close()
 
 
 @pytest.mark.slow  # starts a real embedded server (initdb ~5 s): the full suite runs it
