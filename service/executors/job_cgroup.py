@@ -19,7 +19,9 @@ import ctypes
 import hashlib
 import logging
 import os
+import shutil
 import signal
+import subprocess
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -74,10 +76,24 @@ def jobs_root(setting: str | None) -> Path | None:
     root = mount / _own_cgroup().lstrip("/") / JOBS_FOLDER
     try:
         root.mkdir(exist_ok=True)
-    except OSError as exc:
+        _probe(root)
+    except (OSError, subprocess.SubprocessError) as exc:
         log.warning("no cgroup for local jobs (%s): a daemon a job leaves may outlive it", exc)
         return None
     return root
+
+
+def _probe(root: Path) -> None:
+    """Move a throwaway process into a throwaway cgroup under root, as a job's start would (OSError if refused)."""
+    probe = root / f"probe-{os.getpid()}"
+    probe.mkdir(exist_ok=True)
+    try:
+        done = subprocess.run(["/bin/sh", "-c", 'echo $$ > "$1"', "sh", str(probe / "cgroup.procs")],
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise OSError(f"cannot move a process into {probe}: {done.stderr.strip()}")
+    finally:
+        kill(probe)
 
 
 def cgroup_of(root: Path, folder: Path) -> Path:
@@ -85,12 +101,31 @@ def cgroup_of(root: Path, folder: Path) -> Path:
     return root / hashlib.sha1(str(folder).encode()).hexdigest()[:20]
 
 
-def enter(cgroup: Path, command: list[str], uid: int | None, gid: int | None) -> list[str]:
-    """`command` started inside `cgroup`, as uid/gid when given (the move happens before the drop)."""
+@lru_cache(maxsize=1)
+def private_mounts() -> bool:
+    """Whether this process may give a job a mount namespace of its own (root, and the host allows it)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "true"], capture_output=True,
+                           timeout=30)
+    return probe.returncode == 0
+
+
+def enter(cgroup: Path, command: list[str], uid: int | None, gid: int | None,
+          private_tmp: Path | None = None) -> list[str]:
+    """`command` started inside `cgroup`, as uid/gid when given (the move happens before the drop).
+
+    private_tmp: mounted over /tmp in a mount namespace of the job's own (when the host allows one), so
+    what the job writes to /tmp is in its folder, counted in its quota, and gone with it.
+    """
     cgroup.mkdir(exist_ok=True)
     drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if uid is not None else []
+    own_tmp: list[str] = []
+    if private_tmp is not None and private_mounts():
+        own_tmp = ["unshare", "--mount", "--propagation", "private", "--",
+                   "/bin/sh", "-c", 'mount --bind "$1" /tmp && shift && exec "$@"', "sh", str(private_tmp)]
     return ["/bin/sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(cgroup / "cgroup.procs"),
-            *drop, *command]
+            *own_tmp, *drop, *command]
 
 
 def become_subreaper() -> None:

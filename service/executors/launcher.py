@@ -239,6 +239,10 @@ def submit_phase(
         local.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
         local.run_as, local.max_file_bytes = run_as, fsize
         local.cgroups = job_cgroup.jobs_root(settings.job_cgroup)
+        # the job's own /tmp, unless something it needs lives under the node's /tmp (the mount would hide it)
+        needed = [folder, settings.resolved_run_folder, settings.resolved_artifact_folder, Path(python), REPO_ROOT]
+        hidden = any(p.resolve().is_relative_to("/tmp") for p in needed)
+        local.private_tmp = None if hidden else Path(private["TMPDIR"])
         ex = local
     else:
         raise ValueError(f"executor: {executor!r} is not one of slurm, local")

@@ -32,6 +32,7 @@ class IsolatedLocalExecutor(submitit.LocalExecutor):
     run_as: JobUser | None = None
     max_file_bytes: int | None = None
     cgroups: Path | None = None
+    private_tmp: Path | None = None  # mounted over /tmp for the job (with cgroups: root may)
 
     def _submit_command(self, command: str) -> submitit_local.LocalJob[Any]:
         ntasks = self.parameters.get("tasks_per_node", 1)
@@ -55,7 +56,7 @@ class IsolatedLocalExecutor(submitit.LocalExecutor):
             cgroup = job_cgroup.cgroup_of(self.cgroups, Path(self.folder))
             job_cgroup.kill(cgroup)  # whatever an earlier job from this folder left
             uid, gid = (self.run_as.uid, self.run_as.gid) if self.run_as is not None else (None, None)
-            command_line = job_cgroup.enter(cgroup, command_line, uid, gid)
+            command_line = job_cgroup.enter(cgroup, command_line, uid, gid, self.private_tmp)
             who = dict(umask=0o022) if self.run_as is not None else {}
             job_cgroup.become_subreaper()
         elif self.run_as is not None:

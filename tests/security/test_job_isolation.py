@@ -219,3 +219,36 @@ def test_a_daemon_a_job_leaves_is_killed_when_the_job_ends(as_job_user: bool) ->
         assert _gone(pid), "the killed daemon was left a zombie"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def write_to_tmp(name: str) -> str:
+    """A job that writes into /tmp (the review filled the node's /tmp past its quota this way)."""
+    Path("/tmp", name).write_bytes(b"x" * 1024)
+    return os.environ["TMPDIR"]
+
+
+def test_a_local_jobs_tmp_is_its_own_folder() -> None:
+    import cloudpickle
+    import submitit
+
+    from service.executors import job_cgroup, launcher
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    base = Path("/var/tmp") / f"parity-tmp-{uuid.uuid4().hex[:8]}"  # not under /tmp, which the job gets its own of
+    base.mkdir()
+    settings = Settings(executor="local", run_folder=base / "runs")
+    if job_cgroup.jobs_root(settings.job_cgroup) is None or not job_cgroup.private_mounts():
+        pytest.skip("no cgroup v2 or mount namespace here: a local job shares the node's /tmp")
+    name = f"parity-tmp-{uuid.uuid4().hex}"
+    folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
+    try:
+        job = launcher.submit_phase(executor="local", folder=folder, python=sys.executable, tasks=1,
+                                    settings=settings, name="tmp", function=write_to_tmp, args=(name,))
+        handle: submitit.Job[str] = launcher._LOCAL_JOBS[job.job_id]
+        own_tmp = Path(handle.result())
+        launcher.end_job(job, settings)
+        assert not Path("/tmp", name).exists(), "the job wrote into the node's /tmp"
+        assert (own_tmp / name).is_file() and own_tmp.is_relative_to(folder.parent)  # in its folder and quota
+    finally:
+        Path("/tmp", name).unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
