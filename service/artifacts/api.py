@@ -58,6 +58,9 @@ async def upload(
     token = await run_in_threadpool(authenticate, session, token=_bearer(authorization), scope="submit")
     store.check_filename(filename)
     allowed = await run_in_threadpool(store.allowance, session, token=token, settings=settings)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > allowed.limit:
+        raise allowed.refusal  # a declared length past what is left: refused before the body
     writer = store.Writer(store.incoming(settings), allowed)
     try:
         async for chunk in request.stream():
