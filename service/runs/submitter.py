@@ -234,7 +234,8 @@ def release_folders(settings: Settings, phase: Phase, *, job_continues: bool = F
         return
     root = settings.resolved_run_folder
     attempt = Path(phase.folder)
-    keep = AttemptFolder(attempt).submitit if job_continues else None
+    # the job goes on: its submitit folder and its private HOME/TMPDIR stay its own
+    keep = (AttemptFolder(attempt).submitit, attempt / launcher.PRIVATE) if job_continues else ()
     job_user.take_back(attempt, run_as, root=root, keep=keep)
     if phase.job_folder and not job_continues:  # a forked resume: the saver's job folder is done too
         job_user.take_back(Path(phase.job_folder).parent, run_as, root=root)
