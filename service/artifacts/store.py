@@ -119,10 +119,19 @@ class Received:
     size: int
 
 
+# the artifact folder may be passed (a build job reads its own wheel by its sha256), never listed: a job
+# must not enumerate every tenant's uploads
+ROOT_MODE = 0o711
+
+
 def incoming(settings: Settings) -> Path:
     """A fresh temporary path for one upload (inside the artifact folder, so the final move is a rename)."""
-    folder = settings.resolved_artifact_folder / ".incoming"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root = settings.resolved_artifact_folder
+    root.mkdir(parents=True, exist_ok=True, mode=ROOT_MODE)
+    if root.stat().st_mode & 0o777 != ROOT_MODE:
+        root.chmod(ROOT_MODE)
+    folder = root / ".incoming"
+    folder.mkdir(exist_ok=True, mode=0o700)
     return folder / uuid.uuid4().hex
 
 

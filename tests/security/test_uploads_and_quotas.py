@@ -153,3 +153,34 @@ def test_a_quota_setting_that_is_not_a_size_names_itself(monkeypatch: pytest.Mon
     finally:
         monkeypatch.delenv("PARITY_TOKEN_MAX_ARTIFACT_BYTES")
         get_settings.cache_clear()
+
+
+def test_a_job_may_read_its_wheel_but_not_list_every_upload(
+    client: TestClient, make_token, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The review's jobs listed artifacts/ and read every tenant's wheel: the folder is passable, not listable."""
+    import os
+    import pwd
+    import shutil
+    import subprocess
+    import uuid
+    from pathlib import Path
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as the job user")
+    try:
+        job = pwd.getpwnam("parity-job")
+    except KeyError:
+        pytest.skip("no user parity-job: run scripts/job-user.sh")
+    base = Path("/var/tmp") / f"parity-artifacts-{uuid.uuid4().hex[:8]}"  # /tmp/pytest-of-root is 0700
+    base.mkdir(mode=0o755)
+    try:
+        configure(monkeypatch, PARITY_ARTIFACT_FOLDER=str(base / "artifacts"))
+        art = _upload(client, make_token("submit"), _wheel(b"mine")).json()
+        wheel = base / "artifacts" / art["sha256"] / WHEEL
+        as_job = ["setpriv", f"--reuid={job.pw_uid}", f"--regid={job.pw_gid}", "--clear-groups", "--"]
+        listing = subprocess.run([*as_job, "ls", str(base / "artifacts")], capture_output=True, text=True)
+        assert listing.returncode != 0 and art["sha256"] not in listing.stdout, listing.stdout
+        assert subprocess.run([*as_job, "cat", str(wheel)], capture_output=True).stdout == wheel.read_bytes()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
