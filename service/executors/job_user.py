@@ -68,7 +68,7 @@ class JobUser:
         return cls(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
 
     def environment(self) -> dict[str, str]:
-        """What the job's own identity variables say (its HOME is private to the job: launcher.private_environment)."""
+        """What the job's own identity variables say (its HOME is private to the job: job_home.private_environment)."""
         return {"USER": self.name, "LOGNAME": self.name}
 
 

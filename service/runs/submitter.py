@@ -28,7 +28,7 @@ from service.core.checks import SELFTEST_LABEL
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
-from service.executors import job_user, launcher, pool, slurm_jobs
+from service.executors import job_home, job_user, launcher, pool, slurm_jobs
 from service.oncall.notification_events import infra_error_streak
 from service.runs import pool_dispatch
 
@@ -235,7 +235,7 @@ def release_folders(settings: Settings, phase: Phase, *, job_continues: bool = F
     root = settings.resolved_run_folder
     attempt = Path(phase.folder)
     # the job goes on: its submitit folder and its private HOME/TMPDIR stay its own
-    keep = (AttemptFolder(attempt).submitit, attempt / launcher.PRIVATE) if job_continues else ()
+    keep = (AttemptFolder(attempt).submitit, attempt / job_home.PRIVATE) if job_continues else ()
     job_user.take_back(attempt, run_as, root=root, keep=keep)
     if phase.job_folder and not job_continues:  # a forked resume: the saver's job folder is done too
         job_user.take_back(Path(phase.job_folder).parent, run_as, root=root)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from jobs.spec import RunSpec
 from models import Environment
 from service.core.settings import Settings, get_settings, parse_size
-from service.executors import job_user, launcher
+from service.executors import job_home, job_user, launcher
 from service.executors.launcher import PhaseJob
 from service.executors.local_jobs import start_time
 from service.runs import disk_quota
@@ -206,7 +206,7 @@ def test_a_job_that_goes_on_keeps_its_private_home_until_it_ends(user: job_user.
     settings = Settings(run_folder=root, job_user=JOB_USER, executor="local")
     attempt = root / "run-4" / "train_and_save" / "attempt-1"
     launcher.hand_over(settings, attempt / "submitit", gate=root / "run-4")
-    private = attempt / launcher.PRIVATE
+    private = attempt / job_home.PRIVATE
     assert private.stat().st_uid == (private / "tmp").stat().st_uid == user.uid
     phase = Phase(run_id=4, name="train_and_save", attempt=1, folder=str(attempt), executor="local")
     release_folders(settings, phase, job_continues=True)

@@ -16,7 +16,7 @@ import pytest
 
 from jobs.pool_folder import PoolFolder
 from service.core.settings import Settings
-from service.executors import job_user, launcher, pool
+from service.executors import job_home, job_user, launcher, pool
 
 JOB_USER = "parity-job"
 
@@ -79,9 +79,9 @@ def test_a_jobs_private_home_is_made_by_descriptor(tmp_path: Path, worker: tuple
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     attempt.mkdir(parents=True)
-    (attempt / launcher.PRIVATE).symlink_to(elsewhere)
+    (attempt / job_home.PRIVATE).symlink_to(elsewhere)
     launcher.hand_over(settings, attempt / "submitit")
-    assert not any(elsewhere.iterdir()) and (attempt / launcher.PRIVATE / "home").is_dir()
+    assert not any(elsewhere.iterdir()) and (attempt / job_home.PRIVATE / "home").is_dir()
 
 
 def _owner(path: Path) -> tuple[int, int]:

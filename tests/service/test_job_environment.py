@@ -13,7 +13,7 @@ import pytest
 import submitit
 
 from service.core.settings import Settings
-from service.executors import job_user, launcher
+from service.executors import job_home, job_user, launcher
 
 # Jobs unpickle this function in a fresh interpreter where this test module is not importable.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -67,7 +67,7 @@ def _assert_private(env: dict[str, str]) -> None:
     """Home, temporary files, XDG folders and pip's cache are the job's own, inside its folder, and fresh."""
     for name in PRIVATE:
         where = Path(env[name])
-        assert launcher.PRIVATE in where.parts and where.is_relative_to(Path(env["TMPDIR"]).parent), (name, where)
+        assert job_home.PRIVATE in where.parts and where.is_relative_to(Path(env["TMPDIR"]).parent), (name, where)
     assert "/run-1/.private/" in env["HOME"]  # the submitit folder's parent: the granted folder
     assert env["PIP_CONFIG_FILE"] == os.devnull and env["PYTHONNOUSERSITE"] == "1"
 
@@ -84,17 +84,17 @@ def test_a_slurm_job_gets_only_the_allow_list(slurm: str, tmp_path: Path, monkey
 
 def test_a_private_home_is_made_fresh_and_never_through_a_link(tmp_path: Path) -> None:
     folder = tmp_path / "attempt"
-    env = launcher.make_private(folder)
+    env = job_home.make_private(folder)
     (Path(env["XDG_CONFIG_HOME"]) / "pip").mkdir()
     (Path(env["XDG_CONFIG_HOME"]) / "pip" / "pip.conf").write_text("[install]\nrequirement = /evil\n")
-    again = launcher.make_private(folder)  # the next job in the same folder (a build made again)
+    again = job_home.make_private(folder)  # the next job in the same folder (a build made again)
     assert again == env and not (Path(env["XDG_CONFIG_HOME"]) / "pip").exists()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    shutil.rmtree(folder / launcher.PRIVATE)
-    (folder / launcher.PRIVATE).symlink_to(elsewhere)  # what a job could leave for the service to follow
-    launcher.make_private(folder)
-    assert not any(elsewhere.iterdir()) and not (folder / launcher.PRIVATE).is_symlink()
+    shutil.rmtree(folder / job_home.PRIVATE)
+    (folder / job_home.PRIVATE).symlink_to(elsewhere)  # what a job could leave for the service to follow
+    job_home.make_private(folder)
+    assert not any(elsewhere.iterdir()) and not (folder / job_home.PRIVATE).is_symlink()
 
 
 def test_run_folders_are_private(tmp_path: Path) -> None:
