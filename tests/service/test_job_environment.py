@@ -48,7 +48,9 @@ def _submit(executor: Literal["local", "slurm"], tmp_path: Path, monkeypatch: py
         handle = submitit.SlurmJob(job.folder, job.job_id)
     else:
         handle = launcher._LOCAL_JOBS[job.job_id]
-    return handle.result()
+    result = handle.result()
+    launcher.end_job(job, settings)  # as the scheduler does when a phase ends (a local job's cgroup goes)
+    return result
 
 
 def _assert_clean(env: dict[str, str]) -> None:
