@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.cli.client.junit import ADVISORY
+
 
 def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
@@ -36,7 +38,8 @@ HEADER = ["| check | verdict | first divergent step | cause | link |", "|---|---
 def run_summary(run: dict[str, Any], *, outcome: str) -> str:
     """The summary of one run."""
     title = f"### Resume parity: {run['check_name']} on {run['environment']} — **{outcome}**"
-    return "\n".join([title, "", *HEADER, _line(run["config"], run), ""]) + "\n"
+    return "\n".join([title, "", *HEADER, _line(run["config"], run), "", f"_{ADVISORY[0].upper()}{ADVISORY[1:]}._",
+                      ""]) + "\n"
 
 
 def suite_summary(view: dict[str, Any], *, outcome: str) -> str:
@@ -44,4 +47,5 @@ def suite_summary(view: dict[str, Any], *, outcome: str) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in view["counts"].items() if n)
     title = (f"### Resume parity: suite {view['suite']} v{view['version']} on {view['environment']} — "
              f"**{outcome}** ({counts}) · [suite run]({view['links']['dashboard']})")
-    return "\n".join([title, "", *HEADER, *(_line(c["name"], c["run"]) for c in view["checks"]), ""]) + "\n"
+    return "\n".join([title, "", *HEADER, *(_line(c["name"], c["run"]) for c in view["checks"]), "",
+                      f"_{ADVISORY[0].upper()}{ADVISORY[1:]}._", ""]) + "\n"
