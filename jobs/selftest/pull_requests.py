@@ -19,9 +19,19 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-# the snapshot beside the checkout (../shared/megatron-lm/), or where PARITY_MEGATRON_SNAPSHOT says
-SNAPSHOT = Path(os.environ.get("PARITY_MEGATRON_SNAPSHOT") or (
-    Path(__file__).resolve().parents[3] / "shared" / "megatron-lm" / "megatron-lm-main-d98e8a6.tar.gz"))
+NAME = "megatron-lm-main-d98e8a6.tar.gz"
+
+
+def _snapshot() -> Path:
+    """PARITY_MEGATRON_SNAPSHOT, else the snapshot in ../shared/megatron-lm/ beside the checkout (or /work/shared)."""
+    if os.environ.get("PARITY_MEGATRON_SNAPSHOT"):
+        return Path(os.environ["PARITY_MEGATRON_SNAPSHOT"])
+    candidates = [Path(__file__).resolve().parents[3] / "shared" / "megatron-lm" / NAME,
+                  Path("/work/shared/megatron-lm") / NAME]
+    return next((c for c in candidates if c.exists()), candidates[0])
+
+
+SNAPSHOT = _snapshot()
 
 
 @dataclass(frozen=True)
