@@ -101,6 +101,9 @@ def store_result(session: Session, run: Run, result: ParityResult) -> None:
     run.max_abs_loss_delta = max(deltas) if deltas else None
     kept = {k: run.summary[k] for k in ("packages",) if k in (run.summary or {})}
     run.summary = {**kept, **{k: v for k, v in result.items() if k not in ("steps", "probes")}}
+    rel = [abs(d) for s in steps if s["resumed_phase"] and (d := s["loss_rel_delta"]) is not None]
+    if rel:  # what a tolerance-judged verdict is read against its bound by (service/core/verdicts.reading)
+        run.summary["measured"] = {"loss_rel": max(rel)}
     err = result["error"]
     if err and not run.error_message:
         run.error_message = f"{err['type']}: {err['message']}"[:4000]

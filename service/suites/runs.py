@@ -92,12 +92,8 @@ def overall(outcomes: list[str]) -> str:
 
 
 def cause(run: dict[str, Any]) -> str:
-    """One phrase for why a check did not pass: its signatures, else the error's first line."""
-    if run.get("signatures"):
-        return ", ".join(run["signatures"])
-    if run.get("error_message"):
-        return str(run["error_message"]).strip().splitlines()[0][:200]
-    return ""
+    """Why a check did not pass, as its reading says it: sentences with their slugs, else the error's first line."""
+    return str((run.get("reading") or {}).get("cause") or "")
 
 
 def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[str, Any]:

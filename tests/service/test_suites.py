@@ -76,7 +76,7 @@ def test_a_suite_run_queues_every_check_and_adds_up_to_one_verdict(
     db_session.execute(update(Run).where(Run.id == run_ids[1]).values(state="passed", verdict="pass"))
     done = client.get(f"/api/v1/suite-runs/{view['id']}").json()
     assert done["state"] == "finished" and done["verdict"] == "fail", done
-    assert done["checks"][0]["cause"] == "lr-schedule-mismatch"
+    assert done["checks"][0]["cause"] == "Learning rate differs after resume (lr-schedule-mismatch)"
     page = client.get(f"/suite-runs/{view['id']}")
     assert page.status_code == 200 and "lr-schedule-mismatch" in page.text and "/runs/" in page.text
     junit = ET.fromstring(suite_junit_xml(done, timed_out=False))
@@ -85,7 +85,8 @@ def test_a_suite_run_queues_every_check_and_adds_up_to_one_verdict(
     assert "triage: http://testserver/runs/" in (cases[0].find("failure").text or "")  # type: ignore[union-attr]
     summary = suite_summary(done, outcome="fail")
     line = next(x for x in summary.splitlines() if x.startswith("| dp2-moe"))
-    assert "**fail**" in line and "| 4 |" in line and "`lr-schedule-mismatch`" in line and "/triage)" in line
+    assert "**fail**" in line and "| first divergent step 4 |" in line and "(lr-schedule-mismatch)" in line \
+        and "/triage)" in line
     assert client.post("/api/v1/suite-runs", json={"suite": "nope"}, headers=submit).status_code == 404
     assert client.get("/suite-runs/000000000000").status_code == 404
 

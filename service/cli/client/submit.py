@@ -18,6 +18,7 @@ from service.cli.client.artifacts import upload
 from service.cli.client.config import service_target
 from service.cli.client.junit import junit_xml
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
+from service.cli.client.reading import reading_of
 from service.cli.client.resend import new_key, post_resent
 from service.cli.client.shape_arg import add_shape_argument, parse_shape
 from service.cli.client.summary import run_summary
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
                 fh.write(run_summary(run_doc, outcome=outcome))
         if forge:
             forge.post(outcome, url=run_doc["links"]["triage"],
-                       description=f"resume parity {outcome}: {', '.join(run_doc['signatures']) or run_doc['state']}")
+                       description=f"resume parity {reading_of(run_doc)['label']}")
         return code
 
 
@@ -249,11 +250,7 @@ def report(
         if metrics["steps"]:
             print(step_table(metrics))
     verdict = run_doc.get("verdict")
-    print(
-        f"verdict: {run_doc.get('verdict_label') or verdict or run_doc['state']}"
-        + (f"  signatures: {', '.join(run_doc['signatures'])}" if run_doc["signatures"] else "")
-        + (f"  REGRESSION ({run_doc.get('regression_text')})" if run_doc.get("regression") else "")
-    )
+    print(f"verdict: {reading_of(run_doc)['line']}")
     if run_doc.get("error_message"):
         print(f"error: {run_doc['error_message'][:500]}")
     for known in run_doc.get("known_failures") or []:

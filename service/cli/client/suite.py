@@ -17,6 +17,7 @@ from service.cli.client.env import _detail
 from service.cli.client.forge import Forge
 from service.cli.client.junit import suite_junit_xml
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
+from service.cli.client.reading import reading_of
 from service.cli.client.resend import post_resent
 from service.cli.client.summary import suite_summary
 
@@ -66,12 +67,9 @@ def poll_interval(waited_s: float) -> float:
 
 
 def check_line(check: dict[str, Any]) -> str:
-    """One check of a suite run in one line: name, verdict, first divergent step, cause, triage link."""
+    """One check of a suite run in one line: name, the service's reading (label — cause; step; bound), triage link."""
     run = check["run"]
-    step = run.get("first_divergent_step")
-    at = f"step {step}" if step is not None else ""
-    return (f"{check['name']:<28} {(run.get('verdict') or run['state']):<14} {at:<8} {check['cause'][:60]:<60} "
-            f"{run['links']['triage']}")
+    return f"{check['name']:<28} {reading_of(run)['line']}  {run['links']['triage']}"
 
 
 def outcome_of(view: dict[str, Any], *, timed_out: bool, strict: bool) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.core.links import run_url
-from service.core.verdicts import label_of
+from service.core.verdicts import reading
 from service.web.dashboard.triage import packages
 
 
@@ -25,19 +25,15 @@ def issue_markdown(ctx: dict[str, Any], base_url: str) -> str:
     """Check, track, build, signatures with upstream links, last good vs this run, repro commands, run link."""
     run, good = ctx["run"], ctx.get("good")
     build = packages(run).get("megatron-core") or "unknown"
+    read = reading(run)
     lines = [
-        f"## Resume parity {label_of(run.verdict, run.summary) or run.state}: {run.check_name} on {run.track}",
+        f"## Resume parity {read.label}: {run.check_name} on {run.track}",
         "",
+        f"- Verdict: {read.line()}",
         f"- Run: [#{run.id}]({run_url(base_url, run.id)}) · [triage]({run_url(base_url, run.id, 'triage')})",
         f"- Check: `{run.check_key}` ({run.check_name})",
         f"- Track: `{run.track}` · environment `{run.environment.name}` · Megatron-Core `{build}`",
     ]
-    if run.regression:
-        base = run.compared_track
-        where = f"against {base}" if base and base != run.track else f"on {run.track}"
-        lines.append(f"- Regression: {where}")
-    if run.first_divergent_step is not None:
-        lines.append(f"- First divergent step: {run.first_divergent_step}")
     lines += ["", "### Signatures", ""]
     for sig in ctx.get("signatures") or []:
         refs = " ".join(f"[{r.replace('https://github.com/', '')}]({r})" for r in sig["references"])
