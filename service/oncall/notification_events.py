@@ -15,8 +15,11 @@ from service.core.links import public_base, regression_url, run_url
 from service.core.settings import get_settings
 from service.core.verdicts import reading
 
-EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors")
+EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors", "suite-run.failed")
+# a suite run's failure replaces the per-check regression.opened messages of its checks: who wants those gets it
+ALSO_WANTED_BY = {"suite-run.failed": "regression.opened"}
 TITLES = {
+    "suite-run.failed": "Suite run failed",
     "regression.opened": "Regression",
     "regression.acknowledged": "Acknowledged",
     "regression.resolved": "Resolved",
@@ -27,7 +30,7 @@ TITLES = {
 def enqueue(session: Session, event: str, dedup_key: str, payload: dict[str, Any]) -> int:
     """Write one outbox row per enabled channel that wants event; a repeated dedup_key adds nothing."""
     channels = session.scalars(select(NotificationChannel).where(NotificationChannel.enabled.is_(True))).all()
-    wanted = [c for c in channels if not c.events or event in c.events]
+    wanted = [c for c in channels if not c.events or event in c.events or ALSO_WANTED_BY.get(event) in c.events]
     if not wanted:
         return 0
     now = utcnow()

@@ -21,7 +21,7 @@ from service.core.phase_state import PhaseState
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
 from service.oncall import flagging as regressions
-from service.oncall import known_failures
+from service.oncall import known_failures, suite_alerts
 from service.oncall import regressions as regression_tracker
 from service.runs.phase_documents import validate_result
 from service.runs.row_guard import per_row
@@ -116,6 +116,7 @@ def judge(session: Session, run: Run) -> None:
     known_failures.apply(session, run)
     regressions.flag(session, run)
     regression_tracker.on_verdict(session, run)
+    suite_alerts.on_check_verdict(session, run)  # the suite run's one alert, once its last check is judged
 
 
 def probe_findings(result: ParityResult) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from models import Run, Suite, SuiteRun
 from service.core.errors import Conflict, NotFound
+from service.core.links import regression_url
 from service.core.settings import Settings
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
@@ -21,6 +22,7 @@ from service.environments.registry import (
     get_environment,
     use_environment,
 )
+from service.oncall.suite_alerts import group_of
 from service.runs.api import run_out
 from service.runs.records import Caps, create_run, validate_spec
 from service.suites.definitions import get_suite
@@ -106,10 +108,14 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
     ids = [r["run_id"] for r in suite_run.runs]
     by_id = {r.id: r for r in session.scalars(
         select(Run).where(Run.id.in_(ids)).options(selectinload(Run.environment)))}
+    regressions = {f["check"]: f["regression"] for f in group_of(session, suite_run) if f["regression"] is not None}
     checks = []
     for item in suite_run.runs:
         run = run_out(by_id[item["run_id"]], base).model_dump(mode="json")
-        checks.append({"name": item["name"], "outcome": outcome(run), "cause": cause(run), "run": run})
+        reg = regressions.get(item["name"])
+        checks.append({"name": item["name"], "outcome": outcome(run), "cause": cause(run), "run": run,
+                       "regression": {"id": reg.id, "state": reg.state, "url": regression_url(base, reg.id)}
+                       if reg else None})
     verdict = overall([c["outcome"] for c in checks])
     return {
         "id": suite_run.id, "suite": suite.name, "version": suite.version, "environment": suite_run.environment,
