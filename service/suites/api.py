@@ -82,6 +82,19 @@ def create_suite_run(
     return runs.suite_run_view(session, suite_run_id=suite_run.id, base=base)
 
 
+@runs_router.get("")
+def suite_run_list(
+    session: SessionDep, base: BaseUrl, _: ReadAccess,
+    branch: Annotated[str | None, Query(max_length=200, description="only suite runs with this branch label")] = None,
+    suite: Annotated[str | None, Query(max_length=100, pattern=definitions.NAME.pattern,
+                                       description="only runs of this suite")] = None,
+    page: Annotated[int, Query(ge=1, le=10**6)] = 1,
+    page_size: Annotated[int, Query(ge=1, le=200)] = runs.PAGE_SIZE,
+) -> dict[str, Any]:
+    """Suite runs, latest first, a page at a time; filter by branch label and suite."""
+    return runs.suite_run_list(session, page=page, page_size=page_size, branch=branch, suite=suite, base=base)
+
+
 @runs_router.get("/{suite_run_id}")
 def suite_run(suite_run_id: SuiteRunId, session: SessionDep, base: BaseUrl, _: ReadAccess) -> dict[str, Any]:
     """A suite run: each check's run and outcome, and the overall verdict once every check ended."""

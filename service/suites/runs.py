@@ -132,30 +132,43 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
 PAGE_SIZE = 50
 
 
-def suite_run_list(session: Session, *, page: int = 1, page_size: int = PAGE_SIZE) -> dict[str, Any]:
-    """Suite runs newest first, a page at a time: each with its suite, build, verdict and outcome counts.
+def suite_run_list(session: Session, *, page: int = 1, page_size: int = PAGE_SIZE, branch: str | None = None,
+                   suite: str | None = None, base: str = "") -> dict[str, Any]:
+    """Suite runs newest first, a page at a time, optionally of one branch (label) or suite: each with its
+    suite, build, labels, verdict and outcome counts.
 
     Two queries per page (the suite runs with their suites, then their runs' states and verdicts), never
     one per suite run: a CI service accumulates thousands of them.
     """
-    total = session.scalar(select(func.count()).select_from(SuiteRun)) or 0
+    if suite is not None and session.scalar(select(Suite.id).where(Suite.name == suite).limit(1)) is None:
+        known = sorted(set(session.scalars(select(Suite.name))))
+        raise NotFound(f"suite: unknown suite {suite!r}; known: {', '.join(known) or 'none'}", field="suite")
+    where = []
+    if branch is not None:
+        where.append(SuiteRun.labels["branch"].astext == branch)
+    if suite is not None:
+        where.append(Suite.name == suite)
+    joined = select(SuiteRun, Suite).join(Suite, Suite.id == SuiteRun.suite_id).where(*where)
+    total = session.scalar(select(func.count()).select_from(joined.subquery())) or 0
     pages = max(1, -(-total // page_size))
     page = min(max(1, page), pages)
     rows = session.execute(
-        select(SuiteRun, Suite).join(Suite, Suite.id == SuiteRun.suite_id)
-        .order_by(SuiteRun.created_at.desc(), SuiteRun.id.desc()).offset((page - 1) * page_size).limit(page_size)
+        joined.order_by(SuiteRun.created_at.desc(), SuiteRun.id.desc()).offset((page - 1) * page_size).limit(page_size)
     ).all()
     ids = [item["run_id"] for suite_run, _ in rows for item in suite_run.runs]
     runs = {r.id: {"state": r.state, "verdict": r.verdict, "regression": r.regression}
             for r in session.execute(select(Run.id, Run.state, Run.verdict, Run.regression).where(Run.id.in_(ids)))}
     items = []
-    for suite_run, suite in rows:
+    for suite_run, suite_row in rows:
         outcomes = [outcome(runs[i["run_id"]]) for i in suite_run.runs if i["run_id"] in runs]
         verdict = overall(outcomes)
         items.append({
-            "id": suite_run.id, "suite": suite.name, "version": suite.version, "environment": suite_run.environment,
-            "requester": suite_run.requester, "created_at": suite_run.created_at, "labels": suite_run.labels,
+            "id": suite_run.id, "suite": suite_row.name, "version": suite_row.version,
+            "environment": suite_run.environment, "requester": suite_run.requester,
+            "created_at": suite_run.created_at, "labels": suite_run.labels,
             "verdict": None if verdict == "pending" else verdict, "checks": len(suite_run.runs),
             "counts": {k: outcomes.count(k) for k in ("pass", "known-failure", "fail", "error", "pending")},
+            "links": {"self": f"{base}/api/v1/suite-runs/{suite_run.id}",
+                      "dashboard": f"{base}/suite-runs/{suite_run.id}"},
         })
-    return {"items": items, "total": total, "page": page, "pages": pages}
+    return {"items": items, "total": total, "page": page, "pages": pages, "page_size": page_size}

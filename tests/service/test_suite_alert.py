@@ -79,6 +79,8 @@ def test_a_failing_suite_run_sends_one_alert_naming_the_pr(
     assert [c["regression"] and c["regression"]["id"] for c in view["checks"]] == [regs[0].id, regs[1].id, None]
     page = client.get(f"/suite-runs/{pr['_id']}").text
     assert f'href="/regressions/{regs[0].id}"' in page
+    link = '<a class="pipeline-link" href="https://ci.example.com/p/77" rel="noopener noreferrer">pipeline</a>'
+    assert link in page and link in client.get(f"/runs/{pr['dp2-dense']}").text  # pipeline_url is a link
     assert f'href="/suite-runs/{pr["_id"]}"' in client.get(f"/regressions/{regs[0].id}").text  # linked both ways
 
 
@@ -92,3 +94,11 @@ def test_a_lone_run_still_alerts_per_check(client: TestClient, db_session: Sessi
     finish(db_session, ids[0], "pass")
     finish(db_session, ids[1], "fail", ["lr-schedule-mismatch"])
     assert [m.event for m in db_session.scalars(select(OutboxMessage))] == ["regression.opened"]
+
+
+def test_only_an_http_pipeline_url_becomes_a_link(client: TestClient, make_token) -> None:
+    run = client.post("/api/v1/runs", json={"spec": {"config": "dense-bf16", **SPEC},
+                                            "labels": {"pipeline_url": "javascript:alert(1)"}},
+                      headers=make_token("submit")).json()
+    page = client.get(f"/runs/{run['id']}").text
+    assert "pipeline_url=javascript:alert(1)" in page and "pipeline-link" not in page
