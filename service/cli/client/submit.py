@@ -257,7 +257,8 @@ def report(
         print(f"known upstream bug: {known['signature']} {known['link']}")
     for fixed in run_doc.get("fixed_known") or []:
         print(f"fixed? {fixed['signature']} no longer happens (known failure {fixed['id']}: {fixed['link']})")
-    print(f"triage: {run_doc['links']['triage']}")
+    if verdict != "pass" or run_doc.get("regression"):  # a clean pass has nothing to triage
+        print(f"triage: {run_doc['links']['triage']}")
     if junit:
         junit.write_bytes(junit_xml(run_doc, timed_out=timed_out, strict=strict))
     if timed_out:
