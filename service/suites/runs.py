@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from models import Run, Suite, SuiteRun
+from service.core.checks import track_regex
 from service.core.errors import Conflict, NotFound
 from service.core.links import regression_url
 from service.core.settings import Settings
@@ -133,9 +134,9 @@ PAGE_SIZE = 50
 
 
 def suite_run_list(session: Session, *, page: int = 1, page_size: int = PAGE_SIZE, branch: str | None = None,
-                   suite: str | None = None, base: str = "") -> dict[str, Any]:
-    """Suite runs newest first, a page at a time, optionally of one branch (label) or suite: each with its
-    suite, build, labels, verdict and outcome counts.
+                   suite: str | None = None, base: str = "", prs_only: list[str] | None = None) -> dict[str, Any]:
+    """Suite runs newest first, a page at a time, optionally of one branch (label), one suite, or pull requests
+    only (prs_only: the long-lived track patterns): each with its suite, build, labels, verdict and counts.
 
     Two queries per page (the suite runs with their suites, then their runs' states and verdicts), never
     one per suite run: a CI service accumulates thousands of them.
@@ -148,6 +149,9 @@ def suite_run_list(session: Session, *, page: int = 1, page_size: int = PAGE_SIZ
         where.append(SuiteRun.labels["branch"].astext == branch)
     if suite is not None:
         where.append(Suite.name == suite)
+    if prs_only is not None:  # pull requests': a branch label the long-lived track patterns do not name
+        where.append(SuiteRun.labels.has_key("branch"))
+        where.append(~SuiteRun.labels["branch"].astext.regexp_match(track_regex(prs_only)))
     joined = select(SuiteRun, Suite).join(Suite, Suite.id == SuiteRun.suite_id).where(*where)
     total = session.scalar(select(func.count()).select_from(joined.subquery())) or 0
     pages = max(1, -(-total // page_size))

@@ -94,6 +94,7 @@ def _stop_embedded_postgres(pgdata: Path) -> None:
         ({"PARITY_EXECUTOR": "kubernetes"}, "PARITY_EXECUTOR"),
         ({"PARITY_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}, "PARITY_DATABASE_URL"),
         ({"PARITY_DATABASE_URL": "mysql://root@127.0.0.1/x"}, "PARITY_DATABASE_URL"),
+        ({"PARITY_LONG_LIVED_TRACKS": "main,release[0-9]"}, "PARITY_LONG_LIVED_TRACKS"),
     ],
 )
 def test_bad_configuration_is_one_clear_line(tmp_path: Path, extra: dict[str, str], setting: str) -> None:

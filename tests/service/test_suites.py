@@ -130,5 +130,7 @@ def test_suite_runs_are_listed_latest_first_filtered_by_branch_and_suite(client:
     assert [i["id"] for i in paged["items"]] == [made[0]] and paged["pages"] == 2
     unknown = client.get("/api/v1/suite-runs", params={"suite": "nope"})
     assert unknown.status_code == 404 and unknown.json()["field"] == "suite" and "small" in unknown.json()["detail"]
+    prs = client.get("/api/v1/suite-runs", params={"prs": True}).json()  # main is long-lived: not a PR's
+    assert [i["labels"]["branch"] for i in prs["items"]] == ["pr-2", "pr-1", "pr-1"]
     bad = client.get("/api/v1/suite-runs", params={"page_size": 0})
     assert bad.status_code == 422 and bad.json()["field"] == "query.page_size"
