@@ -34,10 +34,12 @@ def _failing(run: Run) -> bool:
     return bool(run.regression) or run.verdict == "fail"
 
 
-def group_of(session: Session, suite_run: SuiteRun) -> list[dict[str, Any]]:
-    """The suite run's failing checks: name, run, reading, and the regression each opened or joined."""
+def group_of(session: Session, suite_run: SuiteRun, runs: dict[int, Run] | None = None) -> list[dict[str, Any]]:
+    """The suite run's failing checks: name, run, and the regression each opened or joined (runs: its runs by
+    id, when the caller has them loaded)."""
     ids = [item["run_id"] for item in suite_run.runs]
-    runs = {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(ids)))}
+    if runs is None:
+        runs = {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(ids)))}
     keys = [(r.check_key, r.track) for r in runs.values() if _failing(r)]
     regs: dict[tuple[str, str], Regression] = {}
     if keys:

@@ -109,7 +109,8 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
     ids = [r["run_id"] for r in suite_run.runs]
     by_id = {r.id: r for r in session.scalars(
         select(Run).where(Run.id.in_(ids)).options(selectinload(Run.environment)))}
-    regressions = {f["check"]: f["regression"] for f in group_of(session, suite_run) if f["regression"] is not None}
+    regressions = {f["check"]: f["regression"] for f in group_of(session, suite_run, by_id)
+                   if f["regression"] is not None}
     checks = []
     for item in suite_run.runs:
         run = run_out(by_id[item["run_id"]], base).model_dump(mode="json")

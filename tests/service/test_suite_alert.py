@@ -92,8 +92,14 @@ def test_a_lone_run_still_alerts_per_check(client: TestClient, db_session: Sessi
     ids = [client.post("/api/v1/runs", json={"spec": {"config": "dense-bf16", **SPEC}, "labels": {"branch": "main"}},
                        headers=submit).json()["id"] for _ in range(2)]
     finish(db_session, ids[0], "pass")
-    finish(db_session, ids[1], "fail", ["lr-schedule-mismatch"])
-    assert [m.event for m in db_session.scalars(select(OutboxMessage))] == ["regression.opened"]
+    finish(db_session, ids[1], "fail", ["lr-schedule-mismatch"], first_divergent_step=4)
+    messages = db_session.scalars(select(OutboxMessage)).all()
+    assert [m.event for m in messages] == ["regression.opened"]
+    # the webhook's words are the run's reading, as on every other surface
+    assert messages[0].payload["summary"].endswith(
+        " — fail (regression on main) — Learning rate differs after resume (lr-schedule-mismatch); "
+        "first divergent step 4")
+    assert messages[0].payload["cause"] == "Learning rate differs after resume (lr-schedule-mismatch)"
 
 
 def test_only_an_http_pipeline_url_becomes_a_link(client: TestClient, make_token) -> None:

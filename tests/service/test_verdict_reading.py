@@ -141,6 +141,12 @@ def test_run_and_triage_pages(client: TestClient, suite_run: dict[str, Any], pag
     assert ">fail (regression against main)</span>" in html.unescape(text)  # the heading's badge
 
 
+def test_triage_says_the_step_where_the_signature_says_some_step(client: TestClient, suite_run: dict[str, Any]) -> None:
+    run_id = next(c["run"]["id"] for c in suite_run["checks"] if c["name"] == "lr-regression")
+    text = html.unescape(client.get(f"/runs/{run_id}/triage").text)
+    assert "than the uninterrupted run from step 4 on: the scheduler state" in text and "at some step" not in text
+
+
 def test_run_page_of_a_worked_around_pass(client: TestClient, suite_run: dict[str, Any]) -> None:
     run_id = next(c["run"]["id"] for c in suite_run["checks"] if c["name"] == "worked-around")
     para = _reading_paragraph(client.get(f"/runs/{run_id}").text)

@@ -3,6 +3,7 @@ Megatron-Core, pip freeze, spec, labels), a repro that reproduces, logs from the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,13 +133,21 @@ def explained(run: Run, hows: dict[str, str] | None = None) -> list[dict[str, An
         out.append({
             "name": name,
             "title": title,
-            "meaning": sig.meaning if sig else "Not in this service's signature table.",
+            "meaning": _at_the_step(sig.meaning, name, run, summary) if sig
+            else "Not in this service's signature table.",
             "kind": sig.kind if sig else "unknown",
             "references": list(sig.references) if sig else [],
             "evidence": found,
             "finding": sentence(title, found, hows or {}) if found else None,
         })
     return out
+
+
+def _at_the_step(meaning: str, name: str, run: Run, summary: Mapping[str, Any]) -> str:
+    """A signature's meaning with "at some step" made the step this run measured, where it is known."""
+    lr_steps = (summary.get("lanes") or {}).get("lr_mismatched_steps") or []
+    step = lr_steps[0] if name == "lr-schedule-mismatch" and lr_steps else run.first_divergent_step
+    return meaning.replace("at some step", f"from step {step} on") if step is not None else meaning
 
 
 def resume_ran(run: Run) -> bool:
