@@ -13,7 +13,7 @@ from models import Environment, NotificationChannel, OutboxMessage, Regression, 
 from models.base import utcnow
 from service.core.links import public_base, regression_url, run_url
 from service.core.settings import get_settings
-from service.core.verdicts import reading
+from service.core.verdicts import label_of, reading
 
 EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors", "suite-run.failed")
 # a suite run's failure replaces the per-check regression.opened messages of its checks: who wants those gets it
@@ -53,7 +53,8 @@ def run_facts(session: Session, run: Run | None) -> dict[str, Any]:
         "megatron_core": (run.summary or {}).get("packages", {}).get("megatron_core") or (env.megatron_core if env
                                                                                           else None),
         "commit": (run.labels or {}).get("commit"),
-        "verdict": read.label,
+        "verdict": label_of(run.verdict, run.summary),  # as before, for receivers that match on it
+        "verdict_label": read.label,
         "first_divergent_step": run.first_divergent_step,
         "cause": read.cause or None,
         "reading": read.to_dict(),
@@ -69,7 +70,7 @@ def summary_line(event: str, reg: Regression, facts: dict[str, Any]) -> str:
     if event != "regression.opened":
         return f"{TITLES[event]}: {where}"
     read = facts.get("reading") or {}
-    line = read.get("line") or facts.get("verdict") or "fail"
+    line = read.get("line") or facts.get("verdict_label") or facts.get("verdict") or "fail"
     against = f" against {reg.compared_track}" if reg.compared_track and reg.compared_track != reg.track else ""
     return f"Regression{against}: {where} — {line}"
 
