@@ -143,9 +143,14 @@ DEFAULT_TOLERANCE = "exact"
 # --- calibrated reshard bounds ---------------------------------------------------------------------
 
 
-def reshard_key(config: str, dp: int, resume_dp: int) -> str:
-    """The calibration entry of one config and direction."""
-    return f"{config}:{dp}->{resume_dp}"
+def reshard_key(config: str, dp: int, resume_dp: int, resumed_steps: int | None = None) -> str:
+    """The calibration entry of one config and direction, measured over `resumed_steps` (None: legacy key)."""
+    base = f"{config}:{dp}->{resume_dp}"
+    return base if resumed_steps is None else f"{base}@{resumed_steps}"
+
+
+def _horizon(entry: dict[str, Any]) -> int:
+    return int(entry["spec"]["steps"]) - int(entry["spec"]["save_step"])
 
 
 def load_calibration(path: Path = CALIBRATION_FILE) -> dict[str, Any]:
@@ -174,15 +179,22 @@ def calibrated_reshard_profile(
 ) -> tuple[ToleranceProfile | None, str]:
     """(the measured profile for this reshard, or None; why not / where it comes from)."""
     key = reshard_key(config, dp, resume_dp)
-    entry = (calibration if calibration is not None else load_calibration())["entries"].get(key)
-    if entry is None:
+    entries = (calibration if calibration is not None else load_calibration())["entries"]
+    # one entry per horizon: drift grows with every resumed step, so a bound is used only up to the number of
+    # resumed steps it was measured over, and the nearest horizon that covers the run is the tightest
+    measured = {k: e for k, e in entries.items() if k == key or k.startswith(f"{key}@")}
+    if not measured:
         return None, (f"no measured reshard bound for {key}: run `parity calibrate --config {config} "
                       f"--dp {dp} --resume-dp {resume_dp}` (jobs/calibration/reshard.json)")
-    measured = int(entry["spec"]["steps"]) - int(entry["spec"]["save_step"])
-    if resumed_steps > measured:
-        # drift grows with every resumed step: a bound measured over fewer says nothing about more
-        return None, (f"the reshard bound for {key} was measured over {measured} resumed steps, "
-                      f"this run resumes {resumed_steps}: calibrate with at least as many")
+    covering = sorted((e for e in measured.values() if _horizon(e) >= resumed_steps), key=_horizon)
+    if not covering:
+        horizons = ", ".join(str(h) for h in sorted({_horizon(e) for e in measured.values()}))
+        return None, (f"the reshard bound for {key} was measured over {horizons} resumed steps, "
+                      f"this run resumes {resumed_steps}: calibrate that horizon with `parity calibrate "
+                      f"--config {config} --dp {dp} --resume-dp {resume_dp} --steps <M> --save-step <N> --write` "
+                      f"(M - N >= {resumed_steps})")
+    entry = covering[0]
+    key = next(k for k, e in measured.items() if e is entry)
     bound = entry["bound"]
     source = (f"calibrated {key}, {entry['factor']:g}x the largest of {entry['runs']} clean runs, "
               f"megatron-core {entry['build'].get('megatron_core', '?')}")

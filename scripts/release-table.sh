@@ -9,7 +9,8 @@
 #                                                     # $PARITY_DATA_DIR, default /var/tmp/parity-release)
 #   PARITY_SERVICE_URL=... PARITY_TOKEN=... scripts/release-table.sh   # an existing service
 #
-# RELEASES and SHARDINGS (space-separated) choose the rows, CONFIGS (space-separated, default all) the
+# RELEASES and SHARDINGS (space-separated) choose the rows (BUILDS: requirement lines instead of release pins,
+# e.g. BUILDS=/path/megatron_core-0.20.0-cp312-cp312-linux_x86_64.whl for Megatron-LM main), CONFIGS (space-separated, default all) the
 # columns; DP, STEPS, SAVE_STEP the check; TIMEOUT (s) how long the sweep is waited for.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,12 @@ PY=.venv/bin/python
 args=(--dp "${DP:-2}" --steps "${STEPS:-6}" --save-step "${SAVE_STEP:-3}" --wait --release-table
       --timeout "${TIMEOUT:-14400}")
 for config in $CONFIGS; do args+=(--config "$config"); done
-for release in $RELEASES; do args+=(--build "megatron-core==$release"); done
+# BUILDS (space-separated requirement lines, e.g. a wheel built from Megatron-LM main) replaces the release pins
+if [[ -n ${BUILDS:-} ]]; then
+  for build in $BUILDS; do args+=(--build "$build"); done
+else
+  for release in $RELEASES; do args+=(--build "megatron-core==$release"); done
+fi
 for sharding in $SHARDINGS; do args+=(--variation "{\"sharding\": \"$sharding\"}"); done
 
 if [[ -n ${PARITY_SERVICE_URL:-} ]]; then

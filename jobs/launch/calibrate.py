@@ -129,7 +129,7 @@ def calibrate_reshard(
         "factor": factor,
         "bound": bounds_from(observed, factor),
     }
-    return reshard_key(config, dp, resume_dp), entry
+    return reshard_key(config, dp, resume_dp, steps - save_step), entry
 
 
 def write_entry(key: str, entry: dict[str, Any], path: Path = CALIBRATION_FILE) -> None:

@@ -173,6 +173,31 @@ def index_map_swap() -> list[Patch]:
     return [_after(_dist_opt(), "__init__", swap)]
 
 
+def adam_step_loaded_elsewhere() -> list[Patch]:
+    """After the optimizer load every Adam `step` is 100 past what the load left (neither the
+    priming value nor the checkpoint's): a restore bug restore-adam-step must not correct."""
+
+    def shift(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        for s in _states(self):
+            if isinstance(s.get("step"), torch.Tensor):
+                s["step"] = torch.tensor(float(s["step"]) + 100.0, dtype=torch.float32)
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", shift)]
+
+
+def exp_avg_sq_lossy_on_load() -> list[Patch]:
+    """After the optimizer load every exp_avg_sq passes through bf16 (a lossy reshard of one moment)."""
+
+    def round_trip(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        for s in _states(self):
+            if isinstance(s.get("exp_avg_sq"), torch.Tensor):
+                s["exp_avg_sq"].copy_(s["exp_avg_sq"].to(torch.bfloat16).to(s["exp_avg_sq"].dtype))
+        return result
+
+    return [_after(_dist_opt(), "load_state_dict", round_trip)]
+
+
 def moments_lost_on_last_rank() -> list[Patch]:
     def lose(self: Any, result: Any, *a: Any, **k: Any) -> Any:
         if _last_rank():
@@ -429,6 +454,9 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "rng-tracker-not-restored": (RESUME, rng_tracker_not_restored),
     "save-rounds-main-params": (SAVE, save_rounds_main_params),
     "index-map-swap": (BOTH, index_map_swap),
+    "index-map-swap-beside-bug-a": (BOTH, index_map_swap),
+    "adam-step-loaded-elsewhere": (RESUME, adam_step_loaded_elsewhere),
+    "exp-avg-sq-lossy-on-load": (RESUME, exp_avg_sq_lossy_on_load),
     "moments-lost-on-last-rank": (RESUME, moments_lost_on_last_rank),
     "group-lr-skewed-on-last-rank": (RESUME, group_lr_skewed_on_last_rank),
     "adam-eps-not-restored": (RESUME, adam_eps_not_restored),

@@ -83,6 +83,7 @@ def build(ctx: RankContext, spec: RunSpec, phase: str = "train_and_save") -> mod
     """
     compat.check_spec(spec)  # an option this build lacks is unsupported-by-build, before anything runs
     ctx.doc["info"]["compat_shims"] = compat.install_shims()
+    ctx.doc["info"]["capabilities"] = compat.capabilities()  # what the harness found in this build, per run
     init_seed = resume_init_seed(spec.seed) if phase == "resume" else None
     tr = model.build(
         apply_shape(get_config(spec.config), spec.shape), spec.seed, spec.steps, init_seed,

@@ -101,6 +101,25 @@ MUTANTS: dict[str, Mutant] = {
                evidence=(("adam-step-not-restored", r"\.weight$"),),
                note="on 0.16.1 every dp_reshardable load leaves step 1 anyway, so the recorded step "
                "only matters through restore-adam-step (the workaround re-applies it)"),
+        Mutant("index-map-swap-beside-bug-a", "index map",
+               "model_param_group_index_map swaps two equal-size params of one group on a build where Bug A "
+               "also fires and realign-param-index is requested",
+               ("optimizer-index-unexplained",), patches=f"{_DO}.__init__", bases=("moe-fp32-router",),
+               evidence=(("optimizer-index-unexplained", r"\."),),
+               note="the workaround corrects only the entries at Bug A's predicted slots: the swapped ones are "
+               "left as built and named, so the known bug's workaround never hides a new index-map bug"),
+        Mutant("exp-avg-sq-lossy-on-load", "moments",
+               "after the optimizer load every exp_avg_sq has passed through bf16 (a lossy restore of one moment)",
+               ("optimizer-moments-mismatch",), patches=f"{_DO}.load_state_dict",
+               evidence=(("optimizer-moments-mismatch", r"exp_avg_sq"),),
+               note="small enough to hide inside a loss tolerance; the restored state is compared exactly, at "
+               "one DP size and across a reshard"),
+        Mutant("adam-step-loaded-elsewhere", "step",
+               "after the optimizer load every Adam step is 100 past the loaded value",
+               ("adam-step-unexplained",), patches=f"{_DO}.load_state_dict",
+               evidence=(("adam-step-unexplained", r"^step$"),),
+               note="restore-adam-step corrects only the priming value or a shared step tensor (the known "
+               "torch-Adam bugs); any other value is left as loaded and named"),
         Mutant("scheduler-one-step-behind", "scheduler", "the scheduler loads num_steps N-1",
                ("scheduler-state-mismatch",), patches="megatron.core.optimizer_param_scheduler."
                "OptimizerParamScheduler.load_state_dict",

@@ -111,7 +111,8 @@ def unexplained_index_entries(doc: PhaseDocument | None) -> dict[str, Any] | Non
         for m in o["misaligned"]
         if m.get("bug_a_predicted") is False
     ]
-    return {"count": raw["unexplained_total"], "items": items[:MAX_ITEMS]}
+    names = list(dict.fromkeys(str(i["param"]) for i in items))
+    return {"count": raw["unexplained_total"], "names": names[:MAX_ITEMS], "items": items[:MAX_ITEMS]}
 
 
 def _workaround_reports(doc: PhaseDocument | None) -> dict[str, Any]:
@@ -256,6 +257,7 @@ def collect_evidence(
             ev["adam-step-not-restored"] = {**ev.get("adam-step-not-restored", {}), **found}
     if step_report.get("unexplained"):
         ev["adam-step-unexplained"] = {
+            "section": "step",
             "step": spec.save_step + 1,
             "steps_after_load": step_report.get("before"),
             "checkpoint_step": step_report.get("checkpoint_step"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, computed_field, model_validator
 
 from jobs.contract import Verdict
 from service.core.limits import MAX_LABELS
@@ -223,6 +223,15 @@ class EnvironmentOut(BaseModel):
     torch: str | None
     error_message: str | None
     freeze: list[str]
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="What the harness detected in this build (sharding types, save strategy, "
+        "optimizer priming, ...): jobs/rank/compat.capabilities(); empty before it is built")
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        caps = self.packages.get("capabilities") if isinstance(self.packages, dict) else None
+        return caps if isinstance(caps, dict) else {}
+
     build_seconds: float | None
     built_at: datetime | None
     last_used_at: datetime | None

@@ -131,6 +131,8 @@ def reconcile_builds(session: Session, settings: Settings | None = None) -> int:
         env.packages = {"torch": doc["torch"], "megatron_core": doc["megatron_core"]}
         if doc.get("python_version"):  # the Python the build chose (older builds did not say)
             env.packages["python_version"] = doc["python_version"]
+        if doc.get("capabilities"):  # what the harness detected in the build (jobs/rank/compat.capabilities)
+            env.packages["capabilities"] = doc["capabilities"]
         env.build_seconds, env.built_at, env.error_message = doc["seconds"], utcnow(), None
         set_state(env, "ready")
     return done
@@ -195,7 +197,27 @@ def read_build_result(folder: Path) -> dict[str, Any]:
         raise BuildResultError("the build's result: freeze is not a list of requirement lines")
     if not isinstance(doc.get("seconds"), (int, float)):
         raise BuildResultError("the build's result: seconds is not a number")
+    if not _capabilities_shape(doc.get("capabilities", {})):
+        raise BuildResultError("the build's result: capabilities is not a small object of flags, names and lists")
     return doc
+
+
+def _capabilities_shape(caps: Any) -> bool:
+    """A flat object of at most 40 short keys, each a bool, number, short string or list of short strings."""
+    if not isinstance(caps, dict) or len(caps) > 40:
+        return False
+    for key, value in caps.items():
+        if not isinstance(key, str) or len(key) > 60:
+            return False
+        if isinstance(value, list):
+            if len(value) > 40 or not all(isinstance(v, str) and len(v) <= 100 for v in value):
+                return False
+        elif isinstance(value, str):
+            if len(value) > 300:
+                return False
+        elif value is not None and not isinstance(value, (bool, int, float)):
+            return False
+    return True
 
 
 def fail_runs_on_failed_builds(session: Session) -> int:

@@ -43,6 +43,15 @@ CHECK = (
 )
 
 
+# What the harness detects in the build (jobs/rank/compat.py), asked of the build's own Python with this
+# checkout's jobs/ on its path: recorded per environment, so a build's failure can be told from a guess.
+ROOT = Path(__file__).resolve().parents[2]
+CAPABILITIES = (
+    f"import sys; sys.path.insert(0, {str(ROOT)!r}); import json; from jobs.rank.compat import capabilities; "
+    "print(json.dumps(capabilities()))"
+)
+
+
 class BuildFailed(RuntimeError):
     """pip (or the import check) failed; the message carries the tail of its output."""
 
@@ -225,6 +234,11 @@ def _build(root: Path, requirements: list[str], pythons: dict[str, str]) -> dict
     _run([*pip, "install", "--no-input", "--constraint", str(constraints), *installs], log, "pip install")
     freeze = _run([*pip, "freeze", "--all"], log, "pip freeze")
     versions = json.loads(_run([str(python), "-c", CHECK], log, "importing torch and megatron.core").splitlines()[-1])
+    try:
+        capabilities = json.loads(
+            _run([str(python), "-c", CAPABILITIES], log, "detecting the build's capabilities").splitlines()[-1])
+    except (BuildFailed, ValueError, IndexError) as exc:  # a build the harness cannot read still builds
+        capabilities = {"error": str(exc).splitlines()[0][:300]}
     torch_pin = next(p.split("==", 1)[1] for p in pins if p.lower().startswith("torch=="))
     if versions["torch"].split("+")[0] != torch_pin.split("+")[0]:
         raise BuildFailed(f"torch {versions['torch']} in the build, expected the service's {torch_pin}")
@@ -234,6 +248,7 @@ def _build(root: Path, requirements: list[str], pythons: dict[str, str]) -> dict
         "freeze": sorted(line for line in freeze.splitlines() if line.strip()),
         "torch": versions["torch"],
         "megatron_core": versions["megatron_core"],
+        "capabilities": capabilities,
         "seconds": round(time.time() - t0, 2),
         "log": str(log),
     }

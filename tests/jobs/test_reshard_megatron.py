@@ -32,6 +32,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                           "mutants": ["clip-grad-changed-on-resume"]},
     "dense_clip_1_to_2": {"config": "dense-bf16", "dp": 1, "resume_dp": 2, "workarounds": FIX,
                           "mutants": ["clip-grad-changed-on-resume"]},
+    # a horizon past the legacy 3-step calibration: judged by the entry measured over 8 resumed steps
+    "h4_good_2_to_1": {"config": "moe-fp32-router", "dp": 2, "resume_dp": 1, "workarounds": FIX,
+                       "steps": 8, "save_step": 4},
+    "h4_lossy_2_to_1": {"config": "moe-fp32-router", "dp": 2, "resume_dp": 1, "workarounds": FIX,
+                        "steps": 8, "save_step": 4, "mutants": ["exp-avg-sq-lossy-on-load"]},
 }
 GOOD = [("good_2_to_1", 2, 1), ("good_1_to_2", 1, 2), ("dense_good_2_to_1", 2, 1), ("dense_good_1_to_2", 1, 2)]
 
@@ -137,3 +142,14 @@ def test_a_training_path_bug_fails_a_reshard_in_both_directions(results: dict[st
         assert float(found["max_rel"]) > 3 * found["bound"], section  # far outside, not at the edge
     restore = [s for s in r["signatures"] if s.endswith("-mismatch") and s != "final-state-mismatch"]
     assert restore == []
+
+
+def test_a_reshard_at_a_longer_horizon_is_judged_and_a_lossy_moment_still_fails(
+    results: dict[str, ParityResult],
+) -> None:
+    good, lossy = results["h4_good_2_to_1"], results["h4_lossy_2_to_1"]
+    assert good["verdict"] == "pass", (good["signatures"], good["errors"])
+    assert good["reshard"]["tolerance"]["name"] == "reshard:moe-fp32-router:2->1@8"
+    # one moment through bf16 on load: far inside any loss bound, caught by the exact restore comparison
+    assert lossy["verdict"] == "fail" and "optimizer-moments-mismatch" in lossy["signatures"], lossy["signatures"]
+    assert any("exp_avg_sq" in n for n in lossy["evidence"]["optimizer-moments-mismatch"]["names"])

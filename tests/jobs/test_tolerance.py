@@ -120,6 +120,22 @@ def test_a_reshard_is_judged_by_the_bound_measured_for_its_config_and_direction(
     assert calibrated_reshard_profile("dense-bf16", 2, 1, 2, CALIBRATION)[0] is not None
 
 
+def test_a_longer_horizon_is_judged_by_the_nearest_entry_measured_over_at_least_as_many_steps() -> None:
+    entries: dict[str, Any] = dict(CALIBRATION["entries"])
+    legacy: dict[str, Any] = entries["dense-bf16:2->1"]
+    longer = {**legacy, "spec": {**legacy["spec"], "steps": 12, "save_step": 4},
+              "bound": bounds_from({"loss_rel": 2e-5, "grad_norm_rel": 1e-4, "num_zeros_rel": 0.0, "lr_abs": 0.0,
+                                    "state": {"model": 5e-3, "main": 6e-3, "moments": 2e-2}})}
+    calibration = {"entries": {**entries, "dense-bf16:2->1@8": longer}}
+    # 3 resumed steps: the tighter legacy entry; 4 to 8: the one measured over 8; 9: none covers it
+    three, _ = calibrated_reshard_profile("dense-bf16", 2, 1, 3, calibration)
+    assert three is not None and three.name == "reshard:dense-bf16:2->1"
+    four, _ = calibrated_reshard_profile("dense-bf16", 2, 1, 4, calibration)
+    assert four is not None and four.name == "reshard:dense-bf16:2->1@8" and four.loss_rtol == 8e-5
+    none, why = calibrated_reshard_profile("dense-bf16", 2, 1, 9, calibration)
+    assert none is None and "measured over 3, 8 resumed steps" in why and "--steps <M>" in why
+
+
 def test_an_uncalibrated_reshard_is_an_error_not_a_pass() -> None:
     spec = {"config": "dense-bf16", "dp": 2, "resume_dp": 1, "steps": 6, "save_step": 3}
     if "dense-bf16:2->1" in load_calibration()["entries"]:

@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy import select
 
 from jobs.verdict.signatures import SIGNATURES
-from models import Phase
+from models import Environment, Phase
 from service.core.deps import RowId, RunId, SessionDep, SettingsDep
 from service.core.links import BaseUrl
 from service.runs.pool_dispatch import pool_summary
@@ -157,6 +158,16 @@ def config_history(
     """One config's checks × tracks, each with its verdicts over time; the |Δloss| trend of one of them."""
     return render(request, "config.html", {"h": history_q.history(session, name, environment or None,
                                                                   check=check or None, track=track or None)})
+
+
+@router.get("/environments/{name}")
+def environment_page(request: Request, name: str, session: SessionDep, _: DashboardRead) -> Response:
+    """One environment: its build's identity and what the harness detected in it."""
+    env = session.scalar(select(Environment).where(Environment.name == name))
+    if env is None:
+        raise PageError(404, f"no environment named {name!r}")
+    caps = env.packages.get("capabilities") if isinstance(env.packages, dict) else None
+    return render(request, "environment.html", {"env": env, "capabilities": caps if isinstance(caps, dict) else {}})
 
 
 @router.get("/signatures")
