@@ -57,9 +57,10 @@ def group_of(session: Session, suite_run: SuiteRun, runs: dict[int, Run] | None 
     return failing
 
 
-def on_check_verdict(session: Session, run: Run) -> bool:
-    """After a suite check's verdict: if it was the suite run's last and the suite failed with a regression
-    among its checks, enqueue the one alert. -> whether it was enqueued (a repeat adds nothing)."""
+def on_check_ended(session: Session, run: Run) -> bool:
+    """After a suite check ended (a verdict, or an infrastructure error): if it was the suite run's last and the
+    suite failed with a regression among its checks, enqueue the one alert. -> whether it was enqueued (a repeat
+    adds nothing)."""
     suite_run_id = suite_run_of(run)
     if not suite_run_id:
         return False

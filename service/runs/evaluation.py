@@ -116,7 +116,7 @@ def judge(session: Session, run: Run) -> None:
     known_failures.apply(session, run)
     regressions.flag(session, run)
     regression_tracker.on_verdict(session, run)
-    suite_alerts.on_check_verdict(session, run)  # the suite run's one alert, once its last check is judged
+    suite_alerts.on_check_ended(session, run)  # the suite run's one alert, once its last check is judged
 
 
 def probe_findings(result: ParityResult) -> list[dict[str, Any]]:

@@ -108,3 +108,32 @@ def test_only_an_http_pipeline_url_becomes_a_link(client: TestClient, make_token
                       headers=make_token("submit")).json()
     page = client.get(f"/runs/{run['id']}").text
     assert "pipeline_url=javascript:alert(1)" in page and "pipeline-link" not in page
+
+
+def test_a_suite_whose_last_check_ends_in_an_infrastructure_error_still_alerts(
+    client: TestClient, db_session: Session, make_token
+) -> None:
+    from models import Run
+    from service.core.run_state import RunState, transition
+    from service.oncall.suite_alerts import on_check_ended
+
+    admin, submit = make_token("admin"), make_token("submit", name="ci")
+    client.post("/api/v1/notifications/channels", headers=admin, json={
+        "name": "oncall", "kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret": "s3cret-shared-with-the-rx"})
+    client.post("/api/v1/suites", json=SUITE, headers=admin)
+    main = _suite_run(client, submit, {"branch": "main"})
+    for name in ("dp2-dense", "dp2-moe", "layerwise"):
+        finish(db_session, main[name], "pass")
+    pr = _suite_run(client, submit, PR)
+    finish(db_session, pr["dp2-dense"], "fail", ["lr-schedule-mismatch"])
+    finish(db_session, pr["dp2-moe"], "pass")
+    assert db_session.scalar(select(OutboxMessage)) is None
+    last = db_session.get(Run, pr["layerwise"])
+    assert last is not None
+    transition(db_session, last, RunState.TRAIN_SUBMITTED, "test")
+    last.error_message = "train_and_save: node lost on 3 attempt(s); infrastructure failure, not a parity result"
+    transition(db_session, last, RunState.ERROR, last.error_message)  # as submitter.retry_or_give_up does, then:
+    assert on_check_ended(db_session, last) is True
+    assert [m.event for m in db_session.scalars(select(OutboxMessage))] == ["suite-run.failed"]
+    assert on_check_ended(db_session, last) is True  # called again: the same message, not a second one
+    assert len(db_session.scalars(select(OutboxMessage)).all()) == 1
