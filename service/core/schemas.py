@@ -111,7 +111,8 @@ class RunOut(BaseModel):
     verdict: Verdict | Literal["known-failure"] | None
     verdict_label: str | None = Field(
         default=None,
-        description='The verdict as the matrix shows it: "pass (worked around)" when a workaround hid a finding',
+        description='The verdict with its qualifiers (reading.label): "pass (worked around: realign-param-index)", '
+                    '"fail (regression against main)"; null before a verdict',
     )
     reading: dict[str, Any] = Field(
         default_factory=dict,
