@@ -170,3 +170,21 @@ def test_webhook_and_slack(suite_run: dict[str, Any]) -> None:
                         "run_url": run["links"]["dashboard"]})
     assert slack["text"].splitlines()[0] == f"*{line}*"
     assert reading({**run, "summary": OUTCOMES["lr-regression"]["summary"]}).line() == LINES["lr-regression"]
+
+
+def test_a_tolerance_judged_run_records_what_its_bound_is_read_against(
+    client: TestClient, make_token, db_session: Session
+) -> None:
+    from tests.service.verdict_helpers import finish
+
+    def row(step: int, rel: float, resumed: bool = True) -> dict[str, Any]:
+        return {"step": step, "resumed_phase": resumed, "loss_baseline": 4.0, "loss_resumed": 4.0 * (1 + rel),
+                "loss_abs_delta": 4.0 * rel, "loss_rel_delta": rel, "lr_baseline": 1e-3, "lr_resumed": 1e-3,
+                "lr_abs_delta": 0.0, "lr_rel_delta": 0.0, "within_tolerance": True}
+
+    run = client.post("/api/v1/runs", json={"spec": {"config": "moe-fp32-router", **SPEC, "resume_dp": 1}},
+                      headers=make_token("submit")).json()
+    stored = finish(db_session, run["id"], "pass", steps=[row(3, 1e-3, resumed=False), row(4, 2e-6), row(5, -7e-6)],
+                    first_divergent_step=4, reshard={"bound": RESHARD_BOUND})
+    assert stored.summary["measured"] == {"loss_rel": 7e-6}  # the resumed steps only
+    assert reading(stored).bound == "max relative loss delta 7e-06 within the calibrated reshard bound 3e-05, 23% of it"
