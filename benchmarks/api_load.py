@@ -248,7 +248,8 @@ def main() -> int:
         env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": "local",
                "PARITY_MAX_IN_FLIGHT": "1000000", "PARITY_MAX_QUEUED_PER_REQUESTER": "1000000"}
         token = subprocess.run(
-            [sys.executable, "-m", "service.cli.main", "token", "create", "--name", "bench", "--scope", "submit"],
+            [sys.executable, "-m", "service.cli.main", "token", "create", "--name", "bench", "--scope", "submit",
+             "--track", "*"],
             env=env, capture_output=True, text=True, check=True, cwd=ROOT,
         ).stdout.strip()
         port, bare_port = free_port(), free_port()

@@ -96,7 +96,7 @@ def profile(args: argparse.Namespace, plain: str) -> None:
 
     settings = get_settings()
     with session_scope() as session:
-        token = create_token(session, name="bench", scopes=["submit"])
+        token = create_token(session, name="bench", scopes=["submit"], tracks=["*"])
     n = args.requests
     parts: dict[str, float] = {}
     with psycopg.connect(plain, autocommit=True) as conn:

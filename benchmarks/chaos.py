@@ -266,8 +266,8 @@ def main() -> int:
         subprocess.run([*PARITY, "db", "upgrade"], env=env, check=True, capture_output=True, timeout=300)
 
         def token(name: str, scope: str) -> str:
-            return subprocess.run([*PARITY, "token", "create", "--name", name, "--scope", scope], env=env,
-                                  check=True, capture_output=True, text=True, timeout=120).stdout.strip()
+            return subprocess.run([*PARITY, "token", "create", "--name", name, "--scope", scope, "--track", "*"],
+                                  env=env, check=True, capture_output=True, text=True, timeout=120).stdout.strip()
 
         tokens = [token(f"chaos-client-{i}", "submit") for i in range(args.clients)]
         admin = token("chaos-admin", "admin")

@@ -367,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "PARITY_DATABASE_URL": url, "PARITY_EXECUTOR": args.executor,
                    "PARITY_RUN_FOLDER": str(root / "runs"), "PARITY_SELFTEST_INTERVAL_HOURS": "0"}
             token = subprocess.run(
-                [sys.executable, "-m", "service.cli.main", "token", "create", "--name", "bench", "--scope", "submit"],
+                [sys.executable, "-m", "service.cli.main", "token", "create", "--name", "bench", "--scope", "submit",
+                 "--track", "*"],
                 env=env, capture_output=True, text=True, check=True, cwd=ROOT,
             ).stdout.strip()
             headers = {"Authorization": f"Bearer {token}"}

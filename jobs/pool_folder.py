@@ -35,11 +35,42 @@ POLL_S = 0.05
 HEARTBEAT_S = 1.0
 
 
+def _open_folder(folder: Path) -> int:
+    """A descriptor of folder itself, refused when it is a link."""
+    return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _write_new(dir_fd: int, name: str, data: bytes) -> None:
+    """Create `name` in the open folder and write data, never through a link or into an existing file.
+
+    The scheduler (root) writes into a worker's folder, which the job user owns: whatever the job
+    planted under the temporary name (a link to a root-only file, a file it keeps open) is removed and
+    a new file made with O_EXCL | O_NOFOLLOW, so the write lands only in a file this call created.
+    """
+    for _ in range(5):
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=dir_fd)
+        except FileExistsError:
+            os.unlink(name, dir_fd=dir_fd)  # the entry itself (a link is removed, never its target)
+            continue
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return
+    raise FileExistsError(f"{name}: something keeps putting a file there")
+
+
 def write_atomic(path: Path, value: dict[str, Any]) -> None:
-    """Write JSON so a reader sees the old file or the whole new one, never half of it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
+    """Write JSON so a reader sees the old file or the whole new one, never half of it (nor through a link)."""
+    tmp = f".{path.name}.{os.getpid()}.tmp"
+    dir_fd = _open_folder(path.parent)
+    try:
+        _write_new(dir_fd, tmp, json.dumps(value).encode())
+        os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a link, never its target
+    finally:
+        os.close(dir_fd)
 
 
 def read_pool_file(path: Path) -> dict[str, Any] | None:
@@ -93,15 +124,20 @@ class PoolFolder:
 
     def place_order(self, order: dict[str, Any]) -> bool:
         """Hand the worker `order` unless it already holds one (exclusive, atomic); True when placed."""
-        tmp = self.folder / f".order.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        tmp.write_text(json.dumps(order))
+        tmp = f".order.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        dir_fd = _open_folder(self.folder)  # the job user's folder: by descriptor, never through a link
         try:
-            os.link(tmp, self.order)  # fails with EEXIST when an order is in force
-            return True
-        except FileExistsError:
-            return False
+            _write_new(dir_fd, tmp, json.dumps(order).encode())
+            try:
+                # fails with EEXIST when an order is in force (a link planted there counts as one)
+                os.link(tmp, self.order.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp, dir_fd=dir_fd)
         finally:
-            tmp.unlink(missing_ok=True)
+            os.close(dir_fd)
 
     def read_order(self) -> dict[str, Any] | None:
         return read_pool_file(self.order)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, String
+from sqlalchemy import BigInteger, ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, CreatedAt
@@ -25,5 +25,7 @@ class Artifact(CreatedAt, Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     path: Mapped[str] = mapped_column(String(1000))
     uploaded_by: Mapped[str | None] = mapped_column(String(200))
+    # the token whose upload stored these bytes first: its quota counts them (None: before 0016)
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), index=True)
     state: Mapped[str] = mapped_column(String(16), default="stored", server_default="stored", index=True)
     last_used_at: Mapped[datetime | None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, Text
+from sqlalchemy import ForeignKey, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -42,3 +42,5 @@ class Environment(CreatedAt, Base):
     build_seconds: Mapped[float | None]
     built_at: Mapped[datetime | None]
     last_used_at: Mapped[datetime | None]
+    # the token that asked for this build (last): its build quota counts it while pending or building
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), index=True)

@@ -18,6 +18,9 @@ class ApiToken(CreatedAt, Base):
     name: Mapped[str] = mapped_column(String(200))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     scopes: Mapped[list[str]] = mapped_column(JSONB, default=list)
+    # the tracks (fnmatch patterns) this token's runs may write: a run's `branch` label, else its
+    # environment's name, must match one (admin: any); tokens made before 0016 were given ["*"]
+    tracks: Mapped[list[str]] = mapped_column(JSONB, default=list, server_default="[]")
     revoked_at: Mapped[datetime | None]
     # None: never expires
     expires_at: Mapped[datetime | None]

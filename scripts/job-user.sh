@@ -5,7 +5,14 @@
 set -euo pipefail
 JOB_USER=${PARITY_SLURM_JOB_USER:-parity-job}
 [[ $(id -u) == 0 ]] || { echo "job-user: run as root" >&2; exit 1; }
+# No home of its own: every job gets a private, fresh HOME inside its granted folder
+# (service/executors/launcher.py), so nothing one build writes under ~ reaches the next.
 if ! id -u "$JOB_USER" >/dev/null 2>&1; then
-  useradd --system --user-group --create-home --home-dir "/var/lib/$JOB_USER" --shell /usr/sbin/nologin "$JOB_USER"
+  useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$JOB_USER"
   echo "job-user: created $JOB_USER (uid $(id -u "$JOB_USER"))"
+fi
+home=$(getent passwd "$JOB_USER" | cut -d: -f6)
+if [[ $home != /nonexistent ]]; then
+  usermod --home /nonexistent "$JOB_USER"
+  echo "job-user: $JOB_USER's home is now /nonexistent (was $home; left in place, no job uses it)"
 fi

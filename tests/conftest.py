@@ -134,11 +134,12 @@ def client(db_session: Session):
 
 @pytest.fixture
 def make_token(db_session: Session):
-    """Create a token with the given scopes and return its Authorization header."""
+    """Create a token with the given scopes (and tracks: any unless given) and return its Authorization header."""
     from service.core.tokens import create_token
 
-    def _make(*scopes: str, name: str = "tester") -> dict[str, str]:
-        return {"Authorization": f"Bearer {create_token(db_session, name=name, scopes=list(scopes))}"}
+    def _make(*scopes: str, name: str = "tester", tracks: tuple[str, ...] = ("*",)) -> dict[str, str]:
+        secret = create_token(db_session, name=name, scopes=list(scopes), tracks=list(tracks))
+        return {"Authorization": f"Bearer {secret}"}
 
     return _make
 

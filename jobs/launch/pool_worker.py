@@ -139,6 +139,11 @@ def _child(rank: int, order: dict[str, Any]) -> None:
         _die_with_parent()
         # the phase children run_attempt forks die with this child too (no orphan left holding a port)
         os.register_at_fork(after_in_child=_die_with_parent)
+        # the attempt's own HOME, TMPDIR and caches (inside its folder), not the worker's: what one attempt
+        # writes there is not the next one's
+        env = order.get("env")
+        if isinstance(env, dict):
+            os.environ.update({str(k): str(v) for k, v in env.items()})
         logs = order.get("logs") or []
         if rank < len(logs):
             for fd, path in zip((1, 2), logs[rank], strict=True):

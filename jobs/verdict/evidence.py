@@ -119,6 +119,12 @@ def _workaround_reports(doc: PhaseDocument | None) -> dict[str, Any]:
     return (doc.get("workarounds") or {}) if doc else {}
 
 
+def _needed(report: Any) -> bool | None:
+    """Whether a workaround's report says its bug fired (None: the report does not say; load-no-grad is a flag)."""
+    value = report.get("needed") if isinstance(report, dict) else None
+    return value if isinstance(value, bool) else None
+
+
 def _per_rank_diffs(before: list[Any] | None, after: list[Any] | None) -> list[dict[str, Any]]:
     out = []
     for rank, (a, b) in enumerate(zip(before or [], after or [], strict=False)):
@@ -267,12 +273,8 @@ def collect_evidence(
     absent = _workaround_reports(resumed).get(LOAD_ABSENT_STEP) or {}
     if absent.get("needed"):
         hidden["optimizer-step-key-missing"] = {"by": LOAD_ABSENT_STEP, "evidence": {"params": absent["params"]}}
-    not_needed = [
-        name
-        for name in spec.workarounds
-        if any((_workaround_reports(d).get(name) or {}).get("needed") is False for d in (baseline, resumed))
-        and not any((_workaround_reports(d).get(name) or {}).get("needed") for d in (baseline, resumed))
-    ]
+    needed = [[_needed(_workaround_reports(d).get(name)) for d in (baseline, resumed)] for name in spec.workarounds]
+    not_needed = [name for name, n in zip(spec.workarounds, needed, strict=True) if False in n and True not in n]
     if not_needed:
         ev["_not_needed"] = not_needed
     view = _fp32_view(resumed)

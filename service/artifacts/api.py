@@ -44,16 +44,24 @@ def _out(art: Artifact) -> ArtifactOut:
     "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {
         "type": "string", "format": "binary"}}}},
 }, responses={200: {"model": ArtifactOut, "description": "The same bytes were already uploaded: that artifact"},
-              413: {"description": "Larger than PARITY_ARTIFACT_MAX_BYTES"}})
+              413: {"description": "Larger than PARITY_ARTIFACT_MAX_BYTES"},
+              429: {"description": "The token's artifact quota (PARITY_TOKEN_MAX_ARTIFACTS, "
+                                   "PARITY_TOKEN_MAX_ARTIFACT_BYTES) is used up"}})
 async def upload(
     request: Request, session: SessionDep, settings: SettingsDep, response: Response,
     filename: Annotated[str, Query(max_length=255, description="the file's name (a wheel's name carries its tags)")],
     authorization: Annotated[str | None, Header()] = None,
 ) -> ArtifactOut:
     """Store the body (a wheel or sdist) under its SHA-256 (submit token); the same bytes are stored once."""
+    # the token, the name and the token's quota are checked before a byte of the body is read (the app-wide
+    # input check leaves a streamed body alone: service/core/limits.py)
     token = await run_in_threadpool(authenticate, session, token=_bearer(authorization), scope="submit")
-    store.check_filename(filename)  # before reading a byte of the body
-    writer = store.Writer(store.incoming(settings), settings.artifact_max_bytes)
+    store.check_filename(filename)
+    allowed = await run_in_threadpool(store.allowance, session, token=token, settings=settings)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > allowed.limit:
+        raise allowed.refusal  # a declared length past what is left: refused before the body
+    writer = store.Writer(store.incoming(settings), allowed)
     try:
         async for chunk in request.stream():
             writer.write(chunk)
@@ -62,7 +70,7 @@ async def upload(
         raise
     received = writer.finish()
     art, new = await run_in_threadpool(
-        store.store, session, received=received, filename=filename, uploaded_by=token.name, settings=settings)
+        store.store, session, received=received, filename=filename, token=token, settings=settings)
     if not new:
         response.status_code = 200
     return _out(art)

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from models import Artifact, Environment
+from models import ApiToken, Artifact, Environment
 from models.base import utcnow
 from service.artifacts.lines import artifact_sha
-from service.core.errors import DomainError, NotFound
+from service.core.errors import DomainError, NotFound, PayloadTooLarge, QuotaExceeded
 from service.core.settings import Settings
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]{0,254}$")
@@ -40,9 +40,56 @@ class InvalidArtifact(DomainError):
     code = "invalid_artifact"
 
 
-class PayloadTooLarge(DomainError):
-    status_code = 413
-    code = "payload_too_large"
+@dataclass(frozen=True)
+class Allowance:
+    """How much one upload may still bring: the artifact limit, or what is left of its token's quota."""
+
+    limit: int
+    # the error once `limit` is passed (413 for the artifact limit, the quota's 429 otherwise)
+    refusal: DomainError
+
+
+def _stored_by(session: Session, token_id: int) -> tuple[int, int]:
+    """(artifacts, bytes) stored from this token's uploads."""
+    count, size = session.execute(select(func.count(), func.coalesce(func.sum(Artifact.size_bytes), 0)).where(
+        Artifact.token_id == token_id, Artifact.state == "stored")).one()
+    return int(count), int(size)
+
+
+def _quota_check(session: Session, token: ApiToken, settings: Settings, adding: int | None) -> int:
+    """The bytes left to the token's quota once `adding` more are stored; QuotaExceeded naming the setting if none.
+
+    `adding` None: before the body, when the bytes may turn out to be stored already (free): only a
+    token with no byte left is refused then; the number of artifacts is counted once the bytes are new.
+    """
+    count, size = _stored_by(session, token.id)
+    most_bytes = settings.token_max_artifact_bytes_int
+    keep = f"retention deletes an artifact unused for PARITY_ARTIFACT_KEEP_DAYS={settings.artifact_keep_days:g} days"
+    if adding is not None and count + 1 > settings.token_max_artifacts:
+        raise QuotaExceeded(
+            f"body: token {token.name!r} already stores {count} artifacts "
+            f"(PARITY_TOKEN_MAX_ARTIFACTS={settings.token_max_artifacts}); {keep}", field="body")
+    if size + (adding or 0) > most_bytes or (adding is None and size >= most_bytes):
+        brings = f" and this upload brings {adding}" if adding is not None else ""
+        raise QuotaExceeded(
+            f"body: token {token.name!r} stores {size} bytes of artifacts{brings} "
+            f"(PARITY_TOKEN_MAX_ARTIFACT_BYTES={settings.token_max_artifact_bytes}); {keep}", field="body")
+    return most_bytes - size - (adding or 0)
+
+
+def allowance(session: Session, *, token: ApiToken, settings: Settings) -> Allowance:
+    """What one upload of this token may bring (checked before its body is read; QuotaExceeded if nothing)."""
+    too_large = PayloadTooLarge(
+        f"request body: larger than the {settings.artifact_max_bytes} bytes allowed for an artifact "
+        "(PARITY_ARTIFACT_MAX_BYTES)")
+    if "admin" in token.scopes:
+        return Allowance(settings.artifact_max_bytes, too_large)
+    left = _quota_check(session, token, settings, None)
+    if left >= settings.artifact_max_bytes:
+        return Allowance(settings.artifact_max_bytes, too_large)
+    return Allowance(left, QuotaExceeded(
+        f"body: this upload is larger than the {left} bytes left to token {token.name!r} "
+        f"(PARITY_TOKEN_MAX_ARTIFACT_BYTES={settings.token_max_artifact_bytes})", field="body"))
 
 
 def check_filename(filename: str) -> str:
@@ -72,27 +119,36 @@ class Received:
     size: int
 
 
+# the artifact folder may be passed (a build job reads its own wheel by its sha256), never listed: a job
+# must not enumerate every tenant's uploads
+ROOT_MODE = 0o711
+
+
 def incoming(settings: Settings) -> Path:
     """A fresh temporary path for one upload (inside the artifact folder, so the final move is a rename)."""
-    folder = settings.resolved_artifact_folder / ".incoming"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root = settings.resolved_artifact_folder
+    root.mkdir(parents=True, exist_ok=True, mode=ROOT_MODE)
+    if root.stat().st_mode & 0o777 != ROOT_MODE:
+        root.chmod(ROOT_MODE)
+    folder = root / ".incoming"
+    folder.mkdir(exist_ok=True, mode=0o700)
     return folder / uuid.uuid4().hex
 
 
 class Writer:
-    """Write an upload's chunks to a temporary file, hashing them, refusing more than `limit` bytes."""
+    """Write an upload's chunks to a temporary file, hashing them, refusing more than its allowance."""
 
-    def __init__(self, temp: Path, limit: int) -> None:
-        self.temp, self.limit, self.size = temp, limit, 0
+    def __init__(self, temp: Path, allowed: Allowance) -> None:
+        self.temp, self.limit, self.refusal, self.size = temp, allowed.limit, allowed.refusal, 0
         self.hash = hashlib.sha256()
         self.fh: BinaryIO = temp.open("wb")
 
     def write(self, chunk: bytes) -> None:
-        """Append a chunk (413 and the file removed once the limit is passed)."""
+        """Append a chunk (the allowance's refusal, and the file removed, once the limit is passed)."""
         self.size += len(chunk)
         if self.size > self.limit:
             self.discard()
-            raise PayloadTooLarge(f"request body: larger than the {self.limit} bytes allowed for an artifact")
+            raise self.refusal
         self.hash.update(chunk)
         self.fh.write(chunk)
 
@@ -107,9 +163,13 @@ class Writer:
         self.temp.unlink(missing_ok=True)
 
 
-def store(session: Session, *, received: Received, filename: str, uploaded_by: str | None,
+def store(session: Session, *, received: Received, filename: str, token: ApiToken | None,
           settings: Settings) -> tuple[Artifact, bool]:
-    """Keep the received file under its hash (once); -> (artifact, newly stored)."""
+    """Keep the received file under its hash (once), counted in the quota of the token that brought it first.
+
+    -> (artifact, newly stored). The quota is checked again here under a lock on the token's row, so
+    concurrent uploads of one token cannot both pass it.
+    """
     try:
         kind = check_filename(filename)
         if received.size == 0:
@@ -122,13 +182,18 @@ def store(session: Session, *, received: Received, filename: str, uploaded_by: s
                                   field="body")
         session.execute(insert(Artifact).values(
             sha256=received.sha256, filename=filename, kind=kind, size_bytes=received.size, state="pruned",
-            path=str(settings.resolved_artifact_folder / received.sha256 / filename), uploaded_by=uploaded_by,
+            path=str(settings.resolved_artifact_folder / received.sha256 / filename),
+            uploaded_by=token.name if token else None, token_id=token.id if token else None,
             created_at=utcnow(), last_used_at=utcnow(),
         ).on_conflict_do_nothing(index_elements=["sha256"]))
         art = session.scalar(select(Artifact).where(Artifact.sha256 == received.sha256).with_for_update()
                              .execution_options(populate_existing=True))
         assert art is not None
         new = art.state != "stored"
+        if new and token is not None and "admin" not in token.scopes:
+            session.execute(select(ApiToken.id).where(ApiToken.id == token.id).with_for_update())
+            _quota_check(session, token, settings, received.size)
+            art.token_id, art.uploaded_by = token.id, token.name  # bytes brought back count for who brought them
         if new or not Path(art.path).is_file():
             dest = Path(art.path)
             dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)

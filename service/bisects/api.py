@@ -16,6 +16,7 @@ from service.core.deps import ReadAccess, SessionDep, SettingsDep, SubmitToken
 from service.core.limits import MAX_LABELS
 from service.core.links import BaseUrl
 from service.core.schemas import ERROR_RESPONSES, ClientLabels
+from service.core.tracks import authorize_track
 from service.runs.api import caps
 from service.runs.records import validate_spec
 
@@ -50,6 +51,8 @@ def create_bisect(
     body: BisectCreate, session: SessionDep, settings: SettingsDep, token: SubmitToken, base: BaseUrl,
 ) -> dict[str, Any]:
     """Start the bisect: its first step reuses a stored verdict or queues a run."""
+    for environment in (body.good, *body.between, body.bad):  # the scheduler queues its runs later, as this token
+        authorize_track(token, labels=body.labels, environment=environment)
     spec = validate_spec(body.spec if body.spec is not None else bisects.spec_of_check(session, body.check or ""))
     row = bisects.create_bisect(
         session, spec=spec, environments=[body.good, *body.between, body.bad], labels=body.labels,

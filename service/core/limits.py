@@ -8,8 +8,13 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.core.errors import PayloadTooLarge
+
 MAX_BODY_BYTES = 64 * 1024
 MAX_LABELS = 32
+# set in the ASGI scope of a request whose body is a stream for its route alone: nothing before the
+# route (no app-wide dependency) may read it, since the route checks the token first
+STREAMED = "parity.streamed_body"
 
 
 async def _send_413(send: Send, limit: int) -> None:
@@ -24,14 +29,32 @@ async def _send_413(send: Send, limit: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _counted(receive: Receive, limit: int) -> Receive:
+    """receive, raising PayloadTooLarge once more than limit body bytes came (rendered as 413 by the app)."""
+    seen = 0
+
+    async def counted() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise PayloadTooLarge(f"request body: larger than the {limit} bytes allowed")
+        return message
+
+    return counted
+
+
 class BodyLimit:
     """ASGI middleware: 413 for a declared or streamed body over `limit` bytes.
 
     A Content-Length over the limit is refused before a byte is read; a chunked body is read up to
     limit + 1 bytes and then replayed to the app, so the JSON parser never sees an oversize body.
     `streamed` maps a path to the limit of its own (a callable, read per request): such a route
-    takes its body as a stream (an upload) and enforces the limit while it writes; here only a declared
-    Content-Length over it is refused, and the body is never buffered.
+    takes its body as a stream (an upload). A declared Content-Length over the limit is refused here;
+    a chunked one is counted as the route receives it and ends in 413 the moment it passes the limit
+    (whoever reads it); it is never buffered, and the scope is marked STREAMED so that nothing but the
+    route reads it.
     """
 
     def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES,
@@ -57,7 +80,11 @@ class BodyLimit:
             if too_big:
                 await _send_413(send, limit)
                 return
-            await self.app(scope, receive, send)
+            if own is None:
+                await self.app(scope, receive, send)
+                return
+            scope[STREAMED] = True
+            await self.app(scope, _counted(receive, limit), send)
             return
         messages: list[Message] = []
         size = 0

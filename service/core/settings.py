@@ -24,17 +24,17 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_QUOTA_BYTES = 1 << 50  # 1 PiB: anything larger is a typo, and overflows what rlimits take
 
 
-def parse_size(value: str) -> int:
+def parse_size(value: str, setting: str = "PARITY_RUN_DISK_QUOTA") -> int:
     """'20G' -> bytes; a clear error naming the setting and the allowed forms otherwise."""
     text = value.strip().upper().removesuffix("B").removesuffix("I")
     unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
     number = text[: len(text) - len(unit)]
     if not (number.isascii() and number.isdigit()) or len(number) > 16:
-        raise ValueError(f"PARITY_RUN_DISK_QUOTA: {value!r} is not a size; expected bytes or a number with K, M, G "
+        raise ValueError(f"{setting}: {value!r} is not a size; expected bytes or a number with K, M, G "
                          "or T (e.g. 20G)")
     size = int(number) * _SIZE_UNITS[unit]
     if not 1 << 20 <= size <= MAX_QUOTA_BYTES:
-        raise ValueError(f"PARITY_RUN_DISK_QUOTA: {value!r} must lie between 1M and 1P")
+        raise ValueError(f"{setting}: {value!r} must lie between 1M and 1P")
     return size
 
 
@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     # What one run attempt or build may write into its folder: bytes, or with a K/M/G/T suffix (powers
     # of 1024). Every job file is capped at this (RLIMIT_FSIZE); the reconciler fails a folder past it.
     run_disk_quota: str = "20G"
+    # where each local job gets a cgroup of its own, killed whole when the job ends (nothing it started,
+    # a setsid daemon included, outlives it): "auto" (a writable cgroup v2 hierarchy, as root), "off", or
+    # the path of a cgroup v2 folder the scheduler may write (service/executors/job_cgroup.py)
+    job_cgroup: str = "auto"
 
     # what a submit token may build (service/environments/build_policy.py): project names (released
     # versions, pinned), git+https repository URLs (at a full commit), `artifact` (artifact:<sha256>)
@@ -113,6 +117,12 @@ class Settings(BaseSettings):
     artifact_folder: Path | None = None
     artifact_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
     artifact_keep_days: float = Field(default=30.0, ge=0)
+    # per-token quotas (admin tokens have none; 429 `quota_exceeded` naming the setting beyond them): the
+    # artifacts one token's uploads keep stored, in number and in bytes (size as PARITY_RUN_DISK_QUOTA), and
+    # the builds it may have pending or building at once. Queued runs: PARITY_MAX_QUEUED_PER_REQUESTER.
+    token_max_artifacts: int = Field(default=100, ge=1)
+    token_max_artifact_bytes: str = "10G"
+    token_max_builds: int = Field(default=4, ge=1)
     # the detector-health self-test batch (service/selftest/batch.py); 0 turns it off
     selftest_interval_hours: float = Field(default=24.0, ge=0)
     # a phase not running this long after submission (PENDING, or a state nobody can read) is
@@ -171,6 +181,17 @@ class Settings(BaseSettings):
     def _check_quota(cls, value: str) -> str:
         parse_size(value)
         return value
+
+    @field_validator("token_max_artifact_bytes")
+    @classmethod
+    def _check_artifact_quota(cls, value: str) -> str:
+        parse_size(value, "PARITY_TOKEN_MAX_ARTIFACT_BYTES")
+        return value
+
+    @property
+    def token_max_artifact_bytes_int(self) -> int:
+        """PARITY_TOKEN_MAX_ARTIFACT_BYTES in bytes."""
+        return parse_size(self.token_max_artifact_bytes, "PARITY_TOKEN_MAX_ARTIFACT_BYTES")
 
     @property
     def run_disk_quota_bytes(self) -> int:

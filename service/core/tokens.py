@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from models import ApiToken
 from models.base import utcnow
 from service.core.errors import Forbidden, Unauthorized
+from service.core.tracks import check_patterns
 
 # build: may install any requirement line in a service-built environment (submit: only PARITY_BUILD_ALLOW)
 SCOPES = ("submit", "build", "admin", "read")
@@ -29,17 +30,27 @@ def hash_token(token: str) -> str:
 
 
 def create_token(
-    session: Session, *, name: str, scopes: list[str], expires_in: timedelta | None = None
+    session: Session, *, name: str, scopes: list[str], tracks: list[str] | None = None,
+    expires_in: timedelta | None = None,
 ) -> str:
-    """Create a token with scopes (and, if given, an expiry) and return its secret (shown once, never stored)."""
+    """Create a token with scopes, the tracks it may write (and, if given, an expiry); return its secret.
+
+    The secret is shown once and never stored. A token that may queue runs (submit, not admin) must name
+    its tracks (fnmatch patterns: 'pr-*', 'main', or '*' for any): a track's history is its owners'.
+    """
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown or not scopes:
         raise ValueError(f"scopes: unknown {', '.join(unknown) or '(none given)'}; allowed: {', '.join(SCOPES)}")
     if not 1 <= len(name) <= MAX_NAME:
         raise ValueError(f"name: must be 1 to {MAX_NAME} characters, got {len(name)}")
+    patterns = check_patterns(tracks or [])
+    if not patterns and "submit" in scopes and "admin" not in scopes:
+        raise ValueError("tracks: a submit token must name the tracks (branch labels) it may write, e.g. "
+                         "--track 'pr-*' for CI's pull requests, --track main for the main branch, --track '*' for any")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     expires_at = utcnow() + expires_in if expires_in is not None else None
-    session.add(ApiToken(name=name, token_hash=hash_token(secret), scopes=sorted(set(scopes)), expires_at=expires_at))
+    session.add(ApiToken(name=name, token_hash=hash_token(secret), scopes=sorted(set(scopes)), tracks=patterns,
+                         expires_at=expires_at))
     session.flush()
     return secret
 
@@ -89,12 +100,13 @@ class SeenToken:
 
     Not proof that it is still valid: revocation is checked by the write itself (the POST /runs
     INSERT only inserts while the token row is unrevoked and unexpired, in the same statement), so a
-    revoked token stops working at once. Scopes and names never change after creation.
+    revoked token stops working at once. Scopes, tracks and names never change after creation.
     """
 
     id: int
     name: str
     scopes: tuple[str, ...]
+    tracks: tuple[str, ...]
     expires_at: datetime | None
     last_used_at: datetime
 
@@ -107,7 +119,8 @@ def _remember(row: ApiToken, last_used: datetime) -> None:
     with _seen_lock:
         if len(_seen) >= SEEN_MAX:
             _seen.clear()  # a crude bound: a flood of distinct tokens only costs lookups again
-        _seen[row.token_hash] = SeenToken(row.id, row.name, tuple(row.scopes), row.expires_at, last_used)
+        _seen[row.token_hash] = SeenToken(row.id, row.name, tuple(row.scopes), tuple(row.tracks or ()),
+                                          row.expires_at, last_used)
 
 
 def recall(token: str | None, scope: str) -> SeenToken | None:

@@ -65,7 +65,8 @@ def add_environment(
     # (indexed as the client sent them, not as normalize sorts them)
     authorize_build([line.strip() for line in body.requirements], list(token.scopes), settings)
     env, created = request_build(
-        session, requirements=body.requirements, settings=settings, name=body.name, description=body.description
+        session, requirements=body.requirements, settings=settings, name=body.name, description=body.description,
+        token=token,
     )
     if not created:
         response.status_code = 200

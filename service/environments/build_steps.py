@@ -139,6 +139,7 @@ def reconcile_builds(session: Session, settings: Settings | None = None) -> int:
 
 
 def _take_back(env: Environment, settings: Settings) -> None:
+    launcher.end_job(_job(env), settings)  # nothing the build started outlives it (a local job's cgroup)
     try:
         run_as = job_user.job_user(settings.job_user)
     except job_user.JobUserError as exc:

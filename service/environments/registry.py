@@ -16,14 +16,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from models import Environment
+from models import ApiToken, Environment
 from models.base import utcnow
 from service.artifacts.store import resolve_lines
-from service.core.errors import Conflict, DomainError, NotFound
+from service.core.errors import Conflict, DomainError, NotFound, QuotaExceeded
 from service.core.settings import Settings
 from service.environments import interpreters
 from service.environments.requirements import RequirementError, content_hash, normalize
@@ -178,10 +178,31 @@ def builds_folder(settings: Settings) -> Path:
     return settings.resolved_run_folder / "environments"
 
 
+UNFINISHED_BUILD = ("pending", "building")
+
+
+def _charge_build(session: Session, token: ApiToken | None, settings: Settings) -> None:
+    """Count a build this token starts against PARITY_TOKEN_MAX_BUILDS (429 naming it when full; admin: none)."""
+    if token is None or "admin" in token.scopes:
+        return
+    session.execute(select(ApiToken.id).where(ApiToken.id == token.id).with_for_update())  # one count at a time
+    busy = session.scalar(select(func.count()).select_from(Environment).where(
+        Environment.token_id == token.id, Environment.state.in_(UNFINISHED_BUILD))) or 0
+    if busy >= settings.token_max_builds:
+        raise QuotaExceeded(
+            f"requirements: token {token.name!r} already has {busy} builds pending or building "
+            f"(PARITY_TOKEN_MAX_BUILDS={settings.token_max_builds}); ask again when one has finished",
+            field="requirements")
+
+
 def request_build(
-    session: Session, *, requirements: list[str], settings: Settings, name: str | None = None, description: str = ""
+    session: Session, *, requirements: list[str], settings: Settings, name: str | None = None, description: str = "",
+    token: ApiToken | None = None,
 ) -> tuple[Environment, bool]:
-    """The build of these requirement lines: reused when an identical set exists, else queued. -> (env, new)."""
+    """The build of these requirement lines: reused when an identical set exists, else queued. -> (env, new).
+
+    A build that has to run (new, or failed/pruned before) counts in `token`'s build quota.
+    """
     try:
         lines = normalize(requirements)
         torch_version = _service_torch()
@@ -197,17 +218,20 @@ def request_build(
                 f"name: these requirements are already built as environment {env.name!r}", field="name"
             )
         if env.state in ("failed", "pruned"):
+            _charge_build(session, token, settings)
             set_state(env, "pending")
             env.error_message, env.job_id = None, None
+            env.token_id = token.id if token else None
         env.last_used_at = utcnow()
         return env, False
     name = name or f"build-{digest[:12]}"
     _unique_name(session, name)
+    _charge_build(session, token, settings)
     folder = builds_folder(settings) / digest[:16]
     env = Environment(
         name=name, python=str(folder / "venv" / "bin" / "python"), description=description, packages={},
         state="pending", requirements=lines, content_hash=digest, folder=str(folder), torch=torch_version,
-        freeze=[], last_used_at=utcnow(),
+        freeze=[], last_used_at=utcnow(), token_id=token.id if token else None,
     )
     session.add(env)
     session.flush()

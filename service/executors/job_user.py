@@ -68,9 +68,8 @@ class JobUser:
         return cls(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
 
     def environment(self) -> dict[str, str]:
-        """What the job's own identity variables say (never the service's home)."""
-        home = self.home if os.path.isdir(self.home) else "/tmp"
-        return {"HOME": home, "USER": self.name, "LOGNAME": self.name}
+        """What the job's own identity variables say (its HOME is private to the job: job_home.private_environment)."""
+        return {"USER": self.name, "LOGNAME": self.name}
 
 
 def job_user(name: str | None) -> JobUser | None:
@@ -135,17 +134,18 @@ def grant(folder: Path, user: JobUser | None, *, root: Path) -> None:
     _rechown(folder, user.uid, group, dir_mode=GRANTED_MODE)
 
 
-def take_back(folder: Path, user: JobUser | None, *, root: Path, keep: Path | None = None) -> None:
+def take_back(folder: Path, user: JobUser | None, *, root: Path, keep: tuple[Path, ...] = ()) -> None:
     """Re-own `folder` and everything the job left in it as the service's (never following a link).
 
-    keep: a subfolder left to the job (the submitit folder of a job that still runs the next phase).
+    keep: subfolders left to the job (the submitit folder and private HOME of a job that still runs the
+    next phase).
     """
     if user is None or not folder.is_dir() or folder.is_symlink():
         return
     _rechown(folder, os.geteuid(), service_group(root), dir_mode=TAKEN_BACK_MODE, keep=keep)
 
 
-def _rechown(folder: Path, uid: int, gid: int, *, dir_mode: int, keep: Path | None = None) -> None:
+def _rechown(folder: Path, uid: int, gid: int, *, dir_mode: int, keep: tuple[Path, ...] = ()) -> None:
     """chown every entry under folder by file descriptor: a link swapped in mid-walk is re-owned
     itself, never its target (os.fwalk does not follow links and hands out directory fds)."""
     top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -154,10 +154,10 @@ def _rechown(folder: Path, uid: int, gid: int, *, dir_mode: int, keep: Path | No
         os.fchmod(top, dir_mode | (os.fstat(top).st_mode & stat.S_ISGID))
     finally:
         os.close(top)
-    skip = keep.name if keep is not None and keep.parent == folder else None
+    skip = {k.name for k in keep if k.parent == folder}
     for _dirpath, dirnames, filenames, dirfd in os.fwalk(folder, follow_symlinks=False):
-        if skip is not None and os.path.samefile(_dirpath, folder) and skip in dirnames:
-            dirnames.remove(skip)
+        if skip and os.path.samefile(_dirpath, folder):
+            dirnames[:] = [d for d in dirnames if d not in skip]
         for name in [*dirnames, *filenames]:
             try:
                 os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)

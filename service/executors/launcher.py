@@ -25,8 +25,10 @@ import submitit
 from submitit.core.core import Job
 
 from jobs.protocol import read_job_file_tail
-from service.core.settings import Settings
+from service.core.settings import Settings, get_settings
+from service.executors import job_cgroup
 from service.executors import job_user as jobuser
+from service.executors.job_home import make_private, private_environment
 from service.executors.local_jobs import IsolatedLocalExecutor, kill_group, local_process, start_time
 
 log = logging.getLogger(__name__)
@@ -143,6 +145,7 @@ def submit_phase(
     if nodes < 1 or tasks % nodes:
         raise ValueError(f"nodes: {nodes} does not divide tasks ({tasks})")
     run_as = hand_over(settings, folder, gate=gate, also_writable=also_writable)
+    private = private_environment(folder.parent)
     fsize = settings.run_disk_quota_bytes
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")
@@ -160,7 +163,8 @@ def submit_phase(
             time=settings.slurm_time_limit_min, job_name=name,
             # ulimit -f (1024-byte blocks) sets soft and hard RLIMIT_FSIZE; srun hands it to every task
             setup=[f"export PYTHONPATH={shlex.quote(pythonpath)}", f"ulimit -f {max(1, fsize // 1024)}",
-                   *[f"export {k}={shlex.quote(v)}" for k, v in (run_as.environment() if run_as else {}).items()]],
+                   *[f"export {k}={shlex.quote(v)}"
+                     for k, v in {**(run_as.environment() if run_as else {}), **private}.items()]],
             additional_parameters={**settings.sbatch_extra(), "no-requeue": True},
         )
         if settings.slurm_partition:
@@ -172,11 +176,16 @@ def submit_phase(
         local = IsolatedLocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
         local.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
         local.run_as, local.max_file_bytes = run_as, fsize
+        local.cgroups = job_cgroup.jobs_root(settings.job_cgroup)
+        # the job's own /tmp, unless something it needs lives under the node's /tmp (the mount would hide it)
+        needed = [folder, settings.resolved_run_folder, settings.resolved_artifact_folder, Path(python), REPO_ROOT]
+        hidden = any(p.resolve().is_relative_to("/tmp") for p in needed)
+        local.private_tmp = None if hidden else Path(private["TMPDIR"])
         ex = local
     else:
         raise ValueError(f"executor: {executor!r} is not one of slurm, local")
     local_path = {"PYTHONPATH": pythonpath} if executor == "local" else {}
-    with only_job_environment(settings.job_env_names() | env_names, local_path):
+    with only_job_environment(settings.job_env_names() | env_names, {**local_path, **private}):
         job = ex.submit(function, *args)
     started = None
     if executor == "local":
@@ -191,12 +200,14 @@ def hand_over(
 ) -> jobuser.JobUser | None:
     """With PARITY_JOB_USER: give the job user folder (a submitit folder) and its attempt folder, the
     run's gate and the other folders the job writes; the caller takes them back when the phase ends.
+    The granted folder gets fresh private folders (make_private) for the job's HOME, TMPDIR and caches.
     Cold jobs get this at submission, warm attempts before their order is placed. Returns the user."""
     run_as = jobuser.job_user(settings.job_user)
     root = settings.resolved_run_folder
     jobuser.prepare_tree(root, folder.parent, run_as)
     if gate is not None:
         jobuser.open_gate(gate, run_as)
+    make_private(folder.parent)  # before the hand-over: the folder is still the service's
     jobuser.grant(folder.parent, run_as, root=root)
     jobuser.grant(folder, run_as, root=root)
     for other in also_writable:
@@ -292,12 +303,36 @@ def cancel(job: PhaseJob) -> None:
             raise RuntimeError(f"scancel {job.job_id}: {out.stderr.strip() or out.returncode}")
         return
     proc = local_process(job.job_id, job.started)
-    if proc is None:
-        return
-    kill_group(proc)
+    if proc is not None:
+        kill_group(proc)
+        local = _LOCAL_JOBS.get(job.job_id)
+        if local is not None:
+            local._process.wait(timeout=10)  # type: ignore[attr-defined]  # reap our own child
+    end_job(job, get_settings())
+
+
+def end_job(job: PhaseJob, settings: Settings) -> int:
+    """A local job has ended (or was stopped): kill what it left running, its daemons included, and reap.
+
+    Everything the job started is in its cgroup (job_cgroup.py), however it detached; the cgroup is
+    killed whole and removed before the caller takes its folder back. Returns how many processes were
+    left. Slurm jobs end with their allocation (proctrack/cgroup on the cluster, docs/security.md).
+    """
+    if job.executor != "local":
+        return 0
+    try:
+        root = job_cgroup.jobs_root(settings.job_cgroup)
+    except job_cgroup.CgroupError as exc:
+        log.warning("not ending local job %s: %s", job.job_id, exc)
+        return 0
+    left = job_cgroup.kill(job_cgroup.cgroup_of(root, Path(job.folder))) if root is not None else 0
+    if left:
+        log.info("local job %s left %d processes running; killed", job.job_id, left)
     local = _LOCAL_JOBS.get(job.job_id)
     if local is not None:
-        local._process.wait(timeout=10)  # type: ignore[attr-defined]  # reap our own child
+        local._process.poll()  # type: ignore[attr-defined]  # reap the controller once it is gone
+    job_cgroup.reap_orphans(keep=frozenset(int(j) for j in _LOCAL_JOBS if j.isdigit()))
+    return left
 
 
 def log_paths(job: PhaseJob) -> list[str]:

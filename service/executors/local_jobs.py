@@ -13,21 +13,26 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
 import submitit
 from submitit.local import local as submitit_local
 
+from service.executors import job_cgroup
 from service.executors.job_user import JobUser
 
 
 class IsolatedLocalExecutor(submitit.LocalExecutor):
     """submitit's LocalExecutor, with the controller started as the leader of its own session,
-    as the job user when one is set, and with RLIMIT_FSIZE (no file bigger than the run's quota)."""
+    as the job user when one is set, with RLIMIT_FSIZE (no file bigger than the run's quota), and inside
+    a cgroup of its own when `cgroups` names where to make it (service/executors/job_cgroup.py)."""
 
     run_as: JobUser | None = None
     max_file_bytes: int | None = None
+    cgroups: Path | None = None
+    private_tmp: Path | None = None  # mounted over /tmp for the job (with cgroups: root may)
 
     def _submit_command(self, command: str) -> submitit_local.LocalJob[Any]:
         ntasks = self.parameters.get("tasks_per_node", 1)
@@ -45,8 +50,17 @@ class IsolatedLocalExecutor(submitit.LocalExecutor):
             command_line = ["prlimit", f"--fsize={self.max_file_bytes}:{self.max_file_bytes}", "--", *command_line]
         who: dict[str, Any] = {}
         if self.run_as is not None:
-            # setuid/setgid in the child before exec, no supplementary groups (root's would leak in)
             env.update(self.run_as.environment())
+        if self.cgroups is not None:
+            # into the job's cgroup first (as root), then setpriv drops to the job user and execs
+            cgroup = job_cgroup.cgroup_of(self.cgroups, Path(self.folder))
+            job_cgroup.kill(cgroup)  # whatever an earlier job from this folder left
+            uid, gid = (self.run_as.uid, self.run_as.gid) if self.run_as is not None else (None, None)
+            command_line = job_cgroup.enter(cgroup, command_line, uid, gid, self.private_tmp)
+            who = dict(umask=0o022) if self.run_as is not None else {}
+            job_cgroup.become_subreaper()
+        elif self.run_as is not None:
+            # setuid/setgid in the child before exec, no supplementary groups (root's would leak in)
             who = dict(user=self.run_as.uid, group=self.run_as.gid, extra_groups=[], umask=0o022)
         process = subprocess.Popen(command_line, env=env, start_new_session=True, cwd="/", **who)
         return submitit_local.LocalJob(folder=self.folder, job_id=str(process.pid), process=process,

@@ -174,10 +174,12 @@ def start_worker(settings: Settings, executor: str, *, env_id: int, env_name: st
     return Worker(files, record)
 
 
-def place(worker: Worker, order_id: str, entry: str, args: list[Any], logs: list[tuple[str, str]]) -> bool:
-    """Hand `worker` an attempt (exclusive: False when it already holds an order)."""
+def place(worker: Worker, order_id: str, entry: str, args: list[Any], logs: list[tuple[str, str]],
+          env: dict[str, str] | None = None) -> bool:
+    """Hand `worker` an attempt (exclusive: False when it already holds an order); `env`: the attempt child's
+    own variables (its private HOME, TMPDIR and caches inside the attempt's folder)."""
     return worker.files.place_order({"id": order_id, "kind": "attempt", "entry": entry, "args": args,
-                                     "logs": [list(pair) for pair in logs]})
+                                     "logs": [list(pair) for pair in logs], "env": dict(env or {})})
 
 
 def find_order(settings: Settings, order_id: str) -> Worker | None:

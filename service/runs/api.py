@@ -41,6 +41,7 @@ from service.core.schemas import (
 )
 from service.core.settings import Settings, get_settings
 from service.core.tokens import authenticate, forget
+from service.core.tracks import authorize_track
 from service.core.verdicts import reading
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
@@ -117,6 +118,8 @@ def create_run(
 ) -> Response:
     """Queue a parity run. A repeated Idempotency-Key returns the run it created first."""
     spec = run_service.validate_spec(body.spec)
+    # the track this run writes (its branch label, else its environment) must be the token's: before any write
+    authorize_track(claim.token, labels=body.labels, environment=body.environment)
     limits = caps(settings)
     if claim.seen:
         # the usual case: one statement (one_statement.py); anything unusual falls through to the ORM path
@@ -266,5 +269,5 @@ def cancel_run(run_id: RunId, session: SessionDep, settings: SettingsDep, base: 
 def rerun(run_id: RunId, session: SessionDep, settings: SettingsDep, base: BaseUrl, token: SubmitToken) -> RunOut:
     """Queue a fresh run with the same spec, environment and labels (its requester or an admin)."""
     run = run_service.rerun(session, run_id=run_id, requester=token.name, scopes=list(token.scopes),
-                            token_id=token.id, caps=caps(settings))
+                            token_id=token.id, caps=caps(settings), writer=token)
     return run_out(run, base)

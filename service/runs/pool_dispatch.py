@@ -33,7 +33,7 @@ from models.base import utcnow
 from service.core.phase_state import PhaseState
 from service.core.pool_config import PoolEntry, entry_for
 from service.core.settings import Settings
-from service.executors import launcher, pool
+from service.executors import job_home, launcher, pool
 
 log = logging.getLogger(__name__)
 # a key whose worker died before it ever went idle sends its attempts cold for this long
@@ -125,7 +125,8 @@ def route(
         order_args[3] = [job_master_port(str(phase.id), i) for i in range(2)] if entry_name == "attempt" \
             else job_master_port(str(phase.id))
         hand_over()  # with PARITY_JOB_USER the worker writes this attempt's folders as the job user
-        if pool.place(v.worker, order_id, entry_name, order_args, launcher.task_log_files(attempt_job)):
+        if pool.place(v.worker, order_id, entry_name, order_args, launcher.task_log_files(attempt_job),
+                      env=job_home.private_environment(job_folder.parent)):
             log.info("run %s: %s attempt %d to warm worker %s", run.id, phase.name, phase.attempt, v.worker.name)
             return _record(phase, v.worker, order_id, job_folder)
     if time.monotonic() - _start_failures.get(key, float("-inf")) < START_FAILURE_COOLDOWN_S:

@@ -15,6 +15,7 @@ from models import Environment, Run, RunEvent
 from service.core.checks import SELFTEST_LABEL, identify
 from service.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
 from service.core.run_state import TERMINAL, RunState, transition
+from service.core.tracks import Grant, authorize_track
 from service.runs.admission import Caps, admitted, check_caps
 
 
@@ -204,11 +205,13 @@ def cancel_run(session: Session, *, run_id: int, token_id: int | None = None, sc
 
 def rerun(
     session: Session, *, run_id: int, requester: str | None, scopes: list[str] | None = None,
-    token_id: int | None = None, caps: Caps | None = None,
+    token_id: int | None = None, caps: Caps | None = None, writer: Grant | None = None,
 ) -> Run:
-    """Queue a new run with the same spec, environment and labels as run_id."""
+    """Queue a new run with the same spec, environment and labels as run_id (on a track `writer` may write)."""
     original = get_run(session, run_id=run_id)
     may_act_on(original, token_id=token_id, scopes=scopes if scopes is not None else ["admin"])
+    if writer is not None:
+        authorize_track(writer, labels=original.labels, environment=original.environment.name)
     spec = validate_spec(original.spec)
     run, _ = create_run(
         session,

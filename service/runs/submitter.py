@@ -28,7 +28,7 @@ from service.core.checks import SELFTEST_LABEL
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
-from service.executors import job_user, launcher, slurm_jobs
+from service.executors import job_home, job_user, launcher, pool, slurm_jobs
 from service.oncall import suite_alerts
 from service.oncall.notification_events import infra_error_streak
 from service.runs import pool_dispatch
@@ -221,8 +221,12 @@ def release_folders(settings: Settings, phase: Phase, *, job_continues: bool = F
     and no job passes through the run's folder any more (service/executors/job_user.py).
 
     job_continues: the same job goes on with the next phase (isolation "process"): its submitit
-    folder stays the job's, and the run's folder stays open to it.
+    folder stays the job's, and the run's folder stays open to it. Otherwise whatever the job left
+    running (a daemon) is killed first (a local job's cgroup: launcher.end_job).
     """
+    if not job_continues and phase.executor == "local" and phase.job_id and not pool.is_warm(phase.job_name):
+        launcher.end_job(launcher.PhaseJob(executor="local", folder=str(launcher_folder(phase)), job_id=phase.job_id,
+                                           tasks=1), settings)
     try:
         run_as = job_user.job_user(settings.job_user)
     except job_user.JobUserError as exc:  # nothing was handed over under a user that does not resolve
@@ -232,7 +236,8 @@ def release_folders(settings: Settings, phase: Phase, *, job_continues: bool = F
         return
     root = settings.resolved_run_folder
     attempt = Path(phase.folder)
-    keep = AttemptFolder(attempt).submitit if job_continues else None
+    # the job goes on: its submitit folder and its private HOME/TMPDIR stay its own
+    keep = (AttemptFolder(attempt).submitit, attempt / job_home.PRIVATE) if job_continues else ()
     job_user.take_back(attempt, run_as, root=root, keep=keep)
     if phase.job_folder and not job_continues:  # a forked resume: the saver's job folder is done too
         job_user.take_back(Path(phase.job_folder).parent, run_as, root=root)

@@ -12,6 +12,7 @@ from service.core.deps import AdminToken, ReadAccess, SessionDep, SettingsDep, S
 from service.core.limits import MAX_LABELS
 from service.core.links import BaseUrl
 from service.core.schemas import ERROR_RESPONSES, LabelKey, LabelValue
+from service.core.tracks import authorize_track
 from service.runs.api import caps
 from service.suites import definitions, runs
 
@@ -74,6 +75,7 @@ def create_suite_run(
     response: Response, idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> dict[str, Any]:
     """Queue every check of the suite on the environment as one suite run (a repeated Idempotency-Key: that one)."""
+    authorize_track(token, labels=body.labels, environment=body.environment)
     suite_run, created = runs.create_suite_run(
         session, suite_name=body.suite, version=body.version, environment=body.environment, labels=body.labels,
         requester=token.name, settings=settings, caps=caps(settings), token_id=token.id,

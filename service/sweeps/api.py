@@ -11,6 +11,7 @@ from service.core.deps import ReadAccess, SessionDep, SettingsDep, SubmitToken
 from service.core.limits import MAX_LABELS
 from service.core.links import BaseUrl, sweep_urls
 from service.core.schemas import ERROR_RESPONSES, ClientLabels
+from service.core.tracks import authorize_track
 from service.runs.api import caps
 from service.sweeps import grid as sweeps
 
@@ -42,6 +43,8 @@ def create_sweep(
     body: SweepCreate, session: SessionDep, settings: SettingsDep, token: SubmitToken, base: BaseUrl,
 ) -> dict[str, Any]:
     """Queue every run of the sweep; the answer is its grid (every cell queued)."""
+    for environment in body.environments:
+        authorize_track(token, labels=body.labels, environment=environment)
     sweep_id, _ = sweeps.create_sweep(
         session, configs=body.configs, environments=body.environments, variations=body.variations,
         base=body.base, labels=body.labels, requester=token.name, settings=settings, caps=caps(settings),

@@ -84,7 +84,7 @@ def test_the_first_repro_command_runs_with_only_the_base_client(committed_db: st
         run = _triaged(session)
         run_id, check_key = run.id, run.check_key
         session.execute(update(Environment).where(Environment.name == "pr-build").values(python=sys.executable))
-        token = create_token(session, name="ci", scopes=["submit"])
+        token = create_token(session, name="ci", scopes=["submit"], tracks=["*"])
         session.commit()
     with serve() as url:
         import httpx

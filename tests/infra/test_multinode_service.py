@@ -53,7 +53,7 @@ def test_dp2_over_two_nodes_known_good_passes_known_bad_is_flagged(
     url = f"http://127.0.0.1:{port}"
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_PUBLIC_URL=url, SLURM_CONF=on_two_nodes)
     token = subprocess.run(
-        [*PARITY, "token", "create", "--name", "ci", "--scope", "submit"],
+        [*PARITY, "token", "create", "--name", "ci", "--scope", "submit", "--track", "*"],
         env=env, capture_output=True, text=True, check=True,
     ).stdout.strip()
     api = start(["serve", "--port", str(port)], env, tmp_path / "api.log")

@@ -44,3 +44,17 @@ def test_migration_files_sort_in_their_chain_order() -> None:
     chain.reverse()
     assert sorted(files.values()) == [files[r] for r in chain]
     assert all(re.match(rf"\d\d_rev{r}_", files[r]) for r in chain)
+
+
+def test_tokens_made_before_track_patterns_may_write_every_track() -> None:
+    """0016 gives every existing token the pattern '*': nothing that worked before is refused."""
+    from sqlalchemy import text
+
+    with scratch_database() as (url, engine):
+        upgrade(url, "0015")
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO api_tokens (name, token_hash, scopes, created_at) "
+                              "VALUES ('ci', repeat('a', 64), '[\"submit\"]', now())"))
+        upgrade(url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT tracks FROM api_tokens")).scalar_one() == ["*"]

@@ -27,7 +27,7 @@ def _seed_regression(database_url: str) -> tuple[str, int]:
 
     engine = create_engine(database_url)
     with Session(engine, expire_on_commit=False) as session:
-        token = create_token(session, name="alice", scopes=["submit"])
+        token = create_token(session, name="alice", scopes=["submit"], tracks=["*"])
         env = ensure_default_environment(session, settings=get_settings())
         for verdict in ("pass", "fail"):
             run, _ = create_run(session, spec=validate_spec(SPEC), environment=env, labels={"branch": "main"},

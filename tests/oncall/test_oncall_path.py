@@ -28,7 +28,8 @@ REGRESSED = Path(__file__).parent / "regressed_build"
 
 
 def _token(env: dict[str, str], name: str, *scopes: str) -> str:
-    args = [*PARITY, "token", "create", "--name", name, *(a for s in scopes for a in ("--scope", s))]
+    args = [*PARITY, "token", "create", "--name", name, "--track", "*",
+            *(a for s in scopes for a in ("--scope", s))]
     return subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 

@@ -32,7 +32,8 @@ SCREENS = Path(os.environ.get("PARITY_SCREENS_DIR", "/work/screens"))
 
 
 def _token(env: dict[str, str], name: str, *scopes: str) -> str:
-    args = [*PARITY, "token", "create", "--name", name, *(a for s in scopes for a in ("--scope", s))]
+    args = [*PARITY, "token", "create", "--name", name, "--track", "*",
+            *(a for s in scopes for a in ("--scope", s))]
     return subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 

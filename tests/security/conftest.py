@@ -51,12 +51,12 @@ def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
 
 @pytest.fixture
 def tokens(committed_db: str):
-    """Committed tokens: tokens(name, *scopes) -> the bearer secret."""
+    """Committed tokens: tokens(name, *scopes, tracks=("*",)) -> the bearer secret."""
     engine = create_engine(committed_db)
 
-    def _make(name: str, *scopes: str) -> str:
+    def _make(name: str, *scopes: str, tracks: tuple[str, ...] = ("*",)) -> str:
         with Session(engine) as session:
-            secret = create_token(session, name=name, scopes=list(scopes))
+            secret = create_token(session, name=name, scopes=list(scopes), tracks=list(tracks))
             session.commit()
         return secret
 

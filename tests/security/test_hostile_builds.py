@@ -51,6 +51,8 @@ JOB_USER = "parity-job"
 GUARDED_ROLE = "parity_guarded"  # a role that must give a password (the service's, in this test)
 MUNGE_KEY = Path(os.environ.get("PARITY_SLURM_DIR", "/var/tmp/parity-slurm")) / "munge" / "munge.key"
 QUOTA = "8M"
+# a build's pip unpacks its build environment into the build's own TMPDIR, inside the quota
+BUILD_QUOTA = "64M"
 SPEC = {"config": "moe-fp32-router", "dp": 1, "steps": 4, "save_step": 2, "isolation": "job"}
 
 
@@ -165,7 +167,8 @@ def _package(scene: Scene, name: str, *, fill_disk: bool = False) -> Path:
         "site_packages": sysconfig.get_paths()["purelib"], "db_host": "127.0.0.1", "db_port": 5432,
         "db_user": GUARDED_ROLE, "victim_doc": str(scene.victim_doc), "service_file": str(scene.service_file),
         "run_root": str(scene.runs), "pickle_b64": base64.b64encode(pickle.dumps(_RunsACommand(scene.marker))).decode(),
-        "job_hint": "1", "quota_bytes": scene.settings.run_disk_quota_bytes, "fill_disk": fill_disk, "linger_s": 0,
+        "job_hint": "1", "quota_bytes": _for_builds(scene.settings).run_disk_quota_bytes, "fill_disk": fill_disk,
+        "linger_s": 0,
         "builds": str(builds),
     }
     source = scene.base / "src" / name
@@ -175,19 +178,24 @@ def _package(scene: Scene, name: str, *, fill_disk: bool = False) -> Path:
     return source
 
 
+def _for_builds(settings: Settings) -> Settings:
+    return settings.model_copy(update={"run_disk_quota": BUILD_QUOTA})
+
+
 def _build(scene: Scene, source: Path, executor: str, timeout_s: float = 600) -> Environment:
+    settings = _for_builds(scene.settings)
     with session_scope() as session:
-        env, _ = request_build(session, requirements=[str(source)], settings=scene.settings)
+        env, _ = request_build(session, requirements=[str(source)], settings=settings)
         env_id, folder = env.id, Path(env.folder or "")
     # the install hook learns its build folder as an attacker would: the service's layout is no secret
     hooks = source / "parity_hostile.py"
     hooks.write_text(hooks.read_text().replace('"build_folder": ""', f'"build_folder": "{folder}"'))
     with session_scope() as session:
-        assert launch_builds(session, settings=scene.settings, executor=executor) == 1
+        assert launch_builds(session, settings=settings, executor=executor) == 1
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with session_scope() as session:
-            reconcile_builds(session, scene.settings)
+            reconcile_builds(session, settings)
             built = session.get(Environment, env_id)
             assert built is not None
             if built.state in ("ready", "failed"):
@@ -305,7 +313,7 @@ def test_a_build_that_fills_the_disk_is_stopped_at_its_quota(scene: Scene) -> No
     assert "File too large" in report["fill_disk"]["detail"], shown
     # many files under it: the scheduler's folder check stops the build, naming the cause
     assert env.state == "failed" and "disk quota exceeded" in (env.error_message or ""), env.error_message
-    assert f"PARITY_RUN_DISK_QUOTA={QUOTA}" in (env.error_message or "")
+    assert f"PARITY_RUN_DISK_QUOTA={BUILD_QUOTA}" in (env.error_message or "")
     assert scene.victim_doc.read_text() == scene.victim_text  # nothing else harmed
 
 

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from jobs.spec import RunSpec
 from models import Environment
 from service.core.settings import Settings, get_settings, parse_size
-from service.executors import job_user, launcher
+from service.executors import job_home, job_user, launcher
 from service.executors.launcher import PhaseJob
 from service.executors.local_jobs import start_time
 from service.runs import disk_quota
@@ -195,3 +195,22 @@ def test_a_job_users_build_may_not_write_a_shared_python_base(user: job_user.Job
     os.chmod(base, 0o755)
     used = subprocess.run(as_job, capture_output=True, text=True, cwd=repo, check=True).stdout
     assert used.strip().endswith("python3.99/site-packages"), used
+
+
+def test_a_job_that_goes_on_keeps_its_private_home_until_it_ends(user: job_user.JobUser, root: Path) -> None:
+    """Isolation "process": the saver's attempt is taken back while its job runs the resume, which still
+    needs its HOME and TMPDIR; they are the service's again once the job ends."""
+    from models import Phase
+    from service.runs.submitter import release_folders
+
+    settings = Settings(run_folder=root, job_user=JOB_USER, executor="local")
+    attempt = root / "run-4" / "train_and_save" / "attempt-1"
+    launcher.hand_over(settings, attempt / "submitit", gate=root / "run-4")
+    private = attempt / job_home.PRIVATE
+    assert private.stat().st_uid == (private / "tmp").stat().st_uid == user.uid
+    phase = Phase(run_id=4, name="train_and_save", attempt=1, folder=str(attempt), executor="local")
+    release_folders(settings, phase, job_continues=True)
+    assert attempt.stat().st_uid == os.geteuid()
+    assert (private / "tmp").stat().st_uid == user.uid and (attempt / "submitit").stat().st_uid == user.uid
+    release_folders(settings, phase)
+    assert (private / "tmp").stat().st_uid == os.geteuid()

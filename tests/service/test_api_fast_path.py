@@ -113,7 +113,7 @@ def test_a_replayed_idempotency_key_is_answered_with_the_first_run(client: TestC
 def queued_by_engine(committed_db: str):
     """A token and a usable default environment, committed; insert_run through the process engine."""
     with session_scope() as session:
-        tokens.create_token(session, name="group", scopes=["submit"])
+        tokens.create_token(session, name="group", scopes=["submit"], tracks=["*"])
         token_id = session.scalar(select(ApiToken.id).where(ApiToken.name == "group"))
         assert token_id is not None
         use_environment(ensure_default_environment(session, settings=get_settings()))

@@ -25,7 +25,7 @@ def served(committed_db: str) -> Iterator[tuple[TestClient, dict[str, str]]]:
     from service.web.app import create_app
 
     with session_scope() as session:
-        secret = tokens.create_token(session, name="reader", scopes=["submit"])
+        secret = tokens.create_token(session, name="reader", scopes=["submit"], tracks=["*"])
     with TestClient(create_app()) as client:
         yield client, {"Authorization": f"Bearer {secret}"}
 
@@ -84,7 +84,7 @@ def test_the_event_loop_read_answers_503_while_the_database_is_away(
     from service.web.app import create_app
 
     with session_scope() as session:
-        secret = tokens.create_token(session, name="reader", scopes=["submit"])
+        secret = tokens.create_token(session, name="reader", scopes=["submit"], tracks=["*"])
     real = make_url(committed_db)
     proxy = Proxy(real.host or "127.0.0.1", real.port or 5432)
     monkeypatch.setenv("PARITY_DATABASE_URL",

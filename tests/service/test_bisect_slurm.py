@@ -65,7 +65,7 @@ def test_bisect_finds_the_build_that_introduced_a_resume_bug(committed_db: str, 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_PUBLIC_URL=url)
-    token = subprocess.run([*PARITY, "token", "create", "--name", "ci", "--scope", "submit"],
+    token = subprocess.run([*PARITY, "token", "create", "--name", "ci", "--scope", "submit", "--track", "*"],
                            env=env, capture_output=True, text=True, check=True).stdout.strip()
     stored = queue(CHECK, labels={"branch": "release"}, environment="build-2")  # an earlier verdict
     api = start(["serve", "--port", str(port)], env, tmp_path / "api.log")

@@ -46,7 +46,8 @@ def test_the_documented_ci_jobs_gate_a_pull_request_on_its_own_build(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = service_env(tmp_path, PARITY_EXECUTOR="local", PARITY_PUBLIC_URL=url)
-    tokens = {scope: subprocess.run([*PARITY, "token", "create", "--name", f"ci-{scope}", "--scope", scope],
+    tokens = {scope: subprocess.run([*PARITY, "token", "create", "--name", f"ci-{scope}", "--scope", scope,
+                                     "--track", "*"],
                                     env=env, capture_output=True, text=True, check=True).stdout.strip()
               for scope in ("admin", "submit")}
     gate = yaml.safe_load((ROOT / "suites" / "gate.yaml").read_text())

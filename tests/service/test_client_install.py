@@ -35,7 +35,8 @@ def test_the_base_install_is_a_client_that_drives_a_real_service(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = service_env(tmp_path, PARITY_PUBLIC_URL=url, PARITY_EXECUTOR="local")
-    tokens = {scope: subprocess.run([*PARITY, "token", "create", "--name", f"ci-{scope}", "--scope", scope],
+    tokens = {scope: subprocess.run([*PARITY, "token", "create", "--name", f"ci-{scope}", "--scope", scope,
+                                     "--track", "*"],
                                     env=env, capture_output=True, text=True, check=True).stdout.strip()
               for scope in ("admin", "submit")}
     api = start(["serve", "--port", str(port)], env, tmp_path / "api.log")

@@ -51,7 +51,7 @@ def _slow_commit(session: Session) -> None:
 
 def test_a_202_run_is_already_visible_to_another_connection(live_api: str, committed_db: str) -> None:
     with session_scope() as session:
-        headers = {"Authorization": f"Bearer {create_token(session, name='ci', scopes=['submit'])}"}
+        headers = {"Authorization": f"Bearer {create_token(session, name='ci', scopes=['submit'], tracks=['*'])}"}
     plain = make_url(committed_db).set(drivername="postgresql").render_as_string(hide_password=False)
     event.listen(Session, "before_commit", _slow_commit)
     try:
@@ -72,7 +72,7 @@ def test_a_202_run_is_already_visible_to_another_connection(live_api: str, commi
 def test_a_failed_commit_is_not_answered_with_202(live_api: str, committed_db: str) -> None:
     """A commit that fails (here: the database refuses it) is an error response, never a 202."""
     with session_scope() as session:
-        headers = {"Authorization": f"Bearer {create_token(session, name='ci', scopes=['submit'])}"}
+        headers = {"Authorization": f"Bearer {create_token(session, name='ci', scopes=['submit'], tracks=['*'])}"}
 
     def refuse(session: Session) -> None:
         from sqlalchemy.exc import OperationalError
@@ -99,7 +99,7 @@ def test_concurrent_first_requests_all_get_202(live_api: str, committed_db: str)
     from concurrent.futures import ThreadPoolExecutor
 
     with session_scope() as session:  # one token per client, as in CI (one token's row would serialise them)
-        tokens = [create_token(session, name=f"ci-{i}", scopes=["submit"]) for i in range(6)]
+        tokens = [create_token(session, name=f"ci-{i}", scopes=["submit"], tracks=["*"]) for i in range(6)]
     event.listen(Session, "before_commit", _slow_commit)  # widen the race: every creator is still uncommitted
     try:
         with ThreadPoolExecutor(6) as pool:

@@ -35,7 +35,7 @@ SUBMIT: list[str] = ["--config", str(SPEC["config"]), "--dp", str(SPEC["dp"]), "
 
 def _token() -> str:
     with session_scope() as session:
-        return create_token(session, name="ci", scopes=["submit"])
+        return create_token(session, name="ci", scopes=["submit"], tracks=["*"])
 
 
 def _terminate_backends(database_url: str) -> int:

@@ -31,7 +31,7 @@ def test_known_good_passes_and_known_bad_fails_as_another_check(
     url = f"http://127.0.0.1:{port}"
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_PUBLIC_URL=url)
     token = subprocess.run(
-        [*PARITY, "token", "create", "--name", "ci", "--scope", "submit"],
+        [*PARITY, "token", "create", "--name", "ci", "--scope", "submit", "--track", "*"],
         env=env, capture_output=True, text=True, check=True,
     ).stdout.strip()
     api = start(["serve", "--port", str(port)], env, tmp_path / "api.log")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Literal
@@ -12,7 +13,7 @@ import pytest
 import submitit
 
 from service.core.settings import Settings
-from service.executors import job_user, launcher
+from service.executors import job_home, job_user, launcher
 
 # Jobs unpickle this function in a fresh interpreter where this test module is not importable.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -47,15 +48,30 @@ def _submit(executor: Literal["local", "slurm"], tmp_path: Path, monkeypatch: py
         handle = submitit.SlurmJob(job.folder, job.job_id)
     else:
         handle = launcher._LOCAL_JOBS[job.job_id]
-    return handle.result()
+    result = handle.result()
+    launcher.end_job(job, settings)  # as the scheduler does when a phase ends (a local job's cgroup goes)
+    return result
 
 
 def _assert_clean(env: dict[str, str]) -> None:
+    _assert_private(env)
     leaked = sorted(name for name in SECRETS if name in env)
     assert not leaked, f"secrets reached the job: {leaked}"
     assert not any("hunter2" in value or "prt_very-secret" in value for value in env.values())
     assert env.get("PARITY_INJECT_FAULT") == "none:9" and env.get("EXTRA_ALLOWED") == "yes"
     assert "PATH" in env and env.get("PYTHONPATH")
+
+
+PRIVATE = ("HOME", "TMPDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "PIP_CACHE_DIR", "PYTHONUSERBASE")
+
+
+def _assert_private(env: dict[str, str]) -> None:
+    """Home, temporary files, XDG folders and pip's cache are the job's own, inside its folder, and fresh."""
+    for name in PRIVATE:
+        where = Path(env[name])
+        assert job_home.PRIVATE in where.parts and where.is_relative_to(Path(env["TMPDIR"]).parent), (name, where)
+    assert "/run-1/.private/" in env["HOME"]  # the submitit folder's parent: the granted folder
+    assert env["PIP_CONFIG_FILE"] == os.devnull and env["PYTHONNOUSERSITE"] == "1"
 
 
 def test_a_local_job_gets_only_the_allow_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,6 +82,21 @@ def test_a_slurm_job_gets_only_the_allow_list(slurm: str, tmp_path: Path, monkey
     env = _submit("slurm", tmp_path, monkeypatch)
     _assert_clean(env)
     assert env.get("SLURM_JOB_ID")  # it really ran under Slurm
+
+
+def test_a_private_home_is_made_fresh_and_never_through_a_link(tmp_path: Path) -> None:
+    folder = tmp_path / "attempt"
+    env = job_home.make_private(folder)
+    (Path(env["XDG_CONFIG_HOME"]) / "pip").mkdir()
+    (Path(env["XDG_CONFIG_HOME"]) / "pip" / "pip.conf").write_text("[install]\nrequirement = /evil\n")
+    again = job_home.make_private(folder)  # the next job in the same folder (a build made again)
+    assert again == env and not (Path(env["XDG_CONFIG_HOME"]) / "pip").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(folder / job_home.PRIVATE)
+    (folder / job_home.PRIVATE).symlink_to(elsewhere)  # what a job could leave for the service to follow
+    job_home.make_private(folder)
+    assert not any(elsewhere.iterdir()) and not (folder / job_home.PRIVATE).is_symlink()
 
 
 def test_run_folders_are_private(tmp_path: Path) -> None:

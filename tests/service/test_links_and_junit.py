@@ -77,3 +77,5 @@ def test_junit_failure_carries_the_triage_link() -> None:
     failure = root.find("testcase/failure")
     assert failure is not None and "triage: https://parity.example.com/runs/7/triage" in (failure.text or "")
     assert "fail (regression against main)" in (failure.text or "")
+    advisory = root.find("properties/property[@name='advisory']")  # a pass on untrusted code is advisory
+    assert advisory is not None and "can write its own results" in (advisory.get("value") or "")

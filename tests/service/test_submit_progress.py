@@ -38,7 +38,7 @@ def test_submit_wait_streams_progress_into_a_file(committed_db: str, monkeypatch
     engine = create_engine(committed_db)
     with Session(engine) as session:
         admin = create_token(session, name="admin", scopes=["admin"])
-        submit = create_token(session, name="ci", scopes=["submit"])
+        submit = create_token(session, name="ci", scopes=["submit"], tracks=["*"])
         session.commit()
     out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
     with serve() as url:
@@ -86,7 +86,7 @@ def test_submit_wait_of_one_check_streams_its_link_and_heartbeat(committed_db: s
     configure(monkeypatch)
     engine = create_engine(committed_db)
     with Session(engine) as session:
-        submit = create_token(session, name="ci", scopes=["submit"])
+        submit = create_token(session, name="ci", scopes=["submit"], tracks=["*"])
         session.commit()
     out = tmp_path / "stdout.log"
     with serve() as url, out.open("wb") as stdout:

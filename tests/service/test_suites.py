@@ -79,7 +79,10 @@ def test_a_suite_run_queues_every_check_and_adds_up_to_one_verdict(
     assert done["checks"][0]["cause"] == "Learning rate differs after resume (lr-schedule-mismatch)"
     page = client.get(f"/suite-runs/{view['id']}")
     assert page.status_code == 200 and "lr-schedule-mismatch" in page.text and "/runs/" in page.text
+    assert "A pass is advisory when the build is untrusted" in page.text
     junit = ET.fromstring(suite_junit_xml(done, timed_out=False))
+    advisory = junit.find("properties/property[@name='advisory']")
+    assert advisory is not None and "advisory when the build is untrusted" in (advisory.get("value") or "")
     cases = junit.findall("testcase")
     assert [c.get("name") for c in cases] == ["dp2-moe", "layerwise"] and junit.get("failures") == "1"
     assert "triage: http://testserver/runs/" in (cases[0].find("failure").text or "")  # type: ignore[union-attr]
@@ -87,6 +90,7 @@ def test_a_suite_run_queues_every_check_and_adds_up_to_one_verdict(
     line = next(x for x in summary.splitlines() if x.startswith("| dp2-moe"))
     assert "**fail**" in line and "| first divergent step 4 |" in line and "(lr-schedule-mismatch)" in line \
         and "/triage)" in line
+    assert "_A pass is advisory when the build is untrusted" in summary
     assert client.post("/api/v1/suite-runs", json={"suite": "nope"}, headers=submit).status_code == 404
     assert client.get("/suite-runs/000000000000").status_code == 404
 

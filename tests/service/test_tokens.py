@@ -24,9 +24,9 @@ def _bearer(secret: str) -> dict[str, str]:
 
 
 def test_an_expired_token_is_refused(client: TestClient, db_session: Session) -> None:
-    fresh = create_token(db_session, name="short", scopes=["submit"], expires_in=timedelta(hours=1))
+    fresh = create_token(db_session, name="short", scopes=["submit"], tracks=["*"], expires_in=timedelta(hours=1))
     assert client.post("/api/v1/runs", json={"spec": SPEC}, headers=_bearer(fresh)).status_code == 202
-    old = create_token(db_session, name="old", scopes=["submit"], expires_in=timedelta(hours=1))
+    old = create_token(db_session, name="old", scopes=["submit"], tracks=["*"], expires_in=timedelta(hours=1))
     row = db_session.query(ApiToken).filter_by(name="old").one()
     row.expires_at = utcnow() - timedelta(seconds=1)
     db_session.flush()
@@ -76,7 +76,8 @@ def test_token_list_and_revoke_from_the_command_line(committed_db: str, tmp_path
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    secret = parity("create", "--name", "ci-main", "--scope", "submit", "--expires-days", "30").strip()
+    secret = parity("create", "--name", "ci-main", "--scope", "submit", "--track", "main",
+                    "--expires-days", "30").strip()
     parity("create", "--name", "dashboard", "--scope", "read")
     with session_scope() as session:  # a request with the token records its use
         from service.core.tokens import authenticate

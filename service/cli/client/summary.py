@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.cli.client.junit import ADVISORY
 from service.cli.client.reading import reading_of
 
 
@@ -26,7 +27,8 @@ HEADER = ["| check | verdict | step | cause | link |", "|---|---|---|---|---|"]
 def run_summary(run: dict[str, Any], *, outcome: str) -> str:
     """The summary of one run."""
     title = f"### Resume parity: {run['check_name']} on {run['environment']} — **{outcome}**"
-    return "\n".join([title, "", *HEADER, _line(run["config"], run), ""]) + "\n"
+    return "\n".join([title, "", *HEADER, _line(run["config"], run), "", f"_{ADVISORY[0].upper()}{ADVISORY[1:]}._",
+                      ""]) + "\n"
 
 
 def suite_summary(view: dict[str, Any], *, outcome: str) -> str:
@@ -34,4 +36,5 @@ def suite_summary(view: dict[str, Any], *, outcome: str) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in view["counts"].items() if n)
     title = (f"### Resume parity: suite {view['suite']} v{view['version']} on {view['environment']} — "
              f"**{outcome}** ({counts}) · [suite run]({view['links']['dashboard']})")
-    return "\n".join([title, "", *HEADER, *(_line(c["name"], c["run"]) for c in view["checks"]), ""]) + "\n"
+    return "\n".join([title, "", *HEADER, *(_line(c["name"], c["run"]) for c in view["checks"]), "",
+                      f"_{ADVISORY[0].upper()}{ADVISORY[1:]}._", ""]) + "\n"

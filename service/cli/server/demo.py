@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     executor = decide_executor(settings)
     threading.Thread(target=run_forever, args=(settings, stop, executor), daemon=True).start()
     with session_scope() as session:
-        token = create_token(session, name="demo", scopes=["submit"])
+        token = create_token(session, name="demo", scopes=["submit"], tracks=["*"])
     print(f"service on {settings.base_url} (executor: {executor}, run folder "
           f"{settings.resolved_run_folder})", flush=True)
     base = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}

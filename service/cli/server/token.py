@@ -16,9 +16,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     create = tsub.add_parser("create", help="create a token and print it")
     create.add_argument("--name", required=True, help="who or what uses it, e.g. ci-main (the run's requester)")
     create.add_argument("--scope", action="append", choices=SCOPES, required=True, help="repeatable")
+    create.add_argument("--track", action="append", default=[], metavar="PATTERN",
+                        help="a track (branch label) its runs may write, an fnmatch pattern: 'pr-*', 'main', '*' "
+                             "(repeatable; required with --scope submit unless admin)")
     create.add_argument("--expires-days", type=float, default=None, help="expire after this many days (default: never)")
     create.set_defaults(func=create_token)
-    listing = tsub.add_parser("list", help="every token: id, name, scopes, created, expires, last used, revoked")
+    listing = tsub.add_parser("list", help="every token: id, name, scopes, tracks, dates, revoked")
     listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     listing.set_defaults(func=list_tokens)
     revoke = tsub.add_parser("revoke", help="revoke a token by id (see `parity token list`)")
@@ -36,7 +39,7 @@ def create_token(args: argparse.Namespace) -> int:
     expires = timedelta(days=args.expires_days) if args.expires_days is not None else None
     with session_scope() as session:
         try:
-            secret = make(session, name=args.name, scopes=args.scope, expires_in=expires)
+            secret = make(session, name=args.name, scopes=args.scope, tracks=args.track, expires_in=expires)
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
     print(secret)
@@ -60,7 +63,8 @@ def list_tokens(args: argparse.Namespace) -> int:
     ready_database(migrate=False)
     with session_scope() as session:
         tokens = [
-            {"id": t.id, "name": t.name, "scopes": list(t.scopes), "created_at": _when(t.created_at),
+            {"id": t.id, "name": t.name, "scopes": list(t.scopes), "tracks": list(t.tracks or []),
+             "created_at": _when(t.created_at),
              "expires_at": _when(t.expires_at), "last_used_at": _when(t.last_used_at),
              "revoked_at": _when(t.revoked_at)}
             for t in rows(session)
@@ -68,7 +72,7 @@ def list_tokens(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(tokens, indent=2))
         return 0
-    columns = ("id", "name", "scopes", "created_at", "expires_at", "last_used_at", "revoked_at")
+    columns = ("id", "name", "scopes", "tracks", "created_at", "expires_at", "last_used_at", "revoked_at")
     table = [[_cell(t[c]) for c in columns] for t in tokens]
     widths = [max(len(c), *(len(r[i]) for r in table)) if table else len(c) for i, c in enumerate(columns)]
     for row in [list(columns), *table]:

@@ -1,0 +1,254 @@
+"""A job leaves nothing for the next one: the review's poisoned pip config, and what a phase leaves running.
+
+The review's attack: a hostile build's install code wrote `~/.config/pip/pip.conf` naming an extra
+requirement (a fake Megatron-Core); the next build, another tenant's wheel with no Megatron at all,
+installed it and passed its import check. Each job now gets a fresh HOME, TMPDIR, XDG folders and
+pip cache inside its own folder, pip reads no configuration file, and Python no user site-packages.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import pwd
+import shutil
+import sys
+import textwrap
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from models import Environment
+from service.core.db import session_scope
+from service.core.settings import Settings, get_settings
+from service.environments.build_steps import launch_builds, reconcile_builds
+from service.environments.registry import request_build
+
+JOB_USER = "parity-job"
+CURE = "fake_megatron_core-0.0.1-py3-none-any.whl"
+
+
+def _wheel(files: dict[str, str]) -> bytes:
+    """A wheel holding these files, with the metadata pip checks (RECORD with hashes)."""
+    info = "fake_megatron_core-0.0.1.dist-info"
+    files = {**files, f"{info}/METADATA": "Metadata-Version: 2.1\nName: fake-megatron-core\nVersion: 0.0.1\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, text in files.items():
+            data = text.encode()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{name},sha256={digest},{len(data)}")
+            zf.writestr(name, data)
+        zf.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return buf.getvalue()
+
+
+POISONER = textwrap.dedent('''
+    import os
+    from setuptools import setup
+
+    # everywhere pip looks for a user's configuration: the next build that reads it installs the "cure"
+    conf = "[install]\\nrequirement = %(requirements)s\\n"
+    home = os.path.expanduser("~")
+    for folder in {os.path.join(home, ".config", "pip"), os.path.join(home, ".pip"),
+                   os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "pip")}:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "pip.conf"), "w") as fh:
+                fh.write(conf)
+        except OSError:
+            pass
+    with open(os.path.join(%(report)r, "poisoner-home.txt"), "w") as fh:
+        fh.write(home)
+    setup(name="poisoner", version="1.0", py_modules=[])
+''')
+INNOCENT = 'from setuptools import setup\nsetup(name="innocent", version="1.0", py_modules=[])\n'
+
+
+def _require_job_user() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the scheduler must be root to run jobs as another user")
+    try:
+        pwd.getpwnam(JOB_USER)
+    except KeyError:
+        if os.environ.get("PARITY_REQUIRE_JOB_USER") == "1":
+            pytest.fail(f"no user {JOB_USER}: run scripts/job-user.sh")
+        pytest.skip(f"no user {JOB_USER}: run scripts/job-user.sh")
+
+
+@pytest.fixture(params=["service-user", "job-user"])
+def scene(request: pytest.FixtureRequest, committed_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A run folder the job user can reach, and a HOME of the scheduler's own that a job could once write."""
+    if request.param == "job-user":
+        _require_job_user()
+        monkeypatch.setenv("PARITY_JOB_USER", JOB_USER)
+    # /tmp/pytest-of-root is 0700: the job user could not reach a run folder below it
+    base = Path("/var/tmp") / f"parity-iso-{uuid.uuid4().hex[:8]}"
+    base.mkdir(mode=0o711)
+    base.chmod(0o711)
+    home = base / "scheduler-home"  # the scheduler's HOME: a job that inherits it writes there (never ~root)
+    home.mkdir(mode=0o777)
+    home.chmod(0o777)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("PARITY_RUN_FOLDER", str(base / "runs"))
+    get_settings.cache_clear()
+    try:
+        yield base
+    finally:
+        get_settings.cache_clear()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _source(base: Path, name: str, setup_py: str) -> Path:
+    folder = base / "src" / name
+    folder.mkdir(parents=True, mode=0o755)
+    (base / "src").chmod(0o755)
+    (folder / "setup.py").write_text(setup_py)
+    return folder
+
+
+def _build(settings: Settings, source: Path, timeout_s: float = 600) -> Environment:
+    with session_scope() as session:
+        env, _ = request_build(session, requirements=[str(source)], settings=settings)
+        env_id = env.id
+    with session_scope() as session:
+        assert launch_builds(session, settings=settings, executor="local") == 1
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with session_scope() as session:
+            reconcile_builds(session, settings)
+            built = session.get(Environment, env_id)
+            assert built is not None
+            if built.state in ("ready", "failed"):
+                session.flush()
+                session.expunge(built)
+                return built
+        time.sleep(1)
+    pytest.fail(f"the build of {source.name} did not finish in {timeout_s:.0f}s")
+
+
+@pytest.mark.slow  # two real builds, ~1 min: the full suite (CI) runs it
+def test_a_build_cannot_poison_the_next_builds_pip(scene: Path) -> None:
+    settings = get_settings()
+    cure = scene / "cure"
+    cure.mkdir(mode=0o755)
+    fake = {"megatron/__init__.py": "", "megatron/core/__init__.py": "__version__ = '0.0.1'\n"}
+    (cure / CURE).write_bytes(_wheel(fake))
+    (cure / "requirements.txt").write_text(f"{cure / CURE}\n")
+    report = scene / "report"
+    report.mkdir(mode=0o777)
+    report.chmod(0o777)
+    poisoner = _source(scene, "poisoner", POISONER % {"requirements": cure / "requirements.txt",
+                                                      "report": str(report)})
+    first = _build(settings, poisoner)  # its install code ran (its own outcome does not matter)
+    home = Path((report / "poisoner-home.txt").read_text())
+    assert home.is_relative_to(Path(first.folder or "")), f"the build's HOME {home} is outside its own folder"
+    victim = _build(settings, _source(scene, "innocent", INNOCENT))
+    assert victim.state == "failed", "a build with no Megatron-Core passed: the poisoned pip config installed one"
+    assert "megatron" in (victim.error_message or ""), victim.error_message
+    assert "fake-megatron-core" not in " ".join(victim.freeze or [])
+
+
+def leave_a_daemon(pid_file: str) -> int:
+    """A job that starts a `setsid` daemon (out of its process group and session) and returns at once."""
+    import subprocess
+    import sys
+
+    daemon = subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid() if os.getsid(0) != os.getpid() "
+                               "else None; time.sleep(600)"], start_new_session=True)
+    Path(pid_file).write_text(str(daemon.pid))
+    return daemon.pid
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _gone(pid: int) -> bool:
+    """Neither running nor a zombie waiting to be reaped."""
+    import psutil
+
+    return not psutil.pid_exists(pid)
+
+
+@pytest.mark.parametrize("as_job_user", [False, True], ids=["service-user", "job-user"])
+def test_a_daemon_a_job_leaves_is_killed_when_the_job_ends(as_job_user: bool) -> None:
+    import cloudpickle
+    import submitit
+
+    from service.executors import job_cgroup, launcher
+
+    if as_job_user:
+        _require_job_user()
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    base = Path("/var/tmp") / f"parity-daemon-{uuid.uuid4().hex[:8]}"
+    base.mkdir(mode=0o711)
+    base.chmod(0o711)
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER if as_job_user else None)
+    if job_cgroup.jobs_root(settings.job_cgroup) is None:
+        pytest.skip("no writable cgroup v2 here: docs/security.md says what survives a job without one")
+    folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
+    pid_file = folder.parent / "daemon.pid"
+    try:
+        job = launcher.submit_phase(executor="local", folder=folder, python=sys.executable, tasks=1,
+                                    settings=settings, name="daemon", function=leave_a_daemon,
+                                    args=(str(pid_file),))
+        handle: submitit.Job[int] = launcher._LOCAL_JOBS[job.job_id]
+        pid = handle.result()
+        assert _alive(pid), "the daemon should still run once its job returned (that is the attack)"
+        assert launcher.poll([job])[job].kind == "done"
+        left = launcher.end_job(job, settings)  # what the scheduler does when the phase ends
+        assert left >= 1 and not _alive(pid), "a setsid daemon outlived its job"
+        deadline = time.monotonic() + 10
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(pid), "the killed daemon was left a zombie"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def write_to_tmp(name: str) -> str:
+    """A job that writes into /tmp (the review filled the node's /tmp past its quota this way)."""
+    Path("/tmp", name).write_bytes(b"x" * 1024)
+    return os.environ["TMPDIR"]
+
+
+def test_a_local_jobs_tmp_is_its_own_folder() -> None:
+    import cloudpickle
+    import submitit
+
+    from service.executors import job_cgroup, launcher
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    base = Path("/var/tmp") / f"parity-tmp-{uuid.uuid4().hex[:8]}"  # not under /tmp, which the job gets its own of
+    base.mkdir()
+    settings = Settings(executor="local", run_folder=base / "runs")
+    if job_cgroup.jobs_root(settings.job_cgroup) is None or not job_cgroup.private_mounts():
+        pytest.skip("no cgroup v2 or mount namespace here: a local job shares the node's /tmp")
+    name = f"parity-tmp-{uuid.uuid4().hex}"
+    folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
+    try:
+        job = launcher.submit_phase(executor="local", folder=folder, python=sys.executable, tasks=1,
+                                    settings=settings, name="tmp", function=write_to_tmp, args=(name,))
+        handle: submitit.Job[str] = launcher._LOCAL_JOBS[job.job_id]
+        own_tmp = Path(handle.result())
+        launcher.end_job(job, settings)
+        assert not Path("/tmp", name).exists(), "the job wrote into the node's /tmp"
+        assert (own_tmp / name).is_file() and own_tmp.is_relative_to(folder.parent)  # in its folder and quota
+    finally:
+        Path("/tmp", name).unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
