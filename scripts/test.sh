@@ -2,7 +2,8 @@
 # Set up and run the whole test suite against real Postgres, real Slurm, real Megatron-Core and a
 # real headless Chromium. Extra arguments go to pytest (e.g. scripts/test.sh -k scheduler).
 #   scripts/test.sh --fast   the fast lane: everything that needs no Megatron, Slurm or browser and
-#                            is not marked slow (Postgres only; under 3 minutes). Run it first.
+#                            is not marked slow (Postgres only; ~5 minutes on 2 cores). Run it first.
+#                            It creates the system user parity-job (scripts/job-user.sh; needs root).
 #   scripts/test.sh --nightly  only the tests marked nightly (costlier repeats of what CI covers: the
 #                            full local warm-pool walk, the "job" isolation runs of the parity
 #                            scenarios CI runs in "process" only), with every service the full suite

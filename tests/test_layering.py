@@ -93,7 +93,7 @@ SLICE_DEPENDENCIES: dict[str, set[str]] = {
     "runs": {"core", "executors", "environments", "oncall"},
     "bisects": {"core", "environments", "runs"},
     "sweeps": {"core", "environments", "runs"},
-    "suites": {"core", "environments", "runs"},
+    "suites": {"core", "environments", "runs", "oncall"},
     "selftest": {"core", "environments", "runs"},
     "scheduler": {"core", "executors", "artifacts", "environments", "oncall", "runs", "bisects", "sweeps",
                   "selftest"},

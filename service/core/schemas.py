@@ -111,8 +111,13 @@ class RunOut(BaseModel):
     verdict: Verdict | Literal["known-failure"] | None
     verdict_label: str | None = Field(
         default=None,
-        description='The verdict as the matrix shows it: "pass (worked around)" when a workaround hid a finding',
+        description='The verdict with its qualifiers (reading.label): "pass (worked around: realign-param-index)", '
+                    '"fail (regression against main)"; null before a verdict',
     )
+    reading: dict[str, Any] = Field(
+        default_factory=dict,
+        description="How the verdict reads (service/core/verdicts.reading): label with its qualifiers, cause as a "
+                    "sentence plus the slug, step, bound (tolerance-judged checks), slugs, and all of it as one line")
     signatures: list[str]
     worked_around: list[str] = Field(default_factory=list, description="Findings a requested workaround neutralised")
     worked_around_by: dict[str, list[str]] = Field(default_factory=dict, description="Workaround -> findings it hid")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -95,6 +96,9 @@ class Settings(BaseSettings):
     # given, only these hosts (comma-separated names, or .suffix for a domain) — service/oncall/destinations.py
     notify_allow_private: bool = False
     notify_allow_hosts: str = ""
+    # branches whose tracks live on (the overview's matrix columns); every other branch is a PR's, listed as
+    # suite runs. Comma-separated patterns, `*` any run of characters.
+    long_lived_tracks: str = "main,master,dev,release*,core_r*"
     # notify when a check × track ends in an infrastructure error more than this many times in a row
     notify_infra_errors_after: int = Field(default=3, ge=1)
     # client side (`parity submit`): where the service is and the bearer token to use
@@ -161,6 +165,15 @@ class Settings(BaseSettings):
             key = item.split("=", 1)[0].strip()
             if not key.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"expected KEY=VALUE or KEY items separated by commas, got {item!r}")
+        return value
+
+    @field_validator("long_lived_tracks")
+    @classmethod
+    def _track_patterns(cls, value: str) -> str:
+        bad = [p for p in (i.strip() for i in value.split(",")) if p and not re.fullmatch(r"[\w.*/-]+", p)]
+        if bad:
+            raise ValueError(f"PARITY_LONG_LIVED_TRACKS: {', '.join(map(repr, bad))}: a pattern is letters, digits, "
+                             "'.', '_', '-', '/' and '*' (any run of characters)")
         return value
 
     @field_validator("run_disk_quota")

@@ -64,6 +64,15 @@ def slack_body(payload: dict[str, Any]) -> dict[str, Any]:
     reg = payload.get("regression") or {}
     if reg.get("signatures"):
         lines.append("signatures: " + ", ".join(f"`{mrkdwn(s)}`" for s in reg["signatures"]))
+    for check in payload.get("failing") or []:  # a failed suite run: one line per failing check
+        lines.append(f"• {mrkdwn(check.get('check'))}: {mrkdwn((check.get('reading') or {}).get('line', ''))} "
+                     f"{_link(check.get('triage_url'), 'triage')}"
+                     + (f" · {_link(check['regression_url'], 'regression')}" if check.get("regression_url") else ""))
+    if payload.get("suite_run"):
+        pipeline = str(payload.get("pipeline_url") or "")
+        lines.append(_link(payload["suite_run"]["url"], "suite run")
+                     + (f" · {_link(pipeline, 'pipeline')}" if pipeline.startswith(("https://", "http://")) else ""))
+        return {"text": "\n".join(lines)}
     if reg.get("acknowledged_by"):
         lines.append(f"owner: {mrkdwn(reg['acknowledged_by'])}"
                      + (f" — {mrkdwn(reg['note'])}" if reg.get("note") else ""))

@@ -13,10 +13,13 @@ from models import Environment, NotificationChannel, OutboxMessage, Regression, 
 from models.base import utcnow
 from service.core.links import public_base, regression_url, run_url
 from service.core.settings import get_settings
-from service.core.verdicts import label_of
+from service.core.verdicts import label_of, reading
 
-EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors")
+EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors", "suite-run.failed")
+# a suite run's failure replaces the per-check regression.opened messages of its checks: who wants those gets it
+ALSO_WANTED_BY = {"suite-run.failed": "regression.opened"}
 TITLES = {
+    "suite-run.failed": "Suite run failed",
     "regression.opened": "Regression",
     "regression.acknowledged": "Acknowledged",
     "regression.resolved": "Resolved",
@@ -27,7 +30,7 @@ TITLES = {
 def enqueue(session: Session, event: str, dedup_key: str, payload: dict[str, Any]) -> int:
     """Write one outbox row per enabled channel that wants event; a repeated dedup_key adds nothing."""
     channels = session.scalars(select(NotificationChannel).where(NotificationChannel.enabled.is_(True))).all()
-    wanted = [c for c in channels if not c.events or event in c.events]
+    wanted = [c for c in channels if not c.events or event in c.events or ALSO_WANTED_BY.get(event) in c.events]
     if not wanted:
         return 0
     now = utcnow()
@@ -39,23 +42,22 @@ def enqueue(session: Session, event: str, dedup_key: str, payload: dict[str, Any
 
 
 def run_facts(session: Session, run: Run | None) -> dict[str, Any]:
-    """What a reader of a notification needs without opening it: environment, commit, verdict, first
-    divergent step, cause (the first signature with its title)."""
+    """What a reader of a notification needs without opening it: environment, commit, and the run's reading
+    (label with qualifiers, cause sentences with slugs, first divergent step, bound)."""
     if run is None:
         return {}
-    from jobs.verdict.signatures import SIGNATURES
-
     env = session.get(Environment, run.environment_id)
-    cause = next(iter(run.signatures or []), None)
-    sig = SIGNATURES.get(cause) if cause else None  # type: ignore[call-overload]
+    read = reading(run)
     return {
         "environment": env.name if env else None,
         "megatron_core": (run.summary or {}).get("packages", {}).get("megatron_core") or (env.megatron_core if env
                                                                                           else None),
         "commit": (run.labels or {}).get("commit"),
-        "verdict": label_of(run.verdict, run.summary),
+        "verdict": label_of(run.verdict, run.summary),  # as before, for receivers that match on it
+        "verdict_label": read.label,
         "first_divergent_step": run.first_divergent_step,
-        "cause": f"{sig.title} ({cause})" if sig else cause or (run.error_message or "")[:200] or None,
+        "cause": read.cause or None,
+        "reading": read.to_dict(),
     }
 
 
@@ -67,13 +69,10 @@ def summary_line(event: str, reg: Regression, facts: dict[str, Any]) -> str:
                                                              else "") + ")"
     if event != "regression.opened":
         return f"{TITLES[event]}: {where}"
-    parts = [f"{facts.get('verdict') or 'fail'}"]
-    if facts.get("cause"):
-        parts.append(f"cause: {facts['cause']}")
-    if facts.get("first_divergent_step") is not None:
-        parts.append(f"first divergent step {facts['first_divergent_step']}")
+    read = facts.get("reading") or {}
+    line = read.get("line") or facts.get("verdict_label") or facts.get("verdict") or "fail"
     against = f" against {reg.compared_track}" if reg.compared_track and reg.compared_track != reg.track else ""
-    return f"Regression{against}: {where} — " + "; ".join(parts)
+    return f"Regression{against}: {where} — {line}"
 
 
 def regression_event(session: Session, reg: Regression, event: str, run: Run | None) -> None:

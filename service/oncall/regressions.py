@@ -49,7 +49,8 @@ def on_verdict(session: Session, run: Run) -> Regression | None:
         )
         session.add(opened)
         session.flush()
-        events.regression_event(session, opened, "regression.opened", run)
+        if not (run.labels or {}).get("suite_run"):  # a suite's checks alert once, as the suite run (suite_alerts)
+            events.regression_event(session, opened, "regression.opened", run)
         return opened
     if current is not None:
         current.state, current.resolved_at, current.fixed_by_run_id = "resolved", utcnow(), run.id

@@ -42,7 +42,7 @@ from service.core.schemas import (
 from service.core.settings import Settings, get_settings
 from service.core.tokens import authenticate, forget
 from service.core.tracks import authorize_track
-from service.core.verdicts import label_of
+from service.core.verdicts import reading
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
     ensure_default_environment,
@@ -77,7 +77,7 @@ def caps(settings: Settings) -> Caps:
 
 
 _NOT_COLUMNS = frozenset({"environment", "links", "phases", "regression_text", "known_failures", "fixed_known",
-                          "verdict_label", "worked_around", "worked_around_by"})
+                          "verdict_label", "worked_around", "worked_around_by", "reading"})
 
 
 def run_out(run: Run | one_statement.Stored, base: str, *, with_phases: bool = False) -> RunOut:
@@ -88,7 +88,8 @@ def run_out(run: Run | one_statement.Stored, base: str, *, with_phases: bool = F
                   known_failures=list((run.summary or {}).get("known_failures") or []),
                   fixed_known=list((run.summary or {}).get("known_fixed") or []))
     summary = run.summary or {}
-    fields.update(verdict_label=label_of(run.verdict, summary),
+    read = reading(run)
+    fields.update(verdict_label=read.label if run.verdict else None, reading=read.to_dict(),
                   worked_around=list(summary.get("worked_around") or []),
                   worked_around_by=dict(summary.get("worked_around_by") or {}))
     if with_phases:

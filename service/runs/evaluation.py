@@ -21,7 +21,7 @@ from service.core.phase_state import PhaseState
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
 from service.oncall import flagging as regressions
-from service.oncall import known_failures
+from service.oncall import known_failures, suite_alerts
 from service.oncall import regressions as regression_tracker
 from service.runs.phase_documents import validate_result
 from service.runs.row_guard import per_row
@@ -101,6 +101,9 @@ def store_result(session: Session, run: Run, result: ParityResult) -> None:
     run.max_abs_loss_delta = max(deltas) if deltas else None
     kept = {k: run.summary[k] for k in ("packages",) if k in (run.summary or {})}
     run.summary = {**kept, **{k: v for k, v in result.items() if k not in ("steps", "probes")}}
+    rel = [abs(d) for s in steps if s["resumed_phase"] and (d := s["loss_rel_delta"]) is not None]
+    if rel:  # what a tolerance-judged verdict is read against its bound by (service/core/verdicts.reading)
+        run.summary["measured"] = {"loss_rel": max(rel)}
     err = result["error"]
     if err and not run.error_message:
         run.error_message = f"{err['type']}: {err['message']}"[:4000]
@@ -113,6 +116,7 @@ def judge(session: Session, run: Run) -> None:
     known_failures.apply(session, run)
     regressions.flag(session, run)
     regression_tracker.on_verdict(session, run)
+    suite_alerts.on_check_ended(session, run)  # the suite run's one alert, once its last check is judged
 
 
 def probe_findings(result: ParityResult) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, recor
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
 from service.executors import job_home, job_user, launcher, pool, slurm_jobs
+from service.oncall import suite_alerts
 from service.oncall.notification_events import infra_error_streak
 from service.runs import pool_dispatch
 
@@ -86,6 +87,7 @@ def retry_or_give_up(
     )
     transition(session, run, RunState.ERROR, run.error_message)
     infra_error_streak(session, run, settings.notify_infra_errors_after)
+    suite_alerts.on_check_ended(session, run)  # a suite run's last check may end here, with no verdict
 
 
 # the detector-health batch never goes ahead of a user's run (false sorts first)

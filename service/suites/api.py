@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.core.checks import track_patterns
 from service.core.deps import AdminToken, ReadAccess, SessionDep, SettingsDep, SubmitToken
 from service.core.limits import MAX_LABELS
 from service.core.links import BaseUrl
@@ -82,6 +83,22 @@ def create_suite_run(
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
     return runs.suite_run_view(session, suite_run_id=suite_run.id, base=base)
+
+
+@runs_router.get("")
+def suite_run_list(
+    session: SessionDep, settings: SettingsDep, base: BaseUrl, _: ReadAccess,
+    branch: Annotated[str | None, Query(max_length=200, description="only suite runs with this branch label")] = None,
+    suite: Annotated[str | None, Query(max_length=100, pattern=definitions.NAME.pattern,
+                                       description="only runs of this suite")] = None,
+    prs: Annotated[bool, Query(description="only pull requests': a branch PARITY_LONG_LIVED_TRACKS does not name")]
+    = False,
+    page: Annotated[int, Query(ge=1, le=10**6)] = 1,
+    page_size: Annotated[int, Query(ge=1, le=200)] = runs.PAGE_SIZE,
+) -> dict[str, Any]:
+    """Suite runs, latest first, a page at a time; filter by branch label, suite, pull requests only."""
+    return runs.suite_run_list(session, page=page, page_size=page_size, branch=branch, suite=suite, base=base,
+                               prs_only=track_patterns(settings.long_lived_tracks) if prs else None)
 
 
 @runs_router.get("/{suite_run_id}")

@@ -13,7 +13,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from models import Run, Suite, SuiteRun
+from service.core.checks import track_regex
 from service.core.errors import Conflict, NotFound
+from service.core.links import regression_url
 from service.core.settings import Settings
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
@@ -21,6 +23,7 @@ from service.environments.registry import (
     get_environment,
     use_environment,
 )
+from service.oncall.suite_alerts import group_of
 from service.runs.api import run_out
 from service.runs.records import Caps, create_run, validate_spec
 from service.suites.definitions import get_suite
@@ -92,12 +95,8 @@ def overall(outcomes: list[str]) -> str:
 
 
 def cause(run: dict[str, Any]) -> str:
-    """One phrase for why a check did not pass: its signatures, else the error's first line."""
-    if run.get("signatures"):
-        return ", ".join(run["signatures"])
-    if run.get("error_message"):
-        return str(run["error_message"]).strip().splitlines()[0][:200]
-    return ""
+    """Why a check did not pass, as its reading says it: sentences with their slugs, else the error's first line."""
+    return str((run.get("reading") or {}).get("cause") or "")
 
 
 def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[str, Any]:
@@ -110,10 +109,15 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
     ids = [r["run_id"] for r in suite_run.runs]
     by_id = {r.id: r for r in session.scalars(
         select(Run).where(Run.id.in_(ids)).options(selectinload(Run.environment)))}
+    regressions = {f["check"]: f["regression"] for f in group_of(session, suite_run, by_id)
+                   if f["regression"] is not None}
     checks = []
     for item in suite_run.runs:
         run = run_out(by_id[item["run_id"]], base).model_dump(mode="json")
-        checks.append({"name": item["name"], "outcome": outcome(run), "cause": cause(run), "run": run})
+        reg = regressions.get(item["name"])
+        checks.append({"name": item["name"], "outcome": outcome(run), "cause": cause(run), "run": run,
+                       "regression": {"id": reg.id, "state": reg.state, "url": regression_url(base, reg.id)}
+                       if reg else None})
     verdict = overall([c["outcome"] for c in checks])
     return {
         "id": suite_run.id, "suite": suite.name, "version": suite.version, "environment": suite_run.environment,
@@ -130,30 +134,46 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
 PAGE_SIZE = 50
 
 
-def suite_run_list(session: Session, *, page: int = 1, page_size: int = PAGE_SIZE) -> dict[str, Any]:
-    """Suite runs newest first, a page at a time: each with its suite, build, verdict and outcome counts.
+def suite_run_list(session: Session, *, page: int = 1, page_size: int = PAGE_SIZE, branch: str | None = None,
+                   suite: str | None = None, base: str = "", prs_only: list[str] | None = None) -> dict[str, Any]:
+    """Suite runs newest first, a page at a time, optionally of one branch (label), one suite, or pull requests
+    only (prs_only: the long-lived track patterns): each with its suite, build, labels, verdict and counts.
 
     Two queries per page (the suite runs with their suites, then their runs' states and verdicts), never
     one per suite run: a CI service accumulates thousands of them.
     """
-    total = session.scalar(select(func.count()).select_from(SuiteRun)) or 0
+    if suite is not None and session.scalar(select(Suite.id).where(Suite.name == suite).limit(1)) is None:
+        known = sorted(set(session.scalars(select(Suite.name))))
+        raise NotFound(f"suite: unknown suite {suite!r}; known: {', '.join(known) or 'none'}", field="suite")
+    where = []
+    if branch is not None:
+        where.append(SuiteRun.labels["branch"].astext == branch)
+    if suite is not None:
+        where.append(Suite.name == suite)
+    if prs_only is not None:  # pull requests': a branch label the long-lived track patterns do not name
+        where.append(SuiteRun.labels.has_key("branch"))
+        where.append(~SuiteRun.labels["branch"].astext.regexp_match(track_regex(prs_only)))
+    joined = select(SuiteRun, Suite).join(Suite, Suite.id == SuiteRun.suite_id).where(*where)
+    total = session.scalar(select(func.count()).select_from(joined.subquery())) or 0
     pages = max(1, -(-total // page_size))
     page = min(max(1, page), pages)
     rows = session.execute(
-        select(SuiteRun, Suite).join(Suite, Suite.id == SuiteRun.suite_id)
-        .order_by(SuiteRun.created_at.desc(), SuiteRun.id.desc()).offset((page - 1) * page_size).limit(page_size)
+        joined.order_by(SuiteRun.created_at.desc(), SuiteRun.id.desc()).offset((page - 1) * page_size).limit(page_size)
     ).all()
     ids = [item["run_id"] for suite_run, _ in rows for item in suite_run.runs]
     runs = {r.id: {"state": r.state, "verdict": r.verdict, "regression": r.regression}
             for r in session.execute(select(Run.id, Run.state, Run.verdict, Run.regression).where(Run.id.in_(ids)))}
     items = []
-    for suite_run, suite in rows:
+    for suite_run, suite_row in rows:
         outcomes = [outcome(runs[i["run_id"]]) for i in suite_run.runs if i["run_id"] in runs]
         verdict = overall(outcomes)
         items.append({
-            "id": suite_run.id, "suite": suite.name, "version": suite.version, "environment": suite_run.environment,
-            "requester": suite_run.requester, "created_at": suite_run.created_at, "labels": suite_run.labels,
+            "id": suite_run.id, "suite": suite_row.name, "version": suite_row.version,
+            "environment": suite_run.environment, "requester": suite_run.requester,
+            "created_at": suite_run.created_at, "labels": suite_run.labels,
             "verdict": None if verdict == "pending" else verdict, "checks": len(suite_run.runs),
             "counts": {k: outcomes.count(k) for k in ("pass", "known-failure", "fail", "error", "pending")},
+            "links": {"self": f"{base}/api/v1/suite-runs/{suite_run.id}",
+                      "dashboard": f"{base}/suite-runs/{suite_run.id}"},
         })
-    return {"items": items, "total": total, "page": page, "pages": pages}
+    return {"items": items, "total": total, "page": page, "pages": pages, "page_size": page_size}

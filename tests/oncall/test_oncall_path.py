@@ -75,7 +75,7 @@ def test_regression_notified_acknowledged_and_resolved(committed_db: str, tmp_pa
         check_line = next(ln for ln in good.stdout.splitlines() if ln.startswith("check "))
         bad = _submit(env, url, alice, "mcore-regressed", tmp_path / "bad.xml")
         assert bad.returncode == 1, bad.stdout + bad.stderr
-        assert "REGRESSION (regression on main)" in bad.stdout and check_line in bad.stdout  # the same check
+        assert "verdict: fail (regression on main)" in bad.stdout and check_line in bad.stdout  # the same check
         bad_id = int(bad.stdout.split()[1])
         failure = ET.parse(tmp_path / "bad.xml").getroot().find("testcase/failure")
         assert failure is not None and f"{url}/runs/{bad_id}/triage" in (failure.text or "")

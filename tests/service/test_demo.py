@@ -29,3 +29,5 @@ def test_demo_on_embedded_defaults_ends_in_verdicts(tmp_path: Path) -> None:
     assert "why: " in out and "the resume never ran" in out  # the known-bad crash, in a sentence
     assert "these URLs with it" in out  # says the dashboard ends with the demo
     assert (tmp_path / "data" / "pgdata" / "PG_VERSION").exists()  # the embedded server was used
+    assert "/runs/1/triage" not in out  # the passing run has nothing to triage
+    assert "embedded Postgres stopped" in out and not (tmp_path / "data" / "pgdata" / "postmaster.pid").exists()

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from service.cli.client.junit import junit_xml
 from service.cli.client.submit import report
 from service.core.settings import get_settings
+from service.core.verdicts import reading
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4}
 
@@ -42,9 +43,11 @@ def test_links_use_the_public_url_when_set(client: TestClient, make_token, monke
 
 
 def _doc(verdict: str, **extra) -> dict:
-    return {"id": 7, "config": "moe-fp32-router", "state": "failed", "verdict": verdict, "signatures": ["s"],
-            "regression": False, "links": {"triage": "https://parity.example.com/runs/7/triage"},
-            "known_failures": [{"id": 1, "signature": "s", "link": "https://github.com/x/y/issues/1"}], **extra}
+    known = [{"id": 1, "signature": "s", "link": "https://github.com/x/y/issues/1"}]
+    doc = {"id": 7, "config": "moe-fp32-router", "state": "failed", "verdict": verdict, "signatures": ["s"],
+           "regression": False, "links": {"triage": "https://parity.example.com/runs/7/triage"},
+           "known_failures": known, "summary": {"known_failures": known}, **extra}
+    return {**doc, "reading": reading(doc).to_dict()}  # what the service sends
 
 
 class _NoMetrics:
@@ -69,10 +72,10 @@ def test_known_failure_exits_zero_unless_strict(tmp_path, capsys) -> None:
 
 
 def test_junit_failure_carries_the_triage_link() -> None:
-    root = ET.fromstring(junit_xml(_doc("fail", regression=True, regression_text="regresses against main"),
+    root = ET.fromstring(junit_xml(_doc("fail", regression=True, track="pr-1", compared_track="main"),
                                    timed_out=False))
     failure = root.find("testcase/failure")
     assert failure is not None and "triage: https://parity.example.com/runs/7/triage" in (failure.text or "")
-    assert "regresses against main" in (failure.text or "")
+    assert "fail (regression against main)" in (failure.text or "")
     advisory = root.find("properties/property[@name='advisory']")  # a pass on untrusted code is advisory
     assert advisory is not None and "can write its own results" in (advisory.get("value") or "")

@@ -94,6 +94,7 @@ def _stop_embedded_postgres(pgdata: Path) -> None:
         ({"PARITY_EXECUTOR": "kubernetes"}, "PARITY_EXECUTOR"),
         ({"PARITY_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}, "PARITY_DATABASE_URL"),
         ({"PARITY_DATABASE_URL": "mysql://root@127.0.0.1/x"}, "PARITY_DATABASE_URL"),
+        ({"PARITY_LONG_LIVED_TRACKS": "main,release[0-9]"}, "PARITY_LONG_LIVED_TRACKS"),
     ],
 )
 def test_bad_configuration_is_one_clear_line(tmp_path: Path, extra: dict[str, str], setting: str) -> None:
@@ -105,3 +106,18 @@ def test_bad_configuration_is_one_clear_line(tmp_path: Path, extra: dict[str, st
     assert len(lines) == 1, done.stderr
     assert setting in lines[0]
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_the_demo_stops_the_embedded_postgres_it_started(tmp_path: Path) -> None:
+    from service.core.db import embedded_postgres_running, start_embedded_postgres, stop_embedded_postgres
+
+    data = tmp_path / "data"
+    assert not embedded_postgres_running(data)  # so `parity demo` knows the server is its own
+    try:
+        start_embedded_postgres(data)
+        assert embedded_postgres_running(data)
+        assert stop_embedded_postgres(data) is True
+        assert not embedded_postgres_running(data) and (data / "pgdata" / "PG_VERSION").exists()  # data kept
+    finally:
+        _stop_embedded_postgres(data / "pgdata")

@@ -76,7 +76,7 @@ def test_a_suite_run_queues_every_check_and_adds_up_to_one_verdict(
     db_session.execute(update(Run).where(Run.id == run_ids[1]).values(state="passed", verdict="pass"))
     done = client.get(f"/api/v1/suite-runs/{view['id']}").json()
     assert done["state"] == "finished" and done["verdict"] == "fail", done
-    assert done["checks"][0]["cause"] == "lr-schedule-mismatch"
+    assert done["checks"][0]["cause"] == "Learning rate differs after resume (lr-schedule-mismatch)"
     page = client.get(f"/suite-runs/{view['id']}")
     assert page.status_code == 200 and "lr-schedule-mismatch" in page.text and "/runs/" in page.text
     assert "A pass is advisory when the build is untrusted" in page.text
@@ -88,7 +88,8 @@ def test_a_suite_run_queues_every_check_and_adds_up_to_one_verdict(
     assert "triage: http://testserver/runs/" in (cases[0].find("failure").text or "")  # type: ignore[union-attr]
     summary = suite_summary(done, outcome="fail")
     line = next(x for x in summary.splitlines() if x.startswith("| dp2-moe"))
-    assert "**fail**" in line and "| 4 |" in line and "`lr-schedule-mismatch`" in line and "/triage)" in line
+    assert "**fail**" in line and "| first divergent step 4 |" in line and "(lr-schedule-mismatch)" in line \
+        and "/triage)" in line
     assert "_A pass is advisory when the build is untrusted" in summary
     assert client.post("/api/v1/suite-runs", json={"suite": "nope"}, headers=submit).status_code == 404
     assert client.get("/suite-runs/000000000000").status_code == 404
@@ -112,3 +113,28 @@ def test_a_retried_suite_run_with_the_same_idempotency_key_is_the_same_one(clien
     assert len(client.get("/api/v1/runs", params={"label": "suite=small"}).json()["items"]) == 2
     changed = client.post("/api/v1/suite-runs", json={**body, "labels": {"commit": "def"}}, headers=submit)
     assert changed.status_code == 409 and changed.json()["field"] == "Idempotency-Key"
+
+
+def test_suite_runs_are_listed_latest_first_filtered_by_branch_and_suite(client: TestClient, make_token) -> None:
+    admin, submit = make_token("admin"), make_token("submit", name="ci")
+    client.post("/api/v1/suites", json=SMALL, headers=admin)
+    client.post("/api/v1/suites", json={**SMALL, "name": "other"}, headers=admin)
+    made = [client.post("/api/v1/suite-runs", json={"suite": suite, "labels": {"branch": branch}},
+                        headers=submit).json()["id"]
+            for suite, branch in (("small", "main"), ("small", "pr-1"), ("other", "pr-1"), ("small", "pr-2"))]
+    listed = client.get("/api/v1/suite-runs")
+    assert listed.status_code == 200, listed.text
+    assert [i["id"] for i in listed.json()["items"]] == made[::-1] and listed.json()["total"] == 4
+    assert [i["id"] for i in client.get("/api/v1/suite-runs", params={"branch": "pr-1"}).json()["items"]] \
+        == [made[2], made[1]]
+    both = client.get("/api/v1/suite-runs", params={"branch": "pr-1", "suite": "small"}).json()
+    assert [i["id"] for i in both["items"]] == [made[1]] and both["items"][0]["labels"] == {"branch": "pr-1"}
+    assert both["items"][0]["links"]["dashboard"].endswith(f"/suite-runs/{made[1]}")
+    paged = client.get("/api/v1/suite-runs", params={"page_size": 3, "page": 2}).json()
+    assert [i["id"] for i in paged["items"]] == [made[0]] and paged["pages"] == 2
+    unknown = client.get("/api/v1/suite-runs", params={"suite": "nope"})
+    assert unknown.status_code == 404 and unknown.json()["field"] == "suite" and "small" in unknown.json()["detail"]
+    prs = client.get("/api/v1/suite-runs", params={"prs": True}).json()  # main is long-lived: not a PR's
+    assert [i["labels"]["branch"] for i in prs["items"]] == ["pr-2", "pr-1", "pr-1"]
+    bad = client.get("/api/v1/suite-runs", params={"page_size": 0})
+    assert bad.status_code == 422 and bad.json()["field"] == "query.page_size"

@@ -30,7 +30,7 @@ def test_a_sweep_queues_every_cell_and_its_grid_fills_in(client: TestClient, mak
         ("default", "base"), ("default", "sharding=fully_sharded_model_space"),
         (built.json()["name"], "base"), (built.json()["name"], "sharding=fully_sharded_model_space"),
     ]
-    runs = db_session.scalars(select(Run).where(Run.labels.contains({"sweep": grid["id"]}))).all()
+    runs = db_session.scalars(select(Run).where(Run.labels.contains({"sweep": grid["id"]})).order_by(Run.id)).all()
     assert len(runs) == 8 and all(r.labels["branch"] == "main" for r in runs)
     assert {r.spec["sharding"] for r in runs} == {"dp_reshardable", "fully_sharded_model_space"}
 

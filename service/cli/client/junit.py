@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from service.cli.client.reading import reading_of
+
 # what a pass on code nobody reviewed is worth (docs/security.md): said wherever a verdict is handed on
 ADVISORY = ("a pass is advisory when the build is untrusted: its code runs inside the ranks and can write its own "
             "results (docs/security.md)")
@@ -15,13 +17,10 @@ def _case(suite: ET.Element, run: dict[str, Any], *, name: str, classname: str, 
     """Add one test case for run; returns its outcome (error | skipped | failure | pass)."""
     case = ET.SubElement(suite, "testcase", classname=classname, name=name)
     verdict = run.get("verdict")
-    text = (
-        f"run {run['id']}: state {run['state']}, verdict {run.get('verdict_label') or verdict},"
-        f" signatures {', '.join(run['signatures']) or '-'},"
-        f" first divergent step {run.get('first_divergent_step')}"
-        + (f", {run['regression_text']}" if run.get("regression_text") else "")
-        + f"\ntriage: {run['links']['triage']}"
-    )
+    read = reading_of(run)
+    text = "\n".join([f"run {run['id']} ({run['state']}): {read['label']}",
+                      *(f"{k}: {read[k]}" for k in ("cause", "step", "bound") if read.get(k)),
+                      f"triage: {run['links']['triage']}"])
     finished = run.get("state") in ("passed", "failed", "error", "cancelled")
     if timed_out and not finished:
         ET.SubElement(case, "error", message="timed out waiting for a verdict").text = text
@@ -31,10 +30,10 @@ def _case(suite: ET.Element, run: dict[str, Any], *, name: str, classname: str, 
         ET.SubElement(case, "skipped", message=f"known upstream failure: {known or '-'}").text = text
         outcome = "skipped"
     elif verdict in ("fail", "known-failure") or run.get("regression"):
-        ET.SubElement(case, "failure", message=", ".join(run["signatures"]) or "parity failure").text = text
+        ET.SubElement(case, "failure", message=read["cause"] or read["label"]).text = text
         outcome = "failure"
     elif verdict != "pass":
-        ET.SubElement(case, "error", message=run.get("error_message") or f"verdict {verdict}").text = text
+        ET.SubElement(case, "error", message=read["cause"] or read["label"]).text = text
         outcome = "error"
     else:
         outcome = "pass"

@@ -17,11 +17,11 @@ from service.cli.client import forge as forges
 from service.cli.client.artifacts import upload
 from service.cli.client.config import service_target
 from service.cli.client.junit import junit_xml
+from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
+from service.cli.client.reading import reading_of
 from service.cli.client.resend import new_key, post_resent
 from service.cli.client.shape_arg import add_shape_argument, parse_shape
 from service.cli.client.summary import run_summary
-
-TERMINAL = {"passed", "failed", "error", "cancelled"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--idempotency-key")
     p.add_argument("--wait", action="store_true", help="wait for the verdict")
     p.add_argument("--timeout", type=float, default=3600, help="seconds to wait (with --wait)")
+    p.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
+                   help="with --wait: say what it waits for after this many seconds without news (default 30)")
     p.add_argument("--junit", type=Path, help="write a JUnit XML report here")
     p.add_argument("--strict", action="store_true", help="a known-failure verdict exits 1 instead of 0")
     p.add_argument("--summary", type=Path, help="append a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
@@ -161,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 return submit_suite(client, suite=args.suite, environment=environment, labels=labels,
                                     wait=args.wait, timeout=args.timeout, junit=args.junit,
                                     summary=getattr(args, "summary", None), strict=args.strict, forge=forge,
-                                    key=key)
+                                    key=key, heartbeat_s=getattr(args, "heartbeat", HEARTBEAT_S))
             body = build_body(args)
             body["environment"] = environment
             resp = post_resent(client, "/api/v1/runs", json=body, key=key, who="parity submit")
@@ -178,8 +180,9 @@ def run(args: argparse.Namespace) -> int:
                 forge.post("error", url=url, description=f"parity run refused: {resp.status_code}")
             return 2
         run_doc = resp.json()
-        print(f"run {run_doc['id']} queued: {run_doc['links']['dashboard']}")
-        print(f"check {run_doc['check_key']} ({run_doc['check_name']}) on track {run_doc['track']}")
+        pulse = Heartbeat(every=getattr(args, "heartbeat", HEARTBEAT_S))
+        pulse.say(f"run {run_doc['id']} queued: {run_doc['links']['dashboard']}")
+        pulse.say(f"check {run_doc['check_key']} ({run_doc['check_name']}) on track {run_doc['track']}")
         if forge:
             forge.post("pending", url=run_doc["links"]["triage"], description=f"resume parity: {run_doc['check_name']}")
         if not args.wait:
@@ -188,11 +191,15 @@ def run(args: argparse.Namespace) -> int:
         deadline = started + args.timeout
         try:
             while run_doc["state"] not in TERMINAL and time.monotonic() < deadline:
+                if pulse.due():
+                    queued = run_doc["state"] == "queued"
+                    pulse.beat(waiting_for([run_doc], environment_of(client, run_doc["environment"]) if queued
+                                           else None))
                 time.sleep(poll_interval(time.monotonic() - started))
                 try:
                     run_doc = get_json(client, f"/api/v1/runs/{run_doc['id']}")
                 except (httpx.TransportError, ServerBusy) as exc:  # a restart is not a verdict: keep waiting
-                    print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr)
+                    print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr, flush=True)
             timed_out = run_doc["state"] not in TERMINAL
             code = report(client, run_doc, timed_out=timed_out, junit=args.junit, strict=args.strict)
         except (ClientFailure, httpx.HTTPError) as exc:
@@ -207,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
                 fh.write(run_summary(run_doc, outcome=outcome))
         if forge:
             forge.post(outcome, url=run_doc["links"]["triage"],
-                       description=f"resume parity {outcome}: {', '.join(run_doc['signatures']) or run_doc['state']}")
+                       description=f"resume parity {reading_of(run_doc)['label']}")
         return code
 
 
@@ -243,18 +250,15 @@ def report(
         if metrics["steps"]:
             print(step_table(metrics))
     verdict = run_doc.get("verdict")
-    print(
-        f"verdict: {run_doc.get('verdict_label') or verdict or run_doc['state']}"
-        + (f"  signatures: {', '.join(run_doc['signatures'])}" if run_doc["signatures"] else "")
-        + (f"  REGRESSION ({run_doc.get('regression_text')})" if run_doc.get("regression") else "")
-    )
+    print(f"verdict: {reading_of(run_doc)['line']}")
     if run_doc.get("error_message"):
         print(f"error: {run_doc['error_message'][:500]}")
     for known in run_doc.get("known_failures") or []:
         print(f"known upstream bug: {known['signature']} {known['link']}")
     for fixed in run_doc.get("fixed_known") or []:
         print(f"fixed? {fixed['signature']} no longer happens (known failure {fixed['id']}: {fixed['link']})")
-    print(f"triage: {run_doc['links']['triage']}")
+    if verdict != "pass" or run_doc.get("regression"):  # a clean pass has nothing to triage
+        print(f"triage: {run_doc['links']['triage']}")
     if junit:
         junit.write_bytes(junit_xml(run_doc, timed_out=timed_out, strict=strict))
     if timed_out:

@@ -16,6 +16,8 @@ from service.cli.client.config import add_client_args, http_client
 from service.cli.client.env import _detail
 from service.cli.client.forge import Forge
 from service.cli.client.junit import suite_junit_xml
+from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
+from service.cli.client.reading import reading_of
 from service.cli.client.resend import post_resent
 from service.cli.client.summary import suite_summary
 
@@ -64,6 +66,12 @@ def poll_interval(waited_s: float) -> float:
     return min(3.0, 0.5 + max(0.0, waited_s - 60.0) / 60.0)
 
 
+def check_line(check: dict[str, Any]) -> str:
+    """One check of a suite run in one line: name, the service's reading (label — cause; step; bound), triage link."""
+    run = check["run"]
+    return f"{check['name']:<28} {reading_of(run)['line']}  {run['links']['triage']}"
+
+
 def outcome_of(view: dict[str, Any], *, timed_out: bool, strict: bool) -> str:
     """pass | fail | error for the whole suite run (a known failure fails only with --strict)."""
     if timed_out:
@@ -75,7 +83,7 @@ def outcome_of(view: dict[str, Any], *, timed_out: bool, strict: bool) -> str:
 
 def submit_suite(http: httpx.Client, *, suite: str, environment: str, labels: dict[str, str], wait: bool,
                  timeout: float, junit: Path | None, summary: Path | None, strict: bool,
-                 forge: Forge | None, key: str) -> int:
+                 forge: Forge | None, key: str, heartbeat_s: float = HEARTBEAT_S) -> int:
     """POST the suite run, post a pending status, wait, report: exit 0 pass, 1 fail/regression, 2 error.
 
     key is the suite run's Idempotency-Key: a send whose outcome is unknown (a 503, a broken
@@ -84,40 +92,49 @@ def submit_suite(http: httpx.Client, *, suite: str, environment: str, labels: di
     resp = post_resent(http, "/api/v1/suite-runs", json={"suite": suite, "environment": environment, "labels": labels},
                        key=key, who="parity submit")
     if resp.status_code != 202:
-        print(f"parity submit: {resp.status_code} {_detail(resp)}", file=sys.stderr)
+        print(f"parity submit: {resp.status_code} {_detail(resp)}", file=sys.stderr, flush=True)
         if forge:
             forge.post("error", url=str(http.base_url), description=f"suite {suite} could not be queued")
         return 2
     view = resp.json()
     link = view["links"]["dashboard"]
-    print(f"suite run {view['id']} queued ({view['suite']} v{view['version']}, {len(view['checks'])} checks "
-          f"on {view['environment']}): {link}")
+    pulse = Heartbeat(every=heartbeat_s)
+    pulse.say(f"suite run {view['id']} queued ({view['suite']} v{view['version']}, {len(view['checks'])} checks "
+              f"on {view['environment']}): {link}")
     if forge:
         forge.post("pending", url=link, description=f"resume parity: {len(view['checks'])} checks queued")
     if not wait:
         return 0
     started = time.monotonic()
-    while view["state"] != "finished" and time.monotonic() - started < timeout:
+    reported: set[str] = set()
+    while True:
+        for check in view["checks"]:  # one line per check as it ends, in the order they end
+            if check["run"]["state"] in TERMINAL and check["name"] not in reported:
+                reported.add(check["name"])
+                pulse.say(check_line(check))
+        if view["state"] == "finished" or time.monotonic() - started >= timeout:
+            break
+        if pulse.due():
+            runs = [c["run"] for c in view["checks"]]
+            queued = any(r["state"] == "queued" for r in runs)
+            pulse.beat(waiting_for(runs, environment_of(http, view["environment"]) if queued else None))
         time.sleep(poll_interval(time.monotonic() - started))
         try:
             view = http.get(f"/api/v1/suite-runs/{view['id']}").json()
         except httpx.HTTPError as exc:  # the service restarting is not a verdict: keep waiting
-            print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr)
+            print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr, flush=True)
     timed_out = view["state"] != "finished"
     outcome = outcome_of(view, timed_out=timed_out, strict=strict)
     for check in view["checks"]:
-        run = check["run"]
-        step = run.get("first_divergent_step")
-        at = f"step {step}" if step is not None else ""
-        print(f"{check['name']:<28} {(run.get('verdict') or run['state']):<14} {at:<8} {check['cause'][:60]:<60} "
-              f"{run['links']['triage']}")
-    print(f"suite verdict: {outcome}" + (" (timed out)" if timed_out else "") + f"  {link}")
+        if check["name"] not in reported:
+            pulse.say(check_line(check))
+    counts = ", ".join(f"{n} {k}" for k, n in view["counts"].items() if n)
+    pulse.say(f"suite verdict: {outcome} ({counts})" + (" (timed out)" if timed_out else "") + f"  {link}")
     if junit:
         junit.write_bytes(suite_junit_xml(view, timed_out=timed_out, strict=strict))
     if summary:
         with summary.open("a") as fh:  # $GITHUB_STEP_SUMMARY is appended to, never replaced
             fh.write(suite_summary(view, outcome=outcome))
     if forge:
-        counts = ", ".join(f"{n} {k}" for k, n in view["counts"].items() if n)
         forge.post(outcome, url=link, description=f"resume parity {outcome}: {counts}")
     return {"pass": 0, "fail": 1}.get(outcome, 2)

@@ -5,34 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from service.cli.client.junit import ADVISORY
+from service.cli.client.reading import reading_of
 
 
 def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _cause(run: dict[str, Any]) -> str:
-    if run.get("signatures"):
-        return ", ".join(f"`{s}`" for s in run["signatures"])
-    if run.get("error_message"):
-        return _cell(str(run["error_message"]).strip().splitlines()[0][:200])
-    return "—"
-
-
-def _verdict(run: dict[str, Any]) -> str:
-    verdict = run.get("verdict_label") or run.get("verdict") or run.get("state")
-    if run.get("regression"):
-        verdict = f"{verdict} (regression{': ' + run['regression_text'] if run.get('regression_text') else ''})"
-    return f"**{verdict}**" if run.get("verdict") not in ("pass", "known-failure") else str(verdict)
-
-
 def _line(name: str, run: dict[str, Any]) -> str:
-    step = run.get("first_divergent_step")
-    return (f"| {_cell(name)} | {_cell(_verdict(run))} | {step if step is not None else '—'} | {_cause(run)} | "
+    read = reading_of(run)
+    verdict = f"**{read['label']}**" if run.get("verdict") not in ("pass", "known-failure") or run.get("regression") \
+        else read["label"]
+    cause = "; ".join(p for p in (read["cause"], read["bound"]) if p) or "—"
+    return (f"| {_cell(name)} | {_cell(verdict)} | {_cell(read['step'] or '—')} | {_cell(cause)} | "
             f"[triage]({run['links']['triage']}) |")
 
 
-HEADER = ["| check | verdict | first divergent step | cause | link |", "|---|---|---|---|---|"]
+HEADER = ["| check | verdict | step | cause | link |", "|---|---|---|---|---|"]
 
 
 def run_summary(run: dict[str, Any], *, outcome: str) -> str:

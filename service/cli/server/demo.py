@@ -55,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:  # the demo's story is its printed verdicts, not the scheduler's log
         logging.getLogger().setLevel(logging.WARNING)
     settings = load_settings()
+    from service.core.db import embedded_postgres_running, stop_embedded_postgres
+
+    # the demo stops the embedded Postgres it started (and only that: one already running is someone else's)
+    own_postgres = settings.database_url is None and not embedded_postgres_running(settings.data_dir)
     ready_database(migrate=True)
     port = _free_port(settings.api_port)
     # no detector-health batch here: the demo's two runs must not queue behind it
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             why = explain_crash(doc.get("error_message"))  # the bare AssertionError of the known-bad save
             if why:
                 print(f"why: {why}")
-            print(f"dashboard: {doc['links']['dashboard']}")
+            print(f"dashboard: {doc['links']['dashboard']}", flush=True)
     print(f"\noverview: {settings.base_url}/")
     keep = args.keep_serving or (sys.stdin.isatty() and not args.exit)
     if not keep:
@@ -102,5 +106,10 @@ def run(args: argparse.Namespace) -> int:
             pass
     stop.set()
     server.should_exit = True
+    if own_postgres:
+        time.sleep(1)  # the server and scheduler threads let go of their connections
+        stopped = stop_embedded_postgres(settings.data_dir)
+        print(f"embedded Postgres {'stopped' if stopped else 'could not be stopped'} "
+              f"(its data stays in {settings.data_dir / 'pgdata'})", flush=True)
     # the demo succeeds when the detector does: known-good passes (0) and known-bad fails (1)
     return 0 if codes == [0, 1] else 1

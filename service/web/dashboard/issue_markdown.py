@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from service.core.links import run_url
-from service.core.verdicts import label_of
+from service.core.verdicts import clip, reading
 from service.web.dashboard.triage import packages
 
 
@@ -13,8 +14,18 @@ def _changed(rows: list[Any]) -> list[Any]:
     return [r for r in rows if getattr(r, "changed", False) or (isinstance(r, dict) and r.get("changed"))]
 
 
+# an absolute path on the service host (or a file:// URL to one): an issue tracker gets its last part only
+HOST_PATH = re.compile(r"(?<![\w.~:/])(?:file://)?/(?:[\w.@+-]+/)+([\w.@+-]+)")
+CELL_CHARS = 80
+
+
+def no_host_paths(text: str) -> str:
+    """text with every absolute host path shortened to …/its-last-part."""
+    return HOST_PATH.sub(lambda m: f"…/{m.group(1)}", text)
+
+
 def _cell(value: Any) -> str:
-    return "—" if value is None else str(value).replace("|", "\\|")
+    return "—" if value is None else clip(no_host_paths(str(value)), CELL_CHARS).replace("|", "\\|")
 
 
 def _get(row: Any, key: str) -> Any:
@@ -22,28 +33,25 @@ def _get(row: Any, key: str) -> Any:
 
 
 def issue_markdown(ctx: dict[str, Any], base_url: str) -> str:
-    """Check, track, build, signatures with upstream links, last good vs this run, repro commands, run link."""
+    """Check, track, build, signatures with upstream links, last good vs this run, repro commands, run link;
+    no host paths (an issue tracker is read elsewhere)."""
     run, good = ctx["run"], ctx.get("good")
     build = packages(run).get("megatron-core") or "unknown"
+    read = reading(run)
     lines = [
-        f"## Resume parity {label_of(run.verdict, run.summary) or run.state}: {run.check_name} on {run.track}",
+        f"## Resume parity {read.label}: {run.check_name} on {run.track}",
         "",
+        f"- Verdict: {read.line()}",
         f"- Run: [#{run.id}]({run_url(base_url, run.id)}) · [triage]({run_url(base_url, run.id, 'triage')})",
         f"- Check: `{run.check_key}` ({run.check_name})",
         f"- Track: `{run.track}` · environment `{run.environment.name}` · Megatron-Core `{build}`",
     ]
-    if run.regression:
-        base = run.compared_track
-        where = f"against {base}" if base and base != run.track else f"on {run.track}"
-        lines.append(f"- Regression: {where}")
-    if run.first_divergent_step is not None:
-        lines.append(f"- First divergent step: {run.first_divergent_step}")
     lines += ["", "### Signatures", ""]
     for sig in ctx.get("signatures") or []:
         refs = " ".join(f"[{r.replace('https://github.com/', '')}]({r})" for r in sig["references"])
         lines.append(f"- `{sig['name']}`: {sig['title']}" + (f" — {refs}" if refs else ""))
     if not ctx.get("signatures"):
-        lines.append(f"- none matched; error: {run.error_message or '—'}")
+        lines.append(f"- none matched; error: {no_host_paths(clip(run.error_message or '—', 300))}")
     lines += ["", "### Last good vs this run", ""]
     if good is None:
         lines.append(f"This check has never passed on track `{run.track}`: there is no last good run.")
@@ -65,11 +73,11 @@ def issue_markdown(ctx: dict[str, Any], base_url: str) -> str:
             lines += ["", "| what | key | last good | this run |", "|---|---|---|---|"]
             lines += [f"| {kind.split('_')[0]} | `{_cell(_get(r, 'key'))}` | {_cell(_get(r, 'good'))} | "
                       f"{_cell(_get(r, 'this'))} |" for kind, r in changes]
-            lines += [f"| pip | `{name}` | {_cell(a)} | {_cell(b)} |" for name, a, b in pip]
+            lines += [f"| pip | `{_cell(name)}` | {_cell(a)} | {_cell(b)} |" for name, a, b in pip]
         else:
             lines.append("No environment, package, spec or label differs.")
-    lines += ["", "### Reproduce", "", "```sh", ctx["local_command"], ctx["python_command"], ctx["submit_command"],
-              "```"]
+    # the service's own commands (through its URL), never the host's interpreter path
+    lines += ["", "### Reproduce", "", "```sh", ctx["submit_command"], ctx["local_command"], "```"]
     smallest = (run.summary or {}).get("shrink")
     if smallest and smallest.get("strictly_smaller"):  # recorded by `parity shrink RUN`
         lines += ["", f"Smallest reproduction (same verdict and signatures, {smallest['runs']} trial runs):",

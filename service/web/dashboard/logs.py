@@ -112,10 +112,25 @@ def numbered(lines: list[str], start: int = 0) -> list[Line]:
 WARNING_LINE = re.compile(r"\b[A-Z]\w*Warning\b:?|^\s*warnings\.warn\(|\bWARNING\b|^\[W[\s\d]")
 
 
+def without_warnings(lines: list[Line]) -> list[Line]:
+    """lines without library warnings, and without the indented source line Python prints under each one."""
+    kept: list[Line] = []
+    dropped = False
+    for line in lines:
+        if WARNING_LINE.search(line.text):
+            dropped = True
+            continue
+        if dropped and line.text[:1].isspace() and not line.mark:
+            continue  # `  warnings.warn(...)` / `  return torch.xxx(...)`: the warning's own source line
+        dropped = False
+        kept.append(line)
+    return kept
+
+
 def failure_window(lines: list[str], before: int = 8, after: int = 60, tail: int = 40) -> tuple[str, list[Line]]:
     """The lines around the last traceback (or last error line), else the tail, warnings left out.
     -> (kind, lines), numbered as in the file."""
-    kept = [line for line in numbered(lines) if not WARNING_LINE.search(line.text)]
+    kept = without_warnings(numbered(lines))
     for kind, pattern, lo, hi in (("traceback", TRACEBACK, before, after), ("error", ERROR, 20, 20)):
         hits = [i for i, line in enumerate(kept) if pattern.search(line.text)]
         if hits:

@@ -120,7 +120,11 @@ def regression_page(request: Request, regression_id: RowId, session: SessionDep,
         raise PageError(404, exc.detail) from None
     runs = {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(
         [*reg.failing_run_ids, reg.last_good_run_id or 0, reg.fixed_by_run_id or 0])))}
-    return render(request, "regression.html", {"reg": reg, "runs": runs, "viewer": viewer, "now": datetime.now(UTC)})
+    # the suite runs (PR gate runs) its failing runs belong to: the group this regression is listed under
+    suite_runs = sorted({sr for rid in reg.failing_run_ids if rid in runs
+                         and (sr := (runs[rid].labels or {}).get("suite_run"))})
+    return render(request, "regression.html", {"reg": reg, "runs": runs, "viewer": viewer, "now": datetime.now(UTC),
+                                               "suite_runs": suite_runs})
 
 
 @router.post("/regressions/{regression_id}/acknowledge")

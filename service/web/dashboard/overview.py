@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from jobs.verdict.compare import verdict_label
 from models import Environment, HistorySummary, Run
+from service.core.checks import long_lived
 from service.core.run_state import IN_FLIGHT, RunState
 from service.oncall.known_failures import RUN_VERDICTS
 from service.selftest.batch import LABEL as SELFTEST_LABEL
@@ -45,6 +46,7 @@ class Cell:
     fixed_known: list[dict] = field(default_factory=list)
     label: str | None = None  # "pass (worked around)" where a workaround hid a finding
     worked_around_by: dict[str, list[str]] = field(default_factory=dict)
+    suite_check: str | None = None  # the check's name in the suite that ran it (`suite_check` label)
 
     @property
     def shown(self) -> str:
@@ -72,17 +74,23 @@ class Cell:
 
 @dataclass
 class Row:
-    """One check: its key, readable name, config and a cell per track."""
+    """One check: its key, readable name (the spec), config and a cell per track."""
 
     check_key: str
     check_name: str
     config: str
     cells: dict[str, Cell]
 
+    @property
+    def name(self) -> str:
+        """What the check is called: its suite check name where a suite ran it, else its config."""
+        return next((c.suite_check for c in self.cells.values() if c.suite_check), None) or self.config
+
 
 @dataclass
 class Matrix:
-    """Rows are checks (worst first), columns are tracks."""
+    """Rows are checks (worst first), columns are the long-lived tracks (main, release branches, environments);
+    pull requests' tracks are counted here and listed as suite runs."""
 
     tracks: list[str]
     rows: list[Row]
@@ -90,6 +98,7 @@ class Matrix:
     totals: dict[str, int]
     in_flight: dict[str, int]
     health: dict[str, Any] | None = None
+    pr_tracks: int = 0
 
 
 def _build():  # type: ignore[no-untyped-def]
@@ -128,6 +137,7 @@ def latest_cells(session: Session) -> list[Cell]:
                Run.summary["known_fixed"].label("fixed_known"),
                Run.summary["verdict_label"].astext.label("label"),
                Run.summary["worked_around_by"].label("worked_around_by"),
+               Run.labels["suite_check"].astext.label("suite_check"),
                Environment.name.label("environment"), *(counts.c[f"n{i}"] for i in range(len(VERDICTS))))
         .join(latest, latest.c.latest_run_id == Run.id)
         .join(Environment, Environment.id == Run.environment_id)
@@ -140,7 +150,7 @@ def latest_cells(session: Session) -> list[Cell]:
              signatures=list(r.signatures or []), failing_since_run_id=r.failing_since_run_id,
              counts={v: getattr(r, f"n{i}") for i, v in enumerate(VERDICTS)},
              known=list(r.known or []), fixed_known=list(r.fixed_known or []),
-             label=r.label, worked_around_by=dict(r.worked_around_by or {}))
+             label=r.label, worked_around_by=dict(r.worked_around_by or {}), suite_check=r.suite_check)
         for r in rows
     ]
 
@@ -154,9 +164,12 @@ def in_flight_counts(session: Session) -> dict[str, int]:
     return {state: count for state, count in rows}
 
 
-def matrix(session: Session) -> Matrix:
-    """Build the overview: regressions first, then other failures, then passing checks."""
-    cells = latest_cells(session)
+def matrix(session: Session, *, long_lived_tracks: list[str] | None = None) -> Matrix:
+    """Build the overview over the long-lived tracks (all when no patterns are given): regressions first,
+    then other failures, then passing checks."""
+    every = latest_cells(session)
+    cells = every if long_lived_tracks is None else \
+        [c for c in every if long_lived(c.track, c.environment, long_lived_tracks)]
     by_check: dict[str, Row] = {}
     for cell in cells:
         row = by_check.setdefault(cell.check_key, Row(cell.check_key, cell.check_name, cell.config, {}))
@@ -176,4 +189,5 @@ def matrix(session: Session) -> Matrix:
         totals=totals,
         in_flight=in_flight_counts(session),
         health=detector_health(session),
+        pr_tracks=len({c.track for c in every} - {c.track for c in cells}),
     )

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from service.core.verdicts import label_of, run_label
+from service.core.verdicts import label_of, reading, run_label
 
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
@@ -97,7 +97,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(when=when, age=age, sci=sci, num=num, duration=duration, pretty=pretty, vlabel=run_label,
-                       short_when=short_when, check_short=check_short)
+                       short_when=short_when, check_short=check_short, reading=reading)
     env.globals["label_of"] = label_of
     return env
 

@@ -47,17 +47,28 @@ def spec_args(spec: dict[str, Any]) -> list[str]:
     return args
 
 
-def local_command(spec: dict[str, Any], *, environment: str | None = None, python: str | None = None) -> str:
+# labels the service sets on a suite's runs: a repro is not one of that suite run's checks
+SUITE_LABELS = frozenset({"suite", "suite_run", "suite_check"})
+
+
+def local_command(spec: dict[str, Any], *, environment: str | None = None, python: str | None = None,
+                  url: str | None = None) -> str:
     """`parity run-local …` for this spec on the run's build: --environment NAME (resolved through the
-    service) or --python PATH, shell-quoted."""
+    service at url) or --python PATH, shell-quoted."""
     where = ["--environment", environment] if environment else (["--python", python] if python else [])
-    return shlex.join(["parity", "run-local", *where, *spec_args(spec)])
+    tail = ["--url", url] if url and environment else []
+    return shlex.join(["parity", "run-local", *where, *spec_args(spec), *tail])
 
 
-def submit_command(spec: dict[str, Any], *, environment: str, labels: dict[str, str], base_url: str) -> str:
-    """`parity submit … --wait` against this service, shell-quoted (the token comes from PARITY_TOKEN)."""
+def submit_command(spec: dict[str, Any], *, environment: str, labels: dict[str, str], base_url: str,
+                   repro_of: int | None = None) -> str:
+    """`parity submit … --wait` against this service, shell-quoted (the token comes from PARITY_TOKEN): what the
+    base client (no torch) runs; labelled `repro_of=<run>`, without the suite's own labels."""
     args = ["parity", "submit", *spec_args(spec), "--environment", environment]
-    for key, value in sorted(labels.items()):
+    kept = {k: v for k, v in labels.items() if k not in SUITE_LABELS}
+    if repro_of is not None:
+        kept["repro_of"] = str(repro_of)
+    for key, value in sorted(kept.items()):
         args += ["--label", f"{key}={value}"]
     args += ["--url", base_url, "--wait"]
     return shlex.join(args)

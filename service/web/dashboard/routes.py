@@ -25,6 +25,7 @@ from service.web.dashboard.rendering import STATIC, PageError, page_error, rende
 
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 LOG_LINES = 500
+PR_SUITE_RUNS = 20  # the overview's list of pull requests' suite runs; /suite-runs has them all
 
 
 def mount(app: FastAPI) -> None:
@@ -37,10 +38,16 @@ def mount(app: FastAPI) -> None:
 
 
 @router.get("/")
-def overview(request: Request, session: SessionDep, _: DashboardRead) -> Response:
-    """The parity matrix: latest verdict per check × track, regressions first."""
-    return render(request, "overview.html", {"m": overview_q.matrix(session), "now": datetime.now(UTC),
-                                             "open_regressions": oncall_pages.open_regression_count(session)})
+def overview(request: Request, session: SessionDep, settings: SettingsDep, _: DashboardRead) -> Response:
+    """The parity matrix over the long-lived tracks, regressions first; pull requests as their latest suite runs."""
+    from service.core.checks import track_patterns
+    from service.suites.runs import suite_run_list
+
+    patterns = track_patterns(settings.long_lived_tracks)
+    return render(request, "overview.html", {
+        "m": overview_q.matrix(session, long_lived_tracks=patterns), "now": datetime.now(UTC),
+        "prs": suite_run_list(session, page_size=PR_SUITE_RUNS, prs_only=patterns),
+        "open_regressions": oncall_pages.open_regression_count(session)})
 
 
 @router.get("/runs")
@@ -62,12 +69,23 @@ def sweep(request: Request, sweep_id: str, session: SessionDep, _: DashboardRead
 
 
 @router.get("/suite-runs")
-def suite_runs(request: Request, session: SessionDep, _: DashboardRead, page: int = 1) -> Response:
-    """Suite runs, newest first: verdict, suite name and version, build, outcome counts."""
+def suite_runs(request: Request, session: SessionDep, settings: SettingsDep, _: DashboardRead, page: int = 1,
+               branch: str = "", suite: str = "", prs: str = "") -> Response:
+    """Suite runs, newest first: verdict, suite name and version, build, PR, outcome counts; filterable by
+    branch, suite and pull requests only (prs=only)."""
+    from service.core.checks import track_patterns
+    from service.core.errors import NotFound
     from service.suites.runs import suite_run_list
 
-    # a page number past any real page (or one that overflows) is clamped, never a 500
-    return render(request, "suite_runs.html", {"l": suite_run_list(session, page=max(1, min(page, 10**6)))})
+    if prs not in ("", "only"):
+        raise PageError(422, f"prs: expected 'only' or nothing, got {prs[:40]!r}")
+    try:  # a page number past any real page (or one that overflows) is clamped, never a 500
+        listing = suite_run_list(session, page=max(1, min(page, 10**6)), branch=branch[:200] or None,
+                                 suite=suite[:100] or None,
+                                 prs_only=track_patterns(settings.long_lived_tracks) if prs else None)
+    except NotFound as exc:
+        raise PageError(404, exc.detail) from None
+    return render(request, "suite_runs.html", {"l": listing, "f": {"branch": branch, "suite": suite, "prs": prs}})
 
 
 @router.get("/suite-runs/{suite_run_id}")

@@ -3,6 +3,7 @@ Megatron-Core, pip freeze, spec, labels), a repro that reproduces, logs from the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,11 @@ class Change:
         return self.good != self.this
 
 
-def diff(good: dict[str, Any], this: dict[str, Any]) -> list[Change]:
-    """Key-by-key comparison of two flat mappings, changed keys first."""
-    rows = [Change(k, good.get(k), this.get(k)) for k in sorted(set(good) | set(this))]
-    return sorted(rows, key=lambda c: not c.changed)
+def diff(good: dict[str, Any], this: dict[str, Any], *, keep_order: bool = False) -> list[Change]:
+    """Key-by-key comparison of two flat mappings, changed keys first (in this's order when keep_order)."""
+    keys = [*this, *(k for k in good if k not in this)] if keep_order else sorted(set(good) | set(this))
+    rows = [Change(k, good.get(k), this.get(k)) for k in keys]
+    return rows if keep_order else sorted(rows, key=lambda c: not c.changed)
 
 
 def packages(run: Run) -> dict[str, Any]:
@@ -61,15 +63,23 @@ def packages(run: Run) -> dict[str, Any]:
     return out or dict(run.environment.packages or {})
 
 
+def artifacts_of(env: Environment) -> str | None:
+    """The sha256 of the uploaded build(s) an environment was made from (`artifact:<sha256>` lines), if any."""
+    shas = [line.split(":", 1)[1].split()[0] for line in env.requirements or [] if line.startswith("artifact:")]
+    return ", ".join(shas) or None
+
+
 def environment_facts(run: Run) -> dict[str, Any]:
-    """The build a run ran on: environment name, its Python, Python version, Megatron-Core and torch."""
+    """The build a run ran on, its identity first: Megatron-Core version, the uploaded artifact's sha256, the
+    commit, then the environment, Python and torch versions (no interpreter paths: they differ per build)."""
     env: Environment = run.environment
     ran = packages(run)
     return {
-        "environment": env.name,
-        "python executable": env.python,
-        "python version": ran.get("python") or (env.packages or {}).get("python_version"),
         "megatron-core": ran.get("megatron-core") or env.megatron_core,
+        "artifact sha256": artifacts_of(env),
+        "commit": (run.labels or {}).get("commit"),
+        "environment": env.name,
+        "python version": ran.get("python") or (env.packages or {}).get("python_version"),
         "torch": ran.get("torch") or env.torch,
     }
 
@@ -77,7 +87,13 @@ def environment_facts(run: Run) -> dict[str, Any]:
 def freeze_diff(good: Environment, this: Environment) -> dict[str, Any]:
     """pip freeze of the two environments compared by package: changed, added, removed."""
     def parse(lines: list[str]) -> dict[str, str]:
-        return {n.strip().lower(): v.strip() for n, _, v in (str(line).partition("==") for line in lines or [])}
+        out = {}
+        for line in lines or []:
+            name, sep, version = str(line).partition("==")
+            if not sep:  # `name @ file:///…/name-1.2.whl`: a direct reference, compared by where it points
+                name, _, version = str(line).partition(" @ ")
+            out[name.strip().lower()] = version.strip()
+        return out
 
     a, b = parse(good.freeze), parse(this.freeze)
     return {
@@ -117,13 +133,21 @@ def explained(run: Run, hows: dict[str, str] | None = None) -> list[dict[str, An
         out.append({
             "name": name,
             "title": title,
-            "meaning": sig.meaning if sig else "Not in this service's signature table.",
+            "meaning": _at_the_step(sig.meaning, name, run, summary) if sig
+            else "Not in this service's signature table.",
             "kind": sig.kind if sig else "unknown",
             "references": list(sig.references) if sig else [],
             "evidence": found,
             "finding": sentence(title, found, hows or {}) if found else None,
         })
     return out
+
+
+def _at_the_step(meaning: str, name: str, run: Run, summary: Mapping[str, Any]) -> str:
+    """A signature's meaning with "at some step" made the step this run measured, where it is known."""
+    lr_steps = (summary.get("lanes") or {}).get("lr_mismatched_steps") or []
+    step = lr_steps[0] if name == "lr-schedule-mismatch" and lr_steps else run.first_divergent_step
+    return meaning.replace("at some step", f"from step {step} on") if step is not None else meaning
 
 
 def resume_ran(run: Run) -> bool:
@@ -178,15 +202,15 @@ def triage(session: Any, run_id: int, *, run_folder: Path, base_url: str) -> dic
         "compared_track": run.compared_track or run.track,
         "context_good": context,
         "this_env": env,
-        "env_diff": diff(environment_facts(good), env) if good else [],
+        "env_diff": diff(environment_facts(good), env, keep_order=True) if good else [],  # the build's identity first
         "freeze_diff": freeze_diff(good.environment, run.environment) if good else None,
         "spec_diff": diff(good.spec, run.spec) if good else [],
         "label_diff": diff(good.labels or {}, run.labels or {}) if good else [],
         "package_diff": diff(packages(good), packages(run)) if good else [],
-        "local_command": local_command(run.spec, environment=run.environment.name),
+        "local_command": local_command(run.spec, environment=run.environment.name, url=base_url),
         "python_command": local_command(run.spec, python=run.environment.python),
         "submit_command": submit_command(run.spec, environment=run.environment.name, labels=run.labels or {},
-                                         base_url=base_url),
+                                         base_url=base_url, repro_of=run.id),
         "python": run.environment.python,
         "logs": failure_logs(run, run_folder, failing_phase(run, errors)),
     }
