@@ -93,14 +93,15 @@ SLICE_DEPENDENCIES: dict[str, set[str]] = {
     "runs": {"core", "executors", "environments", "oncall"},
     "bisects": {"core", "environments", "runs"},
     "sweeps": {"core", "environments", "runs"},
-    "suites": {"core", "environments", "runs"},
+    "suites": {"core", "environments", "runs", "oncall"},
     "selftest": {"core", "environments", "runs"},
+    "tracks": {"core", "environments", "oncall", "runs", "bisects", "suites"},
     "scheduler": {"core", "executors", "artifacts", "environments", "oncall", "runs", "bisects", "sweeps",
-                  "selftest"},
+                  "selftest", "tracks"},
     "web": {"core", "executors", "artifacts", "environments", "oncall", "runs", "bisects", "sweeps", "suites",
-            "selftest"},
+            "selftest", "tracks"},
     "cli": {"core", "executors", "artifacts", "environments", "oncall", "runs", "bisects", "sweeps", "suites",
-            "selftest", "scheduler", "web"},
+            "selftest", "scheduler", "web", "tracks"},
 }
 
 

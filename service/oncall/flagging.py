@@ -70,6 +70,27 @@ def flag(session: Session, run: Run) -> None:
     else:
         run.regression = previous is not None and previous.verdict not in BAD
         run.failing_since_run_id = run.id
+    if run.regression and base_failure(session, run) is not None:
+        run.regression = False  # the base fails the same check now: not this branch's doing
+
+
+def base_failure(session: Session, run: Run) -> Run | None:
+    """For a failing run on a branch: the base track's latest run of the same check, when it fails too."""
+    base = base_track_of(run.labels)
+    if run.verdict not in BAD or base == run.track:
+        return None
+    latest = previous_finished(session, run, base)
+    return latest if latest is not None and latest.verdict in BAD else None
+
+
+def fails_on_base_text(session: Session, run: Run) -> str:
+    """'fails on main too (since <commit>)' for a branch's failure its base track shares, else ''."""
+    latest = base_failure(session, run)
+    if latest is None:
+        return ""
+    since = session.get(Run, latest.failing_since_run_id) if latest.failing_since_run_id else latest
+    commit = ((since or latest).labels or {}).get("commit")
+    return f"fails on {latest.track} too" + (f" (since {commit[:12]})" if commit else "")
 
 
 def regression_text(run: Run) -> str:

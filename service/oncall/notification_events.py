@@ -15,12 +15,14 @@ from service.core.links import public_base, regression_url, run_url
 from service.core.settings import get_settings
 from service.core.verdicts import label_of
 
-EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors")
+EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors",
+          "regression.bisected")
 TITLES = {
     "regression.opened": "Regression",
     "regression.acknowledged": "Acknowledged",
     "regression.resolved": "Resolved",
     "run.infra-errors": "Infrastructure errors",
+    "regression.bisected": "First bad commit",
 }
 
 
@@ -65,6 +67,8 @@ def summary_line(event: str, reg: Regression, facts: dict[str, Any]) -> str:
     if facts.get("environment"):
         where += f" (environment {facts['environment']}" + (f", commit {facts['commit']}" if facts.get("commit")
                                                              else "") + ")"
+    if event == "regression.bisected" and reg.first_bad_commit:
+        return f"First bad commit {reg.first_bad_commit[:12]} \"{reg.first_bad_subject or ''}\": {where}"
     if event != "regression.opened":
         return f"{TITLES[event]}: {where}"
     parts = [f"{facts.get('verdict') or 'fail'}"]
@@ -92,7 +96,8 @@ def regression_event(session: Session, reg: Regression, event: str, run: Run | N
             "signatures": reg.signatures, "first_failing_run_id": reg.first_failing_run_id,
             "last_good_run_id": reg.last_good_run_id, "fixed_by_run_id": reg.fixed_by_run_id,
             "acknowledged_by": reg.acknowledged_by, "note": reg.note, "upstream_url": reg.upstream_url,
-            "url": regression_url(base, reg.id),
+            "url": regression_url(base, reg.id), "bisect_id": reg.bisect_id,
+            "first_bad_commit": reg.first_bad_commit, "first_bad_subject": reg.first_bad_subject,
         },
         "run_id": trigger,
         "triage_url": run_url(base, reg.first_failing_run_id, "triage"),
