@@ -14,6 +14,7 @@ from models import Environment, Phase
 from service.core.deps import RowId, RunId, SessionDep, SettingsDep
 from service.core.links import BaseUrl
 from service.runs.pool_dispatch import pool_summary
+from service.tracks.overview import track_rows
 from service.web.dashboard import history as history_q
 from service.web.dashboard import logs as logs_q
 from service.web.dashboard import oncall_pages, runlist, runpage
@@ -40,7 +41,8 @@ def mount(app: FastAPI) -> None:
 def overview(request: Request, session: SessionDep, _: DashboardRead) -> Response:
     """The parity matrix: latest verdict per check × track, regressions first."""
     return render(request, "overview.html", {"m": overview_q.matrix(session), "now": datetime.now(UTC),
-                                             "open_regressions": oncall_pages.open_regression_count(session)})
+                                             "open_regressions": oncall_pages.open_regression_count(session),
+                                             "tracks": track_rows(session)})
 
 
 @router.get("/runs")
