@@ -142,7 +142,7 @@ def bisect_check(session: Session, *, track_name: str, check: str, settings: Set
         raise Conflict(f"check: the runs of {check} on track {track.name!r} carry no commit label", field="check")
     return create_commit_bisect(
         session, spec=RunSpec.from_dict(dict(bad.spec)), source=source.name, good=good_commit, bad=bad_commit,
-        labels={"track": track.name}, requester=requester, settings=settings)
+        labels={"bisect_track": track.name}, requester=requester, settings=settings)
 
 
 def bisect_regressions(session: Session, *, settings: Settings) -> int:

@@ -38,7 +38,7 @@ def test_a_local_repository_resolves_its_ref_and_each_commit_is_one_reused_build
 
     env = sources.commit_environment(db_session, source=source, commit=head, settings=settings)
     assert env.state == "pending" and env.name == f"mlm@{shas[1][:12]}"
-    tree = Path(env.requirements[0])  # the build job's one line: the commit's files, exported by git archive
+    tree = Path((env.requirements or [""])[0])  # the build job's one line: the commit's files, exported by git archive
     assert (tree / "megatron/core/__init__.py").read_text() == "v = 2\n" and not (tree / ".git").exists()
     again = sources.commit_environment(db_session, source=source, commit=sources.resolve(source, settings),
                                        settings=settings)
