@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models import Run
+from models import Regression, Run
 from service.core.checks import base_track_of
 
 # pass is good; fail and error are both "not the same run" for the history
@@ -88,8 +88,12 @@ def fails_on_base_text(session: Session, run: Run) -> str:
     latest = base_failure(session, run)
     if latest is None:
         return ""
-    since = session.get(Run, latest.failing_since_run_id) if latest.failing_since_run_id else latest
-    commit = ((since or latest).labels or {}).get("commit")
+    # since the first bad commit when a bisect named it, else the commit of the base's first failing run
+    commit = session.scalar(select(Regression.first_bad_commit).where(
+        Regression.check_key == run.check_key, Regression.track == latest.track, Regression.state != "resolved"))
+    if not commit:
+        since = session.get(Run, latest.failing_since_run_id) if latest.failing_since_run_id else latest
+        commit = ((since or latest).labels or {}).get("commit")
     return f"fails on {latest.track} too" + (f" (since {commit[:12]})" if commit else "")
 
 

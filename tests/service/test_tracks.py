@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models import NotificationChannel, OutboxMessage, Regression, Run, SuiteRun, Track
+from models import Environment, NotificationChannel, OutboxMessage, Regression, Run, SuiteRun, Track
 from models.base import utcnow
 from service.bisects import search as bisects
 from service.cli.client.bisect import report
@@ -195,6 +195,15 @@ def test_a_pass_to_fail_on_the_track_is_bisected_to_the_first_bad_commit(
     page = client.get(f"/regressions/{reg.id}")
     assert page.status_code == 200 and "Restore the scheduler one step short" in page.text
     assert schedule.bisect_regressions(db_session, settings=settings) == 0  # named once
+
+    # a PR failing the check now: fails on main too, since the commit the bisect named
+    suite_run, _ = create_suite_run(db_session, suite_name="one", version=None,
+                                    environment=db_session.get(Environment, bad.environment_id).name,  # type: ignore[union-attr]
+                                    labels={"branch": "pr-7", "base_branch": "main"}, requester="ci", settings=settings)
+    (pr,) = _suite_run(db_session, suite_run.id)
+    _finish(db_session, pr, "fail")
+    check = suite_run_view(db_session, suite_run_id=suite_run.id, base=BASE)["checks"][0]
+    assert check["fails_on_base"] == f"fails on main too (since {shas[2][:12]})"
 
     overview = client.get("/").text  # main's row: its latest verdict, and the commit that changed it
     row = overview.split('id="tracks"', 1)[1].split("</table>", 1)[0]
