@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import func, literal, select
 from sqlalchemy.orm import Session
 
-from models import Environment, Run, Source, Track
+from models import Environment, Regression, Run, Source, Track
 
 GOOD = ("pass", "known-failure")
 EPOCH = literal("1970-01-01T00:00:00+00:00").cast(Run.finished_at.type)  # no run on the other side yet
@@ -49,10 +49,16 @@ def track_rows(session: Session) -> list[dict[str, Any]]:
             .order_by(Run.check_key, Run.finished_at.desc(), Run.id.desc())).all()
         checks = []
         for run in sorted(latest, key=lambda r: r.check_name):
+            changed = _commit(session, _changed_by(session, run))
+            bisected = session.execute(select(Regression.first_bad_commit, Regression.first_bad_subject).where(
+                Regression.check_key == run.check_key, Regression.track == track.name,
+                Regression.state != "resolved", Regression.first_bad_commit.is_not(None))).first()
+            if bisected is not None and run.verdict not in GOOD:  # the bisect knows better than the track's runs
+                changed = {"sha": bisected[0], "subject": bisected[1], "run_id": None, "bisected": True}
             checks.append({
                 "check_key": run.check_key, "check_name": run.check_name, "verdict": run.verdict,
                 "regression": run.regression, "run_id": run.id, "commit": _commit(session, run),
-                "changed_at": _commit(session, _changed_by(session, run)),
+                "changed_at": changed,
             })
         env = session.scalar(select(Environment).where(Environment.source_commit == track.last_commit).limit(1)) \
             if track.last_commit else None
