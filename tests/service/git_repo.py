@@ -28,8 +28,8 @@ class Repo:
                               env=env).stdout.strip()
 
     def commit(self, subject: str, files: dict[str, str] | None = None) -> str:
-        """Write files (default: a changelog line), commit them; the new commit's sha."""
-        for rel, text in (files or {"CHANGES": f"{subject}\n"}).items():
+        """Write files (None: a changelog line; {}: commit what the tree holds), commit; the new sha."""
+        for rel, text in (files if files is not None else {"CHANGES": f"{subject}\n"}).items():
             path = self.path / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
