@@ -14,7 +14,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from jobs.spec import RunSpec
@@ -253,8 +253,19 @@ def describe(session: Session, row: Bisect, base: str) -> dict[str, Any]:
 
 
 def advance_open(session: Session, *, settings: Settings) -> int:
-    """The scheduler's step: advance every running bisect (its verdicts may have just been stored)."""
+    """The scheduler's step: advance every running bisect (its verdicts may have just been stored).
+
+    Returns how many moved (ended, or queued a run): a bisect waiting on a build or a run is not
+    progress, or the scheduler's loop, which ticks again at once after progress, would spin on it."""
     ids = list(session.scalars(select(Bisect.id).where(Bisect.state == "running").order_by(Bisect.created_at)))
+    moved = 0
     for bisect_id in ids:
-        advance(session, bisect_id, settings=settings)
-    return len(ids)
+        before = _run_count(session, bisect_id)
+        row = advance(session, bisect_id, settings=settings)
+        moved += row.state != "running" or _run_count(session, bisect_id) != before
+    return moved
+
+
+def _run_count(session: Session, bisect_id: str) -> int:
+    return session.scalar(select(func.count()).select_from(Run).where(
+        Run.labels.contains({BISECT_LABEL: bisect_id}))) or 0
