@@ -16,6 +16,7 @@ from models.base import utcnow
 from service.bisects import search as bisects
 from service.cli.client.bisect import report
 from service.cli.client.junit import suite_junit_xml
+from service.cli.client.track import track_line
 from service.core.run_state import RunState, transition
 from service.core.settings import get_settings
 from service.environments import sources
@@ -89,6 +90,8 @@ def test_a_due_track_runs_its_suite_on_the_latest_commit_labelled_track_and_comm
     assert second.labels["commit"] == new and second.environment_id != run.environment_id
     listed = client.get("/api/v1/tracks").json()
     assert [t["name"] for t in listed] == ["main"] and listed[0]["last_commit"] == new
+    line = track_line(listed[0])  # `parity track list`
+    assert line.startswith("main") and "suite one" in line and "every 1d" in line and new[:12] in line
 
     # a source git cannot read: the track says why, and tries again at its next turn
     repo.git("branch", "-m", "main", "trunk")
