@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -102,10 +103,12 @@ def list_sources(session: Session) -> list[Source]:
 def _git(args: list[str], *, cwd: Path | None = None, stdout_bytes: bool = False) -> Any:
     # safe.directory: the repository belongs to whoever registered it, not to the scheduler's user
     cmd = ["git", "-c", "safe.directory=*", *args]
+    # the service's own environment (ssh keys, proxies, CA bundles reach a fetch), never its PARITY_* secrets;
+    # never a prompt for credentials: a source that needs them fails with git's message
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARITY_")}
+    env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", GIT_PAGER="cat")
     try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, timeout=GIT_TIMEOUT_S,
-                              env={"GIT_TERMINAL_PROMPT": "0", "PATH": "/usr/local/bin:/usr/bin:/bin",
-                                   "HOME": "/nonexistent", "LC_ALL": "C"})
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, timeout=GIT_TIMEOUT_S, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SourceError(f"git {args[0]}: {exc}", field="source") from None
     if proc.returncode != 0:

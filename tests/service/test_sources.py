@@ -88,3 +88,17 @@ def test_a_plain_tree_is_named_by_its_content(db_session: Session, tmp_path: Pat
     second = sources.resolve(source, settings)
     assert second.sha != first.sha
     assert sources.commit_environment(db_session, source=source, commit=second, settings=settings).id != env.id
+
+
+def test_a_git_url_is_mirrored_and_fetched_each_time_it_is_resolved(db_session: Session, tmp_path: Path) -> None:
+    repo, shas = _repo(tmp_path)
+    source = sources.register_source(db_session, name="upstream", location=f"file://{repo.path}", ref=None)
+    assert (source.kind, source.ref) == ("git", "main")  # a URL without a ref follows main
+    settings = get_settings()
+    assert sources.resolve(source, settings).sha == shas[1]
+    assert (settings.resolved_run_folder / "sources" / "upstream.git" / "HEAD").exists()
+    newer = repo.commit("Newer")
+    assert sources.resolve(source, settings).sha == newer  # fetched again, not a stale mirror
+    env = sources.commit_environment(db_session, source=source, commit=sources.resolve(source, settings),
+                                     settings=settings)
+    assert (Path((env.requirements or [""])[0]) / "CHANGES").read_text() == "Newer\n"
