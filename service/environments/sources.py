@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from models import Environment, Source
@@ -204,6 +204,9 @@ def commit_environment(session: Session, *, source: Source, commit: Commit, sett
     if not SHA.match(commit.sha):
         raise SourceError(f"commit: {commit.sha[:80]!r} is not a full sha", field="commit")
     digest = commit_hash(commit.sha, settings)
+    # one maker per commit at a time (a track and a bisect, two replicas): the second waits, then reuses
+    # the first's row, and never exports into a folder the first is writing
+    session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"commit-env:{digest}"))))
     env = session.scalar(select(Environment).where(Environment.content_hash == digest).with_for_update())
     folder = builds_folder(settings) / digest[:16]
     tree = folder / "tree"
