@@ -6,7 +6,7 @@ source's latest commit every so often) are new; an environment records the commi
 commit its bisect named.
 
 Revision ID: 0018
-Revises: 0015 (0016 and 0017 are on other branches: re-chained on merge)
+Revises: 0016 (0017 is on another branch: re-chained on merge)
 """
 
 from alembic import op
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 revision = '0018'
-down_revision = '0015'
+down_revision = '0016'
 branch_labels = None
 depends_on = None
 

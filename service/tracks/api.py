@@ -12,6 +12,7 @@ from service.bisects import search as bisects
 from service.core.deps import AdminToken, ReadAccess, SessionDep, SettingsDep, SubmitToken
 from service.core.links import BaseUrl
 from service.core.schemas import ERROR_RESPONSES
+from service.core.tracks import authorize_track
 from service.environments import sources
 from service.tracks import schedule
 
@@ -86,8 +87,9 @@ def track(name: TrackName, session: SessionDep, _: ReadAccess) -> dict[str, Any]
 
 
 @router.post("/{name}/run", status_code=202)
-def run_track(name: TrackName, session: SessionDep, _: SubmitToken) -> dict[str, Any]:
+def run_track(name: TrackName, session: SessionDep, token: SubmitToken) -> dict[str, Any]:
     """Make the track due now: the scheduler queues its suite on the source's latest commit."""
+    authorize_track(token, labels={"branch": name}, environment="")  # its runs write track `name`
     return schedule.track_doc(session, schedule.request_run(session, name))
 
 
@@ -95,6 +97,7 @@ def run_track(name: TrackName, session: SessionDep, _: SubmitToken) -> dict[str,
 def bisect_track(name: TrackName, body: TrackBisectIn, session: SessionDep, settings: SettingsDep,
                  token: SubmitToken, base: BaseUrl) -> dict[str, Any]:
     """Bisect the commits between the check's last pass and its first failure on the track."""
+    authorize_track(token, labels={"branch": name}, environment="")  # the track's owner (or an admin) asks
     row = schedule.bisect_check(session, track_name=name, check=body.check, settings=settings,
                                 requester=token.name)
     return bisects.describe(session, row, base)

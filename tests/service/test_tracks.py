@@ -83,7 +83,14 @@ def test_a_due_track_runs_its_suite_on_the_latest_commit_labelled_track_and_comm
     assert schedule.run_due(db_session, settings=settings) == 0  # not due again for a day
 
     new = repo.commit("A new commit on main")
-    assert client.post("/api/v1/tracks/main/run", headers=admin).status_code == 202  # parity track run main
+    # its runs write track main: a token granted only the PR tracks may not make it run (nor bisect it)
+    pr_token = make_token("submit", name="ci-prs", tracks=("pr-*",))
+    refused = client.post("/api/v1/tracks/main/run", headers=pr_token)
+    assert refused.status_code == 403 and "main" in refused.json()["detail"]
+    assert client.post("/api/v1/tracks/main/bisect", json={"check": run.check_key}, headers=pr_token).status_code == 403
+    assert schedule.run_due(db_session, settings=settings) == 0
+    owner = make_token("submit", name="main-owner", tracks=("main",))
+    assert client.post("/api/v1/tracks/main/run", headers=owner).status_code == 202  # parity track run main
     assert schedule.run_due(db_session, settings=settings) == 1
     track = schedule.get_track(db_session, "main")
     (second,) = _suite_run(db_session, track.last_suite_run_id or "")
@@ -95,7 +102,7 @@ def test_a_due_track_runs_its_suite_on_the_latest_commit_labelled_track_and_comm
 
     # a source git cannot read: the track says why, and tries again at its next turn
     repo.git("branch", "-m", "main", "trunk")
-    client.post("/api/v1/tracks/main/run", headers=admin)
+    client.post("/api/v1/tracks/main/run", headers=owner)
     assert schedule.run_due(db_session, settings=settings) == 0
     track = schedule.get_track(db_session, "main")
     assert track.last_error and "main" in track.last_error and track.next_run_at > utcnow()
