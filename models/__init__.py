@@ -14,9 +14,11 @@ from models.probe import ProbeFinding
 from models.regression import Regression
 from models.run import Run
 from models.session import EndedSession
+from models.source import Source
 from models.suite import Suite
 from models.suite_run import SuiteRun
 from models.token import ApiToken
+from models.track import Track
 
 __all__ = [
     "ApiToken",
@@ -36,7 +38,9 @@ __all__ = [
     "Run",
     "RunEvent",
     "SchedulerHeartbeat",
+    "Source",
     "StepMetric",
     "Suite",
     "SuiteRun",
+    "Track",
 ]

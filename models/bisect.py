@@ -35,3 +35,7 @@ class Bisect(CreatedAt, Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
+    # a bisect over a source's commits: its environments are built when a step needs them, named by
+    # commit; `commits` holds [{"sha", "subject", "date"}] in the order of `environments`
+    source: Mapped[str | None] = mapped_column(String(100))
+    commits: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)

@@ -44,3 +44,9 @@ class Environment(CreatedAt, Base):
     last_used_at: Mapped[datetime | None]
     # the token that asked for this build (last): its build quota counts it while pending or building
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), index=True)
+    # Built from a source's commit (service/environments/sources.py): which commit, when and what it was;
+    # a plain source tree has a content hash for a commit and no subject
+    source: Mapped[str | None] = mapped_column(String(100))
+    source_commit: Mapped[str | None] = mapped_column(String(64), index=True)
+    source_commit_date: Mapped[datetime | None]
+    source_commit_subject: Mapped[str | None] = mapped_column(String(500))

@@ -41,3 +41,7 @@ class Regression(CreatedAt, Base):
     upstream_url: Mapped[str | None] = mapped_column(String(1000))
     resolved_at: Mapped[datetime | None]
     fixed_by_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    # a regression on a source's track: the bisect over its commits, and the first bad commit it named
+    bisect_id: Mapped[str | None] = mapped_column(String(12))
+    first_bad_commit: Mapped[str | None] = mapped_column(String(64))
+    first_bad_subject: Mapped[str | None] = mapped_column(String(500))

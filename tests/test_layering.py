@@ -95,12 +95,13 @@ SLICE_DEPENDENCIES: dict[str, set[str]] = {
     "sweeps": {"core", "environments", "runs"},
     "suites": {"core", "environments", "runs", "oncall"},
     "selftest": {"core", "environments", "runs"},
+    "tracks": {"core", "environments", "oncall", "runs", "bisects", "suites"},
     "scheduler": {"core", "executors", "artifacts", "environments", "oncall", "runs", "bisects", "sweeps",
-                  "selftest"},
+                  "selftest", "tracks"},
     "web": {"core", "executors", "artifacts", "environments", "oncall", "runs", "bisects", "sweeps", "suites",
-            "selftest"},
+            "selftest", "tracks"},
     "cli": {"core", "executors", "artifacts", "environments", "oncall", "runs", "bisects", "sweeps", "suites",
-            "selftest", "scheduler", "web"},
+            "selftest", "scheduler", "web", "tracks"},
 }
 
 

@@ -13,7 +13,7 @@ COMMANDS = (
     "server.serve", "server.scheduler", "server.db", "server.token", "client.submit", "client.env", "client.sweep",
     "client.bisect", "server.demo", "engine.run_local", "client.configs", "client.notify", "engine.selftest",
     "engine.calibrate", "engine.shrink",
-    "client.suite", "server.pythons",
+    "client.suite", "server.pythons", "client.track",
 )
 # The base install is the client; these commands need an extra (and are named here so the client can say so).
 NEEDS_EXTRA = {

@@ -237,6 +237,10 @@ class EnvironmentOut(BaseModel):
     built_at: datetime | None
     last_used_at: datetime | None
     created_at: datetime
+    source: str | None = Field(default=None, description="The source a commit build was made from")
+    source_commit: str | None = Field(default=None, description="The commit built (a plain tree: its content hash)")
+    source_commit_date: datetime | None = None
+    source_commit_subject: str | None = Field(default=None, description="The commit's subject line")
 
 
 class ErrorOut(BaseModel):

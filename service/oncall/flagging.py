@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models import Run
+from models import Regression, Run
 from service.core.checks import base_track_of
 
 # pass is good; fail and error are both "not the same run" for the history
@@ -70,6 +70,31 @@ def flag(session: Session, run: Run) -> None:
     else:
         run.regression = previous is not None and previous.verdict not in BAD
         run.failing_since_run_id = run.id
+    if run.regression and base_failure(session, run) is not None:
+        run.regression = False  # the base fails the same check now: not this branch's doing
+
+
+def base_failure(session: Session, run: Run) -> Run | None:
+    """For a failing run on a branch: the base track's latest run of the same check, when it fails too."""
+    base = base_track_of(run.labels)
+    if run.verdict not in BAD or base == run.track:
+        return None
+    latest = previous_finished(session, run, base)
+    return latest if latest is not None and latest.verdict in BAD else None
+
+
+def fails_on_base_text(session: Session, run: Run) -> str:
+    """'fails on main too (since <commit>)' for a branch's failure its base track shares, else ''."""
+    latest = base_failure(session, run)
+    if latest is None:
+        return ""
+    # since the first bad commit when a bisect named it, else the commit of the base's first failing run
+    commit = session.scalar(select(Regression.first_bad_commit).where(
+        Regression.check_key == run.check_key, Regression.track == latest.track, Regression.state != "resolved"))
+    if not commit:
+        since = session.get(Run, latest.failing_since_run_id) if latest.failing_since_run_id else latest
+        commit = ((since or latest).labels or {}).get("commit")
+    return f"fails on {latest.track} too" + (f" (since {commit[:12]})" if commit else "")
 
 
 def regression_text(run: Run) -> str:

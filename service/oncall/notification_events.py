@@ -15,7 +15,8 @@ from service.core.links import public_base, regression_url, run_url
 from service.core.settings import get_settings
 from service.core.verdicts import label_of, reading
 
-EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors", "suite-run.failed")
+EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors", "suite-run.failed",
+          "regression.bisected")
 # a suite run's failure replaces the per-check regression.opened messages of its checks: who wants those gets it
 ALSO_WANTED_BY = {"suite-run.failed": "regression.opened"}
 TITLES = {
@@ -24,6 +25,7 @@ TITLES = {
     "regression.acknowledged": "Acknowledged",
     "regression.resolved": "Resolved",
     "run.infra-errors": "Infrastructure errors",
+    "regression.bisected": "First bad commit",
 }
 
 
@@ -67,6 +69,8 @@ def summary_line(event: str, reg: Regression, facts: dict[str, Any]) -> str:
     if facts.get("environment"):
         where += f" (environment {facts['environment']}" + (f", commit {facts['commit']}" if facts.get("commit")
                                                              else "") + ")"
+    if event == "regression.bisected" and reg.first_bad_commit:
+        return f"First bad commit {reg.first_bad_commit[:12]} \"{reg.first_bad_subject or ''}\": {where}"
     if event != "regression.opened":
         return f"{TITLES[event]}: {where}"
     read = facts.get("reading") or {}
@@ -91,7 +95,8 @@ def regression_event(session: Session, reg: Regression, event: str, run: Run | N
             "signatures": reg.signatures, "first_failing_run_id": reg.first_failing_run_id,
             "last_good_run_id": reg.last_good_run_id, "fixed_by_run_id": reg.fixed_by_run_id,
             "acknowledged_by": reg.acknowledged_by, "note": reg.note, "upstream_url": reg.upstream_url,
-            "url": regression_url(base, reg.id),
+            "url": regression_url(base, reg.id), "bisect_id": reg.bisect_id,
+            "first_bad_commit": reg.first_bad_commit, "first_bad_subject": reg.first_bad_subject,
         },
         "run_id": trigger,
         "triage_url": run_url(base, reg.first_failing_run_id, "triage"),

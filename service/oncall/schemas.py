@@ -29,6 +29,10 @@ class RegressionOut(BaseModel):
     resolved_at: datetime | None
     fixed_by_run_id: int | None
     created_at: datetime
+    bisect_id: str | None = Field(default=None, description="The bisect over the track's commits ('none': "
+                                  "none could start)")
+    first_bad_commit: str | None = Field(default=None, description="The first bad commit its bisect named")
+    first_bad_subject: str | None = None
     links: dict[str, str] = Field(default_factory=dict)
 
 

@@ -38,6 +38,7 @@ from service.runs.row_guard import describe, is_outage, per_row
 from service.runs.submitter import claim_queued, launch, local_slots, next_pending
 from service.scheduler.wakeup import Wakeup
 from service.selftest.batch import enqueue_due
+from service.tracks import schedule as tracks
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,11 @@ def tick(
     """One pass of every step; returns what each step did. pool_keys: the loop's memory of which
     pool key each waiting attempt needs (pool_dispatch.TickWaits), kept from tick to tick."""
     done = {"claimed": 0, "launched": 0, "reconciled": 0, "evaluated": 0, "pruned": 0,
-            "selftest_queued": 0, "builds": 0, "bisects": 0, "pool": 0}
+            "selftest_queued": 0, "builds": 0, "bisects": 0, "pool": 0, "tracks": 0}
     with session_scope() as session:
         done["selftest_queued"] = enqueue_due(session, settings=settings)
+    with session_scope() as session:  # due tracks: their suite on the source's latest commit (its build queued)
+        done["tracks"] = tracks.run_due(session, settings=settings)
     with session_scope() as session:
         done["builds"] = builds.launch_builds(session, settings=settings, executor=executor)
     with session_scope() as session:
@@ -109,6 +112,8 @@ def tick(
         done["evaluated"] = evaluate_pending(session, settings=settings)
     with session_scope() as session:  # a verdict just stored may decide a bisect's step (or queue its next run)
         done["bisects"] = bisects.advance_open(session, settings=settings)
+    with session_scope() as session:  # a track's new regression starts its bisect; a found one names the commit
+        done["bisects"] += tracks.bisect_regressions(session, settings=settings)
     with session_scope() as session:
         done["pruned"] = sum(retention.apply(session, settings).values())
     return done

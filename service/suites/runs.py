@@ -23,6 +23,7 @@ from service.environments.registry import (
     get_environment,
     use_environment,
 )
+from service.oncall.flagging import fails_on_base_text
 from service.oncall.suite_alerts import group_of
 from service.runs.api import run_out
 from service.runs.records import Caps, create_run, validate_spec
@@ -83,8 +84,21 @@ def outcome(run: dict[str, Any]) -> str:
     return "error"
 
 
+OUTCOMES = ("pass", "known-failure", "fails-on-base", "fail", "error", "pending")
+
+
+def on_base(session: Session, run: Run, result: str) -> tuple[str, str]:
+    """A failing check that fails on the base track's latest run too (a PR on a broken main): the outcome
+    'fails-on-base' and 'fails on main too (since <commit>)', not the PR's failure; else (result, '')."""
+    if result != "fail" or run.regression:
+        return result, ""
+    text = fails_on_base_text(session, run)
+    return ("fails-on-base", text) if text else (result, "")
+
+
 def overall(outcomes: list[str]) -> str:
-    """The suite's verdict: pending until every check ended; then fail > error > pass (known failures pass)."""
+    """The suite's verdict: pending until every check ended; then fail > error > pass (known failures and
+    failures the base track shares pass)."""
     if "pending" in outcomes:
         return "pending"
     if "fail" in outcomes:
@@ -113,9 +127,12 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
                    if f["regression"] is not None}
     checks = []
     for item in suite_run.runs:
-        run = run_out(by_id[item["run_id"]], base).model_dump(mode="json")
+        row = by_id[item["run_id"]]
+        run = run_out(row, base).model_dump(mode="json")
+        result, shared = on_base(session, row, outcome(run))
         reg = regressions.get(item["name"])
-        checks.append({"name": item["name"], "outcome": outcome(run), "cause": cause(run), "run": run,
+        checks.append({"name": item["name"], "outcome": result, "cause": "; ".join(filter(None, (shared, cause(run)))),
+                       "fails_on_base": shared or None, "run": run,
                        "regression": {"id": reg.id, "state": reg.state, "url": regression_url(base, reg.id)}
                        if reg else None})
     verdict = overall([c["outcome"] for c in checks])
@@ -124,8 +141,7 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
         "labels": suite_run.labels, "requester": suite_run.requester, "created_at": suite_run.created_at.isoformat(),
         "state": "running" if verdict == "pending" else "finished",
         "verdict": None if verdict == "pending" else verdict,
-        "counts": {k: sum(c["outcome"] == k for c in checks) for k in ("pass", "known-failure", "fail", "error",
-                                                                        "pending")},
+        "counts": {k: sum(c["outcome"] == k for c in checks) for k in OUTCOMES},
         "checks": checks,
         "links": {"self": f"{base}/api/v1/suite-runs/{suite_run.id}", "dashboard": f"{base}/suite-runs/{suite_run.id}"},
     }
@@ -163,16 +179,21 @@ def suite_run_list(session: Session, *, page: int = 1, page_size: int = PAGE_SIZ
     ids = [item["run_id"] for suite_run, _ in rows for item in suite_run.runs]
     runs = {r.id: {"state": r.state, "verdict": r.verdict, "regression": r.regression}
             for r in session.execute(select(Run.id, Run.state, Run.verdict, Run.regression).where(Run.id.in_(ids)))}
+    # a failure the base track shares is not the branch's: only failing runs are read whole (they are few)
+    failing = [i for i, r in runs.items() if outcome(r) == "fail" and not r["regression"]]
+    shared = {r.id for r in session.scalars(select(Run).where(Run.id.in_(failing)))
+              if on_base(session, r, "fail")[0] == "fails-on-base"} if failing else set()
     items = []
     for suite_run, suite_row in rows:
-        outcomes = [outcome(runs[i["run_id"]]) for i in suite_run.runs if i["run_id"] in runs]
+        outcomes = ["fails-on-base" if i["run_id"] in shared else outcome(runs[i["run_id"]])
+                    for i in suite_run.runs if i["run_id"] in runs]
         verdict = overall(outcomes)
         items.append({
             "id": suite_run.id, "suite": suite_row.name, "version": suite_row.version,
             "environment": suite_run.environment, "requester": suite_run.requester,
             "created_at": suite_run.created_at, "labels": suite_run.labels,
             "verdict": None if verdict == "pending" else verdict, "checks": len(suite_run.runs),
-            "counts": {k: outcomes.count(k) for k in ("pass", "known-failure", "fail", "error", "pending")},
+            "counts": {k: outcomes.count(k) for k in OUTCOMES},
             "links": {"self": f"{base}/api/v1/suite-runs/{suite_run.id}",
                       "dashboard": f"{base}/suite-runs/{suite_run.id}"},
         })

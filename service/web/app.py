@@ -26,6 +26,7 @@ from service.oncall import api as oncall
 from service.runs import api as runs
 from service.suites import api as suites
 from service.sweeps import api as sweeps
+from service.tracks import api as tracks
 from service.web import meta
 from service.web.dashboard import routes as dashboard
 
@@ -107,6 +108,8 @@ def create_app() -> FastAPI:
     app.include_router(suites.runs_router)
     app.include_router(sweeps.router)
     app.include_router(bisects.router)
+    app.include_router(tracks.sources_router)
+    app.include_router(tracks.router)
     app.include_router(oncall.router)
     app.include_router(meta.router)
     app.include_router(meta.metrics_router)

@@ -60,21 +60,22 @@ def test_bisect_walks_to_the_first_bad_build_reusing_a_stored_verdict(
     assert _env(db_session, first) == "build-2" and first.state == "queued"  # the middle of 0..5
     # asking again (API, CLI loop, scheduler) while the run is in flight queues nothing more
     assert client.get(f"/api/v1/bisects/{doc['id']}").json()["runs_created"] == 1
-    bisects.advance_open(db_session, settings=get_settings())
+    # waiting on its run is not progress (the scheduler ticks again at once after progress: it would spin)
+    assert bisects.advance_open(db_session, settings=get_settings()) == 0
     assert len(_runs(db_session, doc["id"])) == 1
 
     _finish(db_session, first, "pass")  # 2 good -> 3 (stored pass, reused) -> 4 is tested next
     # a GET only reads: the scheduler's pass moves the bisect on
     assert client.get(f"/api/v1/bisects/{doc['id']}").json()["runs_created"] == 1
     assert len(_runs(db_session, doc["id"])) == 1
-    bisects.advance_open(db_session, settings=get_settings())
+    assert bisects.advance_open(db_session, settings=get_settings()) == 1  # queued its next run
     doc = client.get(f"/api/v1/bisects/{doc['id']}").json()
     runs = _runs(db_session, doc["id"])
     assert [_env(db_session, r) for r in runs] == ["build-2", "build-4"]
     assert doc["state"] == "running" and doc["runs_reused"] == 1
 
     _finish(db_session, runs[1], "fail")
-    bisects.advance_open(db_session, settings=get_settings())
+    assert bisects.advance_open(db_session, settings=get_settings()) == 1  # found
     doc = client.get(f"/api/v1/bisects/{doc['id']}").json()
     assert doc["state"] == "found" and doc["first_bad"] == "build-4" and doc["last_good"] == "build-3"
     assert (doc["runs_created"], doc["runs_reused"]) == (2, 1)

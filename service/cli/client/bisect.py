@@ -25,8 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save-step", type=int, default=3)
     p.add_argument("--workaround", action="append", default=[])
     add_shape_argument(p)
-    p.add_argument("--good", required=True, help="environment where the check passes (oldest)")
-    p.add_argument("--bad", required=True, help="environment where it fails (newest)")
+    p.add_argument("--track", help="bisect the track's commits between the check's last pass and first failure "
+                   "(with --check; each commit between is built when a step needs it)")
+    p.add_argument("--good", help="environment where the check passes (oldest)")
+    p.add_argument("--bad", help="environment where it fails (newest)")
     p.add_argument("--between", action="append", default=[], help="environments in between, in order (repeatable)")
     p.add_argument("--label", action="append", default=[], help="key=value, repeatable")
     p.add_argument("--no-wait", dest="wait", action="store_false", help="print the bisect's id and link, then exit")
@@ -37,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def build_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST /bisects body from command-line options."""
+    if args.track:
+        if args.check is None:
+            raise SystemExit("parity bisect --track: give --check KEY (the check that broke on the track)")
+        return {"check": args.check}
+    if args.good is None or args.bad is None:
+        raise SystemExit("parity bisect: give --good and --bad environments (or --track and --check)")
     if (args.check is None) == (args.config is None):
         raise SystemExit("parity bisect: give --check KEY or --config (and the other spec options)")
     body: dict[str, Any] = {"good": args.good, "bad": args.bad, "between": args.between,
@@ -61,8 +69,13 @@ def report(doc: dict[str, Any]) -> str:
             f"{run.get('label') or run['verdict'] or run['state']}  {run['link']}"
             + ("  (stored verdict reused)" if run["reused"] else ""))
         mark = "  <- first bad" if e["first_bad"] else ""
-        lines.append(f"  {e['index']:>2} {e['environment']:<28} {e['role']:<8} {what}{mark}")
-    if doc["state"] == "found":
+        commit = f"  {e['commit']['subject'][:50]}" if e.get("commit") else ""
+        lines.append(f"  {e['index']:>2} {e['environment']:<28} {e['role']:<8} {what}{mark}{commit}")
+    if doc["state"] == "found" and doc.get("first_bad_commit"):
+        bad, good = doc["first_bad_commit"], doc.get("last_good_commit") or {}
+        lines.append(f"first bad commit: {bad['sha']} {bad['subject']}  {doc['links']['first_bad_run'] or ''}".rstrip())
+        lines.append(f"last good commit: {good.get('sha', '?')} {good.get('subject', '')}")
+    elif doc["state"] == "found":
         lines.append(f"first bad: {doc['first_bad']} {doc['links']['first_bad_run'] or ''}".rstrip())
         lines.append(f"last good: {doc['last_good']} {doc['links']['last_good_run'] or ''}".rstrip())
     elif doc["state"] == "error":
@@ -75,7 +88,7 @@ def report(doc: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     body = build_body(args)
     with client(args) as http:
-        resp = http.post("/api/v1/bisects", json=body)
+        resp = http.post(f"/api/v1/tracks/{args.track}/bisect" if args.track else "/api/v1/bisects", json=body)
         if resp.status_code != 202:
             print(f"parity bisect: {resp.status_code} {_detail(resp)}", file=sys.stderr)
             return 2

@@ -13,7 +13,7 @@ ADVISORY = ("a pass is advisory when the build is untrusted: its code runs insid
 
 
 def _case(suite: ET.Element, run: dict[str, Any], *, name: str, classname: str, timed_out: bool,
-          strict: bool) -> str:
+          strict: bool, fails_on_base: str | None = None) -> str:
     """Add one test case for run; returns its outcome (error | skipped | failure | pass)."""
     case = ET.SubElement(suite, "testcase", classname=classname, name=name)
     verdict = run.get("verdict")
@@ -25,6 +25,9 @@ def _case(suite: ET.Element, run: dict[str, Any], *, name: str, classname: str, 
     if timed_out and not finished:
         ET.SubElement(case, "error", message="timed out waiting for a verdict").text = text
         outcome = "error"
+    elif fails_on_base:  # the base branch fails this check too: not the pull request's failure
+        ET.SubElement(case, "skipped", message=fails_on_base).text = text
+        outcome = "skipped"
     elif verdict == "known-failure" and not strict:
         known = ", ".join(f"{k['signature']} ({k['link']})" for k in run.get("known_failures") or [])
         ET.SubElement(case, "skipped", message=f"known upstream failure: {known or '-'}").text = text
@@ -65,6 +68,6 @@ def suite_junit_xml(view: dict[str, Any], *, timed_out: bool, strict: bool = Fal
     ET.SubElement(properties, "property", name="suite_run", value=view["links"]["dashboard"])
     ET.SubElement(properties, "property", name="advisory", value=ADVISORY)
     outcomes = [_case(suite, c["run"], name=c["name"], classname=f"parity.{view['suite']}", timed_out=timed_out,
-                      strict=strict) for c in view["checks"]]
+                      strict=strict, fails_on_base=c.get("fails_on_base")) for c in view["checks"]]
     _count(suite, outcomes)
     return ET.tostring(suite, xml_declaration=True, encoding="utf-8")

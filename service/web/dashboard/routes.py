@@ -14,6 +14,7 @@ from models import Environment, Phase
 from service.core.deps import RowId, RunId, SessionDep, SettingsDep
 from service.core.links import BaseUrl
 from service.runs.pool_dispatch import pool_summary
+from service.tracks.overview import track_rows
 from service.web.dashboard import history as history_q
 from service.web.dashboard import logs as logs_q
 from service.web.dashboard import oncall_pages, runlist, runpage
@@ -39,7 +40,8 @@ def mount(app: FastAPI) -> None:
 
 @router.get("/")
 def overview(request: Request, session: SessionDep, settings: SettingsDep, _: DashboardRead) -> Response:
-    """The parity matrix over the long-lived tracks, regressions first; pull requests as their latest suite runs."""
+    """The parity matrix over the long-lived tracks, regressions first; pull requests as their latest suite runs;
+    watched tracks with the commit that changed each check."""
     from service.core.checks import track_patterns
     from service.suites.runs import suite_run_list
 
@@ -47,7 +49,7 @@ def overview(request: Request, session: SessionDep, settings: SettingsDep, _: Da
     return render(request, "overview.html", {
         "m": overview_q.matrix(session, long_lived_tracks=patterns), "now": datetime.now(UTC),
         "prs": suite_run_list(session, page_size=PR_SUITE_RUNS, prs_only=patterns),
-        "open_regressions": oncall_pages.open_regression_count(session)})
+        "open_regressions": oncall_pages.open_regression_count(session), "tracks": track_rows(session)})
 
 
 @router.get("/runs")
