@@ -126,6 +126,9 @@ ATTACKS = textwrap.dedent('''
             out.append("one file past the quota: written")
         except OSError as exc:
             out.append("one file past the quota: %%s" %% exc)
+        # the report so far, before the folder passes its quota: the service may stop the job any moment now
+        (own / "hostile-install.json").write_text(json.dumps(
+            {"stage": "install", "uid": os.getuid(), "own": str(own), "fill_disk": {"ok": True, "detail": out[0]}}))
         written = 0
         for i in range(64):  # many files each under the per-file limit: only the folder check sees them
             with open(own / ("fill-%%02d" %% i), "wb") as fh:

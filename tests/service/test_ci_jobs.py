@@ -98,7 +98,7 @@ def test_the_documented_ci_jobs_gate_a_pull_request_on_its_own_build(
                 failure = cases[0].find("failure")
                 assert failure is not None and "lr-schedule-mismatch" in (failure.get("message") or "")
                 assert "triage: " in (failure.text or "")
-                assert "`lr-schedule-mismatch`" in lines[0] and "**fail**" in lines[0], lines
+                assert "(lr-schedule-mismatch)" in lines[0] and "**fail**" in lines[0], lines
             else:
                 assert junit.get("failures") is None and junit.get("errors") is None, ET.tostring(junit)
                 assert "| pass" in lines[0], lines  # "pass (worked around)": the gate hides the open upstream bugs
