@@ -71,6 +71,9 @@ def own_service(work: Path) -> tuple[str, str, list[subprocess.Popen[bytes]]]:
     env = {**os.environ, "PARITY_DATA_DIR": str(work / "data"), "PARITY_EXECUTOR": "local",
            "PARITY_SELFTEST_INTERVAL_HOURS": "0"}
     os.environ.update(env)
+    if (CACHE / "pythons").is_dir():  # the shared 3.12 torch base (several GB), built once per machine
+        (work / "data" / "runs" / "environments").mkdir(parents=True)
+        (work / "data" / "runs" / "environments" / "pythons").symlink_to(CACHE / "pythons")
     subprocess.run([*PARITY, "db", "upgrade"], check=True, cwd=ROOT)
     token = subprocess.run([*PARITY, "token", "create", "--name", "prs", "--scope", "submit", "--scope", "admin"],
                            check=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
