@@ -206,3 +206,30 @@ def read_report(folder: Path, stage: str) -> dict[str, Any]:
     assert path.is_file(), f"the hostile {stage} stage left no report in {folder}: it did not run"
     report: dict[str, Any] = json.loads(path.read_text())
     return report
+
+
+def build_to_end(settings: Any, env_id: int, executor: str, timeout_s: float, what: str) -> Any:
+    """Launch a requested build and reconcile until it is ready or failed; the row, detached. Fails the test
+    on timeout."""
+    import time
+
+    import pytest
+
+    from models import Environment
+    from service.core.db import session_scope
+    from service.environments.build_steps import launch_builds, reconcile_builds
+
+    with session_scope() as session:
+        assert launch_builds(session, settings=settings, executor=executor) == 1
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with session_scope() as session:
+            reconcile_builds(session, settings)
+            built = session.get(Environment, env_id)
+            assert built is not None
+            if built.state in ("ready", "failed"):
+                session.flush()  # before expunge: an expunged row's changes are never written
+                session.expunge(built)
+                return built
+        time.sleep(1)
+    pytest.fail(f"{what} did not finish in {timeout_s:.0f}s")

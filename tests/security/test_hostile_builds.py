@@ -38,13 +38,12 @@ from service.core.db import session_scope
 from service.core.folder_files import UnsafeFile, read_tail
 from service.core.phase_state import PHASE_ACTIVE
 from service.core.settings import Settings, get_settings
-from service.environments.build_steps import launch_builds, reconcile_builds
 from service.environments.registry import request_build
 from service.executors import job_user
 from service.runs.reconciler import reconcile
 from service.runs.records import create_run
 from service.runs.submitter import claim_queued, launch, next_pending
-from tests.security.hostile_package import make_hostile_package, read_report
+from tests.security.hostile_package import build_to_end, make_hostile_package, read_report
 from tests.service.scheduler_harness import GOOD
 
 JOB_USER = "parity-job"
@@ -190,20 +189,7 @@ def _build(scene: Scene, source: Path, executor: str, timeout_s: float = 600) ->
     # the install hook learns its build folder as an attacker would: the service's layout is no secret
     hooks = source / "parity_hostile.py"
     hooks.write_text(hooks.read_text().replace('"build_folder": ""', f'"build_folder": "{folder}"'))
-    with session_scope() as session:
-        assert launch_builds(session, settings=settings, executor=executor) == 1
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with session_scope() as session:
-            reconcile_builds(session, settings)
-            built = session.get(Environment, env_id)
-            assert built is not None
-            if built.state in ("ready", "failed"):
-                session.flush()  # before expunge: an expunged row's changes are never written
-                session.expunge(built)
-                return built
-        time.sleep(1)
-    pytest.fail(f"the hostile build did not finish in {timeout_s:.0f}s")
+    return build_to_end(settings, env_id, executor, timeout_s, "the hostile build")
 
 
 def _run_on(scene: Scene, env: Environment, executor: str, timeout_s: float = 600) -> tuple[Run, Phase]:

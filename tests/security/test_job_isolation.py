@@ -27,8 +27,8 @@ import pytest
 from models import Environment
 from service.core.db import session_scope
 from service.core.settings import Settings, get_settings
-from service.environments.build_steps import launch_builds, reconcile_builds
 from service.environments.registry import request_build
+from tests.security.hostile_package import build_to_end
 
 JOB_USER = "parity-job"
 CURE = "fake_megatron_core-0.0.1-py3-none-any.whl"
@@ -120,20 +120,7 @@ def _build(settings: Settings, source: Path, timeout_s: float = 600) -> Environm
     with session_scope() as session:
         env, _ = request_build(session, requirements=[str(source)], settings=settings)
         env_id = env.id
-    with session_scope() as session:
-        assert launch_builds(session, settings=settings, executor="local") == 1
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with session_scope() as session:
-            reconcile_builds(session, settings)
-            built = session.get(Environment, env_id)
-            assert built is not None
-            if built.state in ("ready", "failed"):
-                session.flush()
-                session.expunge(built)
-                return built
-        time.sleep(1)
-    pytest.fail(f"the build of {source.name} did not finish in {timeout_s:.0f}s")
+    return build_to_end(settings, env_id, "local", timeout_s, f"the build of {source.name}")
 
 
 @pytest.mark.slow  # two real builds, ~1 min: the full suite (CI) runs it
