@@ -149,3 +149,16 @@ def test_no_module_is_imported_for_its_side_effect() -> None:
         str(p.relative_to(ROOT)) for p in (ROOT / "service").rglob("*.py") if "F401" in p.read_text()
     ]
     assert offenders == []
+
+
+def test_tests_share_code_only_through_the_plugins() -> None:
+    """What several test folders share lives in tests/plugins/ (and the golden documents in tests/golden/):
+    a test module never imports another test folder's module, so moving or deleting a test breaks no other."""
+    allowed = ("tests.plugins", "tests.golden")
+    sideways = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for name in _modules(path)
+        if name.startswith("tests.") and not name.startswith(allowed)
+    }
+    assert not sideways, sorted(sideways)

@@ -6,8 +6,8 @@ from urllib.parse import urljoin, urlparse
 
 import pytest
 
-from tests.dashboard.conftest import screenshot
-from tests.dashboard.seed import STEPS, XSS
+from tests.plugins.browser import screenshot
+from tests.plugins.seed import STEPS, XSS
 
 pytestmark = pytest.mark.browser
 CHART_POINTS = "() => Object.fromEntries(Object.entries(window.parityCharts).map(([k, u]) => [k, u.data[0].length]))"
@@ -162,7 +162,7 @@ def test_a_crashed_save_says_the_resume_never_ran(page, server, seeded, database
     from sqlalchemy.orm import Session
 
     from models import Environment
-    from tests.dashboard.seed import golden_run
+    from tests.plugins.seed import golden_run
 
     engine = create_engine(database_url)
     with Session(engine) as session:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from models import Environment
-from tests.dashboard.seed import golden_run
+from tests.plugins.seed import golden_run
 
 
 def _env(session: Session) -> Environment:

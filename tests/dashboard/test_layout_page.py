@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from jobs.spec import RunSpec
 from models import Environment, Run
 from service.web.dashboard.reproduce import local_command
-from tests.dashboard.seed import Seeded, _run, spec
+from tests.plugins.seed import Seeded, _run, spec
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import json
 import re
 
 from service.web.dashboard import runlist
-from tests.dashboard.seed import STEPS, XSS
+from tests.plugins.seed import STEPS, XSS
 
 
 def _chart_json(html: str, element_id: str) -> dict:

@@ -6,7 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models import Environment, Phase
-from tests.dashboard.seed import golden_run
+from tests.plugins.seed import golden_run
 
 
 def test_run_page_and_api_show_each_ranks_node(client, db_session: Session) -> None:

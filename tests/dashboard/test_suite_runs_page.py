@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from models import Suite, SuiteRun
 from models.base import utcnow
-from tests.dashboard.seed import XSS, Seeded
+from tests.plugins.seed import XSS, Seeded
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 from models import Environment, Run
 from service.core.tokens import create_token
 from service.web.dashboard import logs
-from tests.dashboard.seed import golden_run
-from tests.security.conftest import configure, serve
+from tests.plugins.seed import golden_run
+from tests.plugins.server import configure, serve
 
 SHA = "ab" * 32
 VENV = "/var/lib/parity/environments/ab12cd/venv/bin/python"

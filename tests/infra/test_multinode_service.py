@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.scheduler_harness import (
+from tests.plugins.scheduler_harness import (
     GOOD,
     PARITY,
     api_up,

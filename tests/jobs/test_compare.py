@@ -3,77 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any, cast
 
 import pytest
 
-from jobs.contract import SIGNATURE_IDS, PhaseDocument, PhaseName, phase_document, required_probes
+from jobs.contract import SIGNATURE_IDS
 from jobs.launch.local import format_step_table
 from jobs.verdict.compare import evaluate
 from jobs.verdict.signatures import SIGNATURES, classify_error, signature_table
-
-SPEC = {"config": "dense-bf16", "dp": 2, "steps": 6, "save_step": 3}
-LOSS = {1: 7.0, 2: 6.9, 3: 6.8, 4: 6.7, 5: 6.6, 6: 6.5}
-LR = {1: 0.0, 2: 3e-4, 3: 6e-4, 4: 1e-3, 5: 8e-4, 6: 3e-4}
-
-
-def _fp(value: float) -> dict[str, Any]:
-    return {"numel": 4, "sum": value, "abs_sum": abs(value), "sha1": f"h{value}"}
-
-
-def _state(step: float = 3.0, avg: float = 1.0) -> dict[str, Any]:
-    return {"w": {"param": _fp(0.5), "exp_avg": _fp(avg), "exp_avg_sq": _fp(2.0), "step": step}}
-
-
-# Probes every finished phase carries (required_probes); a test's own probes replace these by key.
-CLEAN = {
-    "index_map": {
-        "applicable": True, "misaligned_total": 0,
-        "per_rank": [{"applicable": True, "misaligned_total": 0, "optimizers": []}],
-    },
-    "buckets": {"applicable": True, "unaligned_total": 0, "per_rank": [{"buffers": []}]},
-    "param_groups_at_save": {"agree": True, "disagreements": [], "empty_rank_groups": [], "per_rank": [[]]},
-    "param_groups_after_load": {"agree": True, "disagreements": [], "empty_rank_groups": [], "per_rank": [[]]},
-    # state snapshots with no sections: these tests exercise the optimizer fingerprints instead
-    # (the snapshot diff has its own tests in test_state_diff.py)
-    "state_at_save": [{}],
-    "state_after_save": [{}],
-    "state_after_load_raw": [{}],
-    "param_groups_after_optimizer_load": [{}],
-    "state_final": [{}],
-    "state_final_deltas": {"view": "per-rank", "ranks": 1, "sections": {
-        s: {"max_rel": 0.0, "max_abs": 0.0, "worst": None, "differing": 0, "items": 1}
-        for s in ("model", "main", "moments")}},
-}
-
-
-def _doc(
-    phase: PhaseName, steps: range, probes: dict[str, Any], loss: dict | None = None, lr: dict | None = None,
-    **extra: Any,
-) -> PhaseDocument:
-    loss, lr = loss or LOSS, lr or LR
-    doc = phase_document(SPEC, phase, 0, status="ok")
-    doc["steps"] = [
-        {"step": s, "loss": loss[s], "lr": lr[s], "grad_norm": 1.0, "num_zeros": None, "update_successful": True,
-         "wall_s": 0.1}
-        for s in steps
-    ]
-    doc["probes"] = cast(Any, {k: v for k, v in CLEAN.items() if k in required_probes(phase, [])} | probes)
-    return cast(PhaseDocument, {**doc, **extra})
-
-
-def _baseline(**kw: Any) -> PhaseDocument:
-    probes = {"fingerprints_at_save": {"owned": [_state()], "slots": [_state()]}}
-    return _doc("train_and_save", range(1, 7), probes | kw.pop("probes", {}), **kw)
-
-
-def _resumed(step: float = 3.0, **kw: Any) -> PhaseDocument:
-    probes = {"fingerprints_after_load": {"owned": [_state(step)]}}
-    return _doc("resume", range(4, 7), probes | kw.pop("probes", {}), **kw)
+from tests.plugins.synthetic_documents import LOSS, LR, SPEC, baseline, optimizer_state, resumed
 
 
 def test_bit_identical_passes() -> None:
-    r = evaluate(SPEC, _baseline(), _resumed())
+    r = evaluate(SPEC, baseline(), resumed())
     assert r["verdict"] == "pass" and r["signatures"] == []
     assert r["first_divergent_step"] is None and r["lanes"]["exact"]["pass"]
     assert [s["step"] for s in r["steps"] if s["resumed_phase"]] == [4, 5, 6]
@@ -83,10 +24,10 @@ def test_bit_identical_passes() -> None:
 
 def test_tiny_loss_difference_exact_vs_tolerance_lane() -> None:
     loss = {**LOSS, **{5: LOSS[5] * (1 + 1e-7)}}
-    exact = evaluate(SPEC, _baseline(), _resumed(loss=loss))
+    exact = evaluate(SPEC, baseline(), resumed(loss=loss))
     assert exact["verdict"] == "fail" and exact["first_divergent_step"] == 5
     assert exact["signatures"] == ["loss-divergence-unexplained"]
-    tol = evaluate({**SPEC, "tolerance": "default"}, _baseline(), _resumed(loss=loss))
+    tol = evaluate({**SPEC, "tolerance": "default"}, baseline(), resumed(loss=loss))
     assert tol["verdict"] == "pass" and tol["first_divergent_step"] == 5
     assert tol["first_step_beyond_tolerance"] is None and not tol["lanes"]["exact"]["pass"]
     row = next(s for s in tol["steps"] if s["step"] == 5)
@@ -95,35 +36,35 @@ def test_tiny_loss_difference_exact_vs_tolerance_lane() -> None:
 
 def test_loose_profile_allows_one_bad_step_but_not_two() -> None:
     one = {**LOSS, **{5: LOSS[5] * 1.2}}
-    assert evaluate({**SPEC, "tolerance": "loose"}, _baseline(), _resumed(loss=one))["verdict"] == "pass"
+    assert evaluate({**SPEC, "tolerance": "loose"}, baseline(), resumed(loss=one))["verdict"] == "pass"
     two = {**one, **{6: LOSS[6] * 1.2}}
-    r = evaluate({**SPEC, "tolerance": "loose"}, _baseline(), _resumed(loss=two))
+    r = evaluate({**SPEC, "tolerance": "loose"}, baseline(), resumed(loss=two))
     assert r["verdict"] == "fail" and r["lanes"]["tolerance"]["failing_steps"] == [5, 6]
 
 
 def test_lr_mismatch_is_its_own_signature() -> None:
     lr = {**LR, **{4: 9e-4, 5: 7e-4}}
-    r = evaluate(SPEC, _baseline(), _resumed(lr=lr))
+    r = evaluate(SPEC, baseline(), resumed(lr=lr))
     assert r["verdict"] == "fail" and "lr-schedule-mismatch" in r["signatures"]
     assert r["first_divergent_step"] == 4 and r["evidence"]["lr-schedule-mismatch"]["first_step"] == 4
 
 
 def test_adam_step_not_restored_both_sides() -> None:
     loss = {**LOSS, **{5: LOSS[5] + 5e-4, 6: LOSS[6] + 5e-4}}
-    bad = evaluate(SPEC, _baseline(), _resumed(step=1.0, loss=loss))
+    bad = evaluate(SPEC, baseline(), resumed(step=1.0, loss=loss))
     assert bad["verdict"] == "fail" and bad["signatures"] == ["adam-step-not-restored"]
     assert bad["evidence"]["adam-step-not-restored"]["step"] == 4 and bad["first_divergent_step"] == 5
     # Restored state is compared exactly even under the loose profile: a load is a copy.
-    assert evaluate({**SPEC, "tolerance": "loose"}, _baseline(), _resumed(step=1.0))["verdict"] == "fail"
-    assert evaluate(SPEC, _baseline(), _resumed(step=3.0))["verdict"] == "pass"
+    assert evaluate({**SPEC, "tolerance": "loose"}, baseline(), resumed(step=1.0))["verdict"] == "fail"
+    assert evaluate(SPEC, baseline(), resumed(step=3.0))["verdict"] == "pass"
 
 
 def test_state_mismatch_from_slots_and_after_load() -> None:
-    probes = {"fingerprints_at_save": {"owned": [_state()], "slots": [_state(avg=-1.0)]}}
-    r = evaluate(SPEC, _baseline(probes=probes), _resumed())
+    probes = {"fingerprints_at_save": {"owned": [optimizer_state()], "slots": [optimizer_state(avg=-1.0)]}}
+    r = evaluate(SPEC, baseline(probes=probes), resumed())
     assert r["verdict"] == "fail" and r["signatures"] == ["optimizer-state-mismatch"]
-    moved = {"fingerprints_after_load": {"owned": [_state(avg=9.0)]}}
-    assert evaluate(SPEC, _baseline(), _resumed(probes=moved))["signatures"] == ["optimizer-state-mismatch"]
+    moved = {"fingerprints_after_load": {"owned": [optimizer_state(avg=9.0)]}}
+    assert evaluate(SPEC, baseline(), resumed(probes=moved))["signatures"] == ["optimizer-state-mismatch"]
 
 
 def _misaligned_probe(total: int) -> dict:
@@ -162,7 +103,7 @@ SAVE_ASSERT = {
 
 def test_save_crash_with_misalignment_is_fail_without_is_error() -> None:
     probes = {"index_map": _misaligned_probe(2)}
-    crashed = _baseline(probes=probes, status="error", error=SAVE_ASSERT)
+    crashed = baseline(probes=probes, status="error", error=SAVE_ASSERT)
     r = evaluate(SPEC, crashed, None)
     assert r["verdict"] == "fail"
     assert set(r["signatures"]) == {"checkpoint-save-crash", "optimizer-index-misalignment"}
@@ -170,12 +111,12 @@ def test_save_crash_with_misalignment_is_fail_without_is_error() -> None:
     assert r["error"] and r["error"]["traceback"]
     # Attributed by its own traceback even without the probe; another save crash is not blamed on Bug A.
     by_pattern = evaluate(
-        SPEC, _baseline(probes={"index_map": _misaligned_probe(0)}, status="error", error=SAVE_ASSERT), None
+        SPEC, baseline(probes={"index_map": _misaligned_probe(0)}, status="error", error=SAVE_ASSERT), None
     )
     assert by_pattern["verdict"] == "fail" and "optimizer-index-misalignment" in by_pattern["signatures"]
     other = {**SAVE_ASSERT, "type": "OSError", "message": "disk full", "traceback": "OSError: disk full"}
     clean = {"index_map": _misaligned_probe(0)}
-    unexplained = evaluate(SPEC, _baseline(probes=clean, status="error", error=other), None)
+    unexplained = evaluate(SPEC, baseline(probes=clean, status="error", error=other), None)
     assert unexplained["verdict"] == "error" and unexplained["signatures"] == ["checkpoint-save-crash"]
 
 
@@ -183,18 +124,18 @@ def test_worked_around_misalignment_does_not_fail() -> None:
     probes = {
         "index_map": _misaligned_probe(2),
         "index_map_effective": _misaligned_probe(0),
-        "fingerprints_at_save": {"owned": [_state()], "slots": [_state()]},
+        "fingerprints_at_save": {"owned": [optimizer_state()], "slots": [optimizer_state()]},
     }
-    r = evaluate(SPEC, _baseline(probes=probes), _resumed())
+    r = evaluate(SPEC, baseline(probes=probes), resumed())
     assert r["verdict"] == "pass" and r["worked_around"] == ["optimizer-index-misalignment"]
 
 
 def test_known_load_crashes_are_fail_unknown_are_error() -> None:
     key = {"type": "KeyError", "message": "'step'", "stage": "load", "traceback": "KeyError: 'step'"}
-    r = evaluate(SPEC, _baseline(), _resumed(status="error", error=key))
+    r = evaluate(SPEC, baseline(), resumed(status="error", error=key))
     assert r["verdict"] == "fail" and "optimizer-step-key-missing" in r["signatures"]
     other = {"type": "OSError", "message": "disk full", "stage": "load", "traceback": ""}
-    r = evaluate(SPEC, _baseline(), _resumed(status="error", error=other))
+    r = evaluate(SPEC, baseline(), resumed(status="error", error=other))
     assert r["verdict"] == "error" and r["signatures"] == ["checkpoint-load-crash"]
     assert classify_error(
         {
@@ -209,10 +150,10 @@ def test_known_load_crashes_are_fail_unknown_are_error() -> None:
 
 def test_missing_documents_and_bad_spec_are_errors() -> None:
     assert evaluate(SPEC, None, None)["verdict"] == "error"
-    assert evaluate(SPEC, _baseline(), None)["verdict"] == "error"
-    assert evaluate({**SPEC, "save_step": 9}, _baseline(), _resumed())["verdict"] == "error"
+    assert evaluate(SPEC, baseline(), None)["verdict"] == "error"
+    assert evaluate({**SPEC, "save_step": 9}, baseline(), resumed())["verdict"] == "error"
     train_crash = {"type": "RuntimeError", "message": "boom", "stage": "step", "traceback": ""}
-    assert evaluate(SPEC, _baseline(status="error", error=train_crash), None)["verdict"] == "error"
+    assert evaluate(SPEC, baseline(status="error", error=train_crash), None)["verdict"] == "error"
 
 
 def test_latent_bucket_finding_is_an_advisory() -> None:
@@ -224,14 +165,14 @@ def test_latent_bucket_finding_is_an_advisory() -> None:
         "problems": ["x"],
     }
     probes = {
-        "fingerprints_at_save": {"owned": [_state()], "slots": [_state()]},
+        "fingerprints_at_save": {"owned": [optimizer_state()], "slots": [optimizer_state()]},
         "buckets": {
             "applicable": True,
             "unaligned_total": 1,
             "per_rank": [{"buffers": [{"buffer": 1, "issues": [issue]}]}],
         },
     }
-    r = evaluate(SPEC, _baseline(probes=probes), _resumed())
+    r = evaluate(SPEC, baseline(probes=probes), resumed())
     assert r["verdict"] == "pass" and r["advisories"] == ["bucket-offset-unaligned"] and r["signatures"] == []
     assert any(f["probe"] == "bucket_offsets" and not f["ok"] for f in r["probe_findings"])
 
@@ -254,7 +195,7 @@ def test_signature_table_has_references() -> None:
 @pytest.mark.parametrize("phase", ["train_and_save", "resume"])
 @pytest.mark.parametrize("probe", ["index_map", "buckets", "fingerprints", "param_groups"])
 def test_a_required_probe_missing_is_an_error_naming_it(phase: str, probe: str) -> None:
-    docs = {"train_and_save": _baseline(), "resume": _resumed()}
+    docs = {"train_and_save": baseline(), "resume": resumed()}
     key = next(k for k in docs[phase]["probes"] if k.startswith(probe))
     del docs[phase]["probes"][key]  # type: ignore[misc]
     r = evaluate(SPEC, docs["train_and_save"], docs["resume"])
@@ -264,7 +205,7 @@ def test_a_required_probe_missing_is_an_error_naming_it(phase: str, probe: str) 
 
 def test_realign_requires_the_effective_index_map() -> None:
     spec = {**SPEC, "workarounds": ["realign-param-index"]}
-    r = evaluate(spec, _baseline(), _resumed())
+    r = evaluate(spec, baseline(), resumed())
     assert r["verdict"] == "error" and "probes.index_map_effective" in r["error"]["message"]  # type: ignore[index]
 
 
@@ -279,7 +220,7 @@ def test_an_option_the_build_lacks_is_unsupported_by_build_never_a_bug() -> None
                    "DistributedOptimizer offers only dp_zero_gather_scatter, fully_sharded_model_space",
     }
     # the check runs in the build stage before any probe, so nothing else is on record
-    r = evaluate(SPEC, _baseline(probes={}, status="error", error=unsupported), None)
+    r = evaluate(SPEC, baseline(probes={}, status="error", error=unsupported), None)
     assert r["verdict"] == "error"
     assert r["signatures"] == ["unsupported-by-build"]
     assert r["error"] is not None and "dp_zero_gather_scatter" in r["error"]["message"]

@@ -17,7 +17,7 @@ import pytest
 
 from jobs.contract import ParityResult
 from jobs.spec import ISOLATION_MODES
-from tests.run_local import LocalReference
+from tests.plugins.run_local import LocalReference
 
 pytestmark = pytest.mark.megatron
 

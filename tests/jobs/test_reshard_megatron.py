@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from jobs.contract import STATE_AFTER_LOAD, STATE_AFTER_LOAD_RAW, STATE_AT_SAVE, ParityResult
-from tests.run_local import LocalReference
+from tests.plugins.run_local import LocalReference
 
 pytestmark = pytest.mark.megatron
 

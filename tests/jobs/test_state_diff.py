@@ -11,7 +11,7 @@ from jobs.errors import dedupe_errors, with_rank_errors
 from jobs.launch.local import format_step_table
 from jobs.verdict.compare import evaluate
 from jobs.verdict.state_diff import RESTORE_SIGNATURES, group_disagreements, groups_after_optimizer_load
-from tests.jobs.test_compare import CLEAN
+from tests.plugins.synthetic_documents import CLEAN
 
 SPEC = {"config": "dense-bf16", "dp": 2, "steps": 6, "save_step": 3, "workarounds": ["restore-adam-step"]}
 LOSS = {1: 7.0, 2: 6.9, 3: 6.8, 4: 6.7, 5: 6.6, 6: 6.5}
@@ -34,7 +34,7 @@ def _snap(**changes: dict[str, str]) -> dict[str, Any]:
     return snap
 
 
-def _doc(phase: str, steps: range, probes: dict[str, Any], **extra: Any) -> Any:
+def document(phase: str, steps: range, probes: dict[str, Any], **extra: Any) -> Any:
     rows = [
         {"step": s, "loss": LOSS[s], "lr": LR[s], "grad_norm": 1.5, "num_zeros": 0, "wall_s": 0.1} for s in steps
     ]
@@ -54,8 +54,8 @@ def _pair(saved: list | None = None, raw: list | None = None, after: list | None
     if after is not None:
         res_probes["state_after_load"] = after
     res_probes.update(kw.pop("resume_probes", {}))
-    baseline = _doc("train_and_save", range(1, 7), base_probes)
-    resumed = _doc("resume", range(4, 7), res_probes, **kw)
+    baseline = document("train_and_save", range(1, 7), base_probes)
+    resumed = document("resume", range(4, 7), res_probes, **kw)
     return baseline, resumed
 
 
@@ -175,7 +175,7 @@ def test_unsupported_option_is_error_and_never_bug_a() -> None:
         "stage": "save",
         "traceback": "File distrib_optimizer.py ... NotImplementedError: Unknown sharding_type: dp_reshardable",
     }
-    base = _doc("train_and_save", range(1, 4), {"index_map": misaligned}, status="error", error=err)
+    base = document("train_and_save", range(1, 4), {"index_map": misaligned}, status="error", error=err)
     r = evaluate(SPEC, base, None)
     assert r["verdict"] == "error" and r["signatures"][0] == "unsupported-by-build"
     assert "optimizer-index-misalignment" not in r["signatures"]

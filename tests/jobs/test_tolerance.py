@@ -21,7 +21,7 @@ from jobs.tolerance import (
 from jobs.verdict import final_state
 from jobs.verdict.compare import evaluate
 from jobs.verdict.profile import judged_profile
-from tests.jobs.test_compare import _baseline, _resumed
+from tests.plugins.synthetic_documents import baseline, resumed
 
 SNAP = {
     "model": {"w": "bfloat16[4]:aa"},
@@ -41,8 +41,8 @@ def _deltas(rel: float, sections: tuple[str, ...] = NUMERIC_STATE_SECTIONS) -> d
 
 
 def _docs(final_res: dict[str, Any], deltas: dict[str, Any] | None) -> tuple[Any, Any]:
-    base = _baseline(probes={"state_final": [SNAP]})
-    res = _resumed(probes={"state_final": [final_res]})
+    base = baseline(probes={"state_final": [SNAP]})
+    res = resumed(probes={"state_final": [final_res]})
     if deltas is None:
         del res["probes"]["state_final_deltas"]
     else:
@@ -140,14 +140,14 @@ def test_an_uncalibrated_reshard_is_an_error_not_a_pass() -> None:
     spec = {"config": "dense-bf16", "dp": 2, "resume_dp": 1, "steps": 6, "save_step": 3}
     if "dense-bf16:2->1" in load_calibration()["entries"]:
         spec["config"] = "equal-shards-fp32-head"  # a config nobody calibrated
-    r = evaluate(spec, _baseline(), _resumed())
+    r = evaluate(spec, baseline(), resumed())
     assert r["verdict"] == "error" and [e["type"] for e in r["errors"]] == ["NotCalibrated"]
     assert "parity calibrate --config" in r["errors"][0]["message"]
     # a phase that crashed is judged by its crash, calibrated or not
-    crashed = _resumed()
+    crashed = resumed()
     crashed["status"] = "error"
     crashed["error"] = {"type": "RuntimeError", "message": "boom", "traceback": "", "stage": "load", "rank": 0}
-    assert [e["type"] for e in evaluate(spec, _baseline(), crashed)["errors"]] == ["RuntimeError"]
+    assert [e["type"] for e in evaluate(spec, baseline(), crashed)["errors"]] == ["RuntimeError"]
 
 
 def test_current_schema_documents_without_state_probes_are_errors_older_ones_are_not() -> None:
@@ -156,7 +156,7 @@ def test_current_schema_documents_without_state_probes_are_errors_older_ones_are
     assert "state_at_save" in required_probes("train_and_save", [], "save")
     assert "state_after_save" not in required_probes("train_and_save", [], "save")
     assert "state_at_save" not in required_probes("train_and_save", [], schema_version=2)
-    base, res = _baseline(), _resumed()
+    base, res = baseline(), resumed()
     del base["probes"]["state_at_save"]
     r = evaluate(spec, base, res)
     assert r["verdict"] == "error" and any("probes.state_at_save" in e["message"] for e in r["errors"])
@@ -171,8 +171,8 @@ def test_current_schema_documents_without_state_probes_are_errors_older_ones_are
 def test_a_probe_that_could_not_run_is_an_advisory_not_a_silent_zero() -> None:
     spec = {"config": "dense-bf16", "dp": 2, "steps": 6, "save_step": 3}
     reason = "not applicable on this build: AttributeError: 'X' object has no attribute 'param_to_index'"
-    base = _baseline(probes={"buckets": {"applicable": False, "unaligned_total": 0, "per_rank": [], "reason": reason}})
-    r = evaluate(spec, base, _resumed())
+    base = baseline(probes={"buckets": {"applicable": False, "unaligned_total": 0, "per_rank": [], "reason": reason}})
+    r = evaluate(spec, base, resumed())
     assert r["verdict"] == "pass" and r["advisories"] == ["probe-not-applicable"]
     assert r["evidence"]["probe-not-applicable"] == {"probes": {"train_and_save.buckets": reason}}
-    assert evaluate(spec, _baseline(), _resumed())["advisories"] == []
+    assert evaluate(spec, baseline(), resumed())["advisories"] == []

@@ -8,7 +8,7 @@ from sqlalchemy import inspect
 
 from models import Base
 from service.core.migrate import downgrade, upgrade
-from tests.models.scratch import scratch_database
+from tests.plugins.scratch import scratch_database
 
 
 def test_upgrade_downgrade_upgrade_and_no_pending_diff() -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from service.core.db import reset_engine
 from service.core.settings import get_settings
-from tests.dashboard.conftest import app_in_thread, browser  # noqa: F401  (the same Chromium fixture)
-from tests.service.scheduler_harness import free_port
+from tests.plugins.browser import new_page
+from tests.plugins.server import free_port, serve
 
 
 @pytest.fixture
@@ -22,18 +22,13 @@ def locked_server(committed_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterato
     monkeypatch.setenv("PARITY_PUBLIC_URL", f"http://127.0.0.1:{port}")
     get_settings.cache_clear()
     reset_engine()
-    with app_in_thread(port) as url:
+    with serve(port) as url:
         yield url
 
 
 @pytest.fixture
-def oncall_page(browser, locked_server: str):  # noqa: F811
+def oncall_page(browser, locked_server: str):
     """A fresh browser context on the locked server; console errors collected in page.errors."""
-    context = browser.new_context(base_url=locked_server, viewport={"width": 1400, "height": 900})
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
-    pg.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-    pg.errors = errors  # type: ignore[attr-defined]
+    context, pg = new_page(browser, locked_server)
     yield pg
     context.close()

@@ -13,7 +13,7 @@ from models import Regression
 from service.core.settings import get_settings
 from service.core.tokens import create_token
 from service.web.dashboard.auth import COOKIE, make_cookie
-from tests.dashboard.conftest import screenshot
+from tests.plugins.browser import screenshot
 
 pytestmark = pytest.mark.browser
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4}
@@ -23,7 +23,7 @@ def _seed_regression(database_url: str) -> tuple[str, int]:
     """A submit token and an open regression (pass then fail on main), committed."""
     from service.environments.registry import ensure_default_environment
     from service.runs.records import create_run, validate_spec
-    from tests.service.verdict_helpers import finish
+    from tests.plugins.verdict_helpers import finish
 
     engine = create_engine(database_url)
     with Session(engine, expire_on_commit=False) as session:

@@ -14,7 +14,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from models import Environment, Run, Suite, SuiteRun
-from tests.dashboard.conftest import app_in_thread, browser, screenshot  # noqa: F401  (the same Chromium)
+from tests.plugins.browser import screenshot
+from tests.plugins.server import serve
 
 PRS = 200
 SPEC = {"steps": 6, "save_step": 3, "seed": 1234, "tolerance": "default", "isolation": "process", "workarounds": []}
@@ -72,7 +73,7 @@ def pr_flow(committed_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
             _suite_run(session, suite, env, labels, now - timedelta(minutes=PRS - i), failing, 10 + i)
         session.commit()
     engine.dispose()
-    with app_in_thread() as url:
+    with serve() as url:
         yield url
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.dashboard.conftest import screenshot
-from tests.service.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
-from tests.service.webhook_receiver import start_receiver
+from tests.plugins.browser import screenshot
+from tests.plugins.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
+from tests.plugins.webhook_receiver import start_receiver
 
 pytestmark = [pytest.mark.browser, pytest.mark.megatron]
 REGRESSED = Path(__file__).parent / "regressed_build"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.security.conftest import configure
+from tests.plugins.server import configure
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 REPO = "git+https://github.com/NVIDIA/Megatron-LM"

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from models import Environment
 from service.core.db import get_engine
-from tests.security.conftest import configure
+from tests.plugins.server import configure
 
 
 def test_failed_statements_do_not_carry_their_parameters(committed_db: str) -> None:

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from tests.security.conftest import configure
+from tests.plugins.server import configure
 
 CASES_PER_OPERATION = 12  # per generation mode: about a minute for the whole document on one core
 NUL, SURROGATE = "a\x00b", "\ud800"

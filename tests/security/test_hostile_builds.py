@@ -43,10 +43,10 @@ from service.executors import job_user
 from service.runs.reconciler import reconcile
 from service.runs.records import create_run
 from service.runs.submitter import claim_queued, launch, next_pending
-from tests.security.hostile_package import build_to_end, make_hostile_package, read_report
-from tests.service.scheduler_harness import GOOD
+from tests.plugins.hostile_package import build_to_end, make_hostile_package, read_report
+from tests.plugins.job_user import JOB_USER, require_job_user
+from tests.plugins.scheduler_harness import GOOD
 
-JOB_USER = "parity-job"
 GUARDED_ROLE = "parity_guarded"  # a role that must give a password (the service's, in this test)
 MUNGE_KEY = Path(os.environ.get("PARITY_SLURM_DIR", "/var/tmp/parity-slurm")) / "munge" / "munge.key"
 QUOTA = "8M"
@@ -78,19 +78,6 @@ class Scene:
     settings: Settings
 
 
-def _require_job_user() -> None:
-    why = None
-    if os.geteuid() != 0:
-        why = "the scheduler must be root to run jobs as another user"
-    else:
-        try:
-            pwd.getpwnam(JOB_USER)
-        except KeyError:
-            why = f"no user {JOB_USER}: run scripts/job-user.sh (scripts/slurm-up.sh does)"
-    if why:
-        if os.environ.get("PARITY_REQUIRE_JOB_USER") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +103,7 @@ def guarded_url(database_url: str) -> str:
 
 @pytest.fixture
 def scene(committed_db: str, guarded_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scene]:
-    _require_job_user()
+    require_job_user()
     # /tmp/pytest-of-root is 0700: the job user could not reach a run folder below it
     base = Path("/var/tmp") / f"parity-hostile-{uuid.uuid4().hex[:8]}"
     base.mkdir(mode=0o711)

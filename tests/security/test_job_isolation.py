@@ -28,7 +28,7 @@ from models import Environment
 from service.core.db import session_scope
 from service.core.settings import Settings, get_settings
 from service.environments.registry import request_build
-from tests.security.hostile_package import build_to_end
+from tests.plugins.hostile_package import build_to_end
 
 JOB_USER = "parity-job"
 CURE = "fake_megatron_core-0.0.1-py3-none-any.whl"
@@ -73,7 +73,7 @@ POISONER = textwrap.dedent('''
 INNOCENT = 'from setuptools import setup\nsetup(name="innocent", version="1.0", py_modules=[])\n'
 
 
-def _require_job_user() -> None:
+def require_job_user() -> None:
     if os.geteuid() != 0:
         pytest.skip("the scheduler must be root to run jobs as another user")
     try:
@@ -88,7 +88,7 @@ def _require_job_user() -> None:
 def scene(request: pytest.FixtureRequest, committed_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A run folder the job user can reach, and a HOME of the scheduler's own that a job could once write."""
     if request.param == "job-user":
-        _require_job_user()
+        require_job_user()
         monkeypatch.setenv("PARITY_JOB_USER", JOB_USER)
     # /tmp/pytest-of-root is 0700: the job user could not reach a run folder below it
     base = Path("/var/tmp") / f"parity-iso-{uuid.uuid4().hex[:8]}"
@@ -180,7 +180,7 @@ def test_a_daemon_a_job_leaves_is_killed_when_the_job_ends(as_job_user: bool) ->
     from service.executors import job_cgroup, launcher
 
     if as_job_user:
-        _require_job_user()
+        require_job_user()
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     base = Path("/var/tmp") / f"parity-daemon-{uuid.uuid4().hex[:8]}"
     base.mkdir(mode=0o711)

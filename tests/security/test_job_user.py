@@ -27,13 +27,14 @@ from service.runs import disk_quota
 from service.runs.reconciler import reconcile
 from service.runs.records import create_run
 from service.runs.submitter import claim_queued, launch, next_pending
-from tests.security.test_hostile_builds import JOB_USER, _require_job_user
-from tests.security.test_job_output_is_data import SPEC
+from tests.plugins.job_user import JOB_USER, require_job_user
+
+SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3, "isolation": "job"}
 
 
 @pytest.fixture
 def user() -> job_user.JobUser:
-    _require_job_user()
+    require_job_user()
     return job_user.JobUser.lookup(JOB_USER)
 
 

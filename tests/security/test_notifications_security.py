@@ -19,7 +19,7 @@ from models.base import utcnow
 from service.core.settings import get_settings
 from service.oncall.delivery import deliver_step, slack_body
 from service.scheduler.loop import tick
-from tests.security.conftest import configure
+from tests.plugins.server import configure
 
 HOSTILE = "<!channel> <https://evil.example/login|click to re-authenticate> <@U123>"
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from service.cli.server.serve import server_options
 from service.core.settings import get_settings
-from tests.security.conftest import configure, serve
+from tests.plugins.server import configure, serve
 
 PROXY = "10.1.2.3"  # the configured reverse proxy; the attacker connects from 127.0.0.1
 

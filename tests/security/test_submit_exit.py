@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from tests.security.conftest import configure, serve
-from tests.service.scheduler_harness import free_port
+from tests.plugins.scheduler_harness import free_port
+from tests.plugins.server import configure, serve
 
 
 def _submit(url: str, token: str, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.core.settings import get_settings
-from tests.security.conftest import configure, serve
+from tests.plugins.server import configure, serve
 
 WHEEL = "megatron_core-0.16.1-py3-none-any.whl"
 OCTET = {"content-type": "application/octet-stream"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.service.client_venv import ClientVenv, install_base_client
+from tests.plugins.client_venv import ClientVenv, install_base_client
 
 
 @pytest.fixture(scope="session")

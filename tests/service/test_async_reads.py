@@ -14,7 +14,7 @@ from service.core.db import reset_engine, session_scope
 from service.core.settings import get_settings
 from service.runs import api as runs_api
 from service.runs import one_statement
-from tests.service.tcp_proxy import Proxy
+from tests.plugins.tcp_proxy import Proxy
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}
 

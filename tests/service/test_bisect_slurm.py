@@ -21,8 +21,8 @@ from sqlalchemy import select
 from models import Run
 from service.core.db import session_scope
 from service.environments.registry import get_environment
-from tests.service.mcore_source import EXP_AVG_SQ_NOT_RESTORED, make_source
-from tests.service.scheduler_harness import (
+from tests.plugins.mcore_source import EXP_AVG_SQ_NOT_RESTORED, make_source
+from tests.plugins.scheduler_harness import (
     PARITY,
     api_up,
     free_port,

@@ -6,7 +6,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from service.core.checks import check_key, check_name
-from tests.service.verdict_helpers import finish
+from tests.plugins.verdict_helpers import finish
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4}
 WORKAROUNDS = ["restore-adam-step", "realign-param-index"]

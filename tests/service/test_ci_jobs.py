@@ -1,6 +1,6 @@
 """The shipped CI jobs, run for real: a Megatron-Core tree with an injected resume bug fails the gate, a clean passes.
 
-The jobs' own shell lines (docs/ci/*.yml) run with the base client (a fresh venv, tests/service/client_venv.py)
+The jobs' own shell lines (docs/ci/*.yml) run with the base client (a fresh venv, tests/plugins/client_venv.py)
 first on PATH against a real API + scheduler (local executor) on the test database: they build the tree's
 wheel, upload it, the service builds an environment from it and runs the gate suite on it; commit statuses
 go to a fake forge API on loopback that records them. The suite is the shipped gate's first check (DP 2
@@ -18,11 +18,11 @@ from xml.etree import ElementTree as ET
 import pytest
 import yaml
 
-from tests.service.ci_jobs import ROOT, github_job, gitlab_job
-from tests.service.client_venv import ClientVenv
-from tests.service.mcore_source import LR_OFF_BY_ONE, make_source
-from tests.service.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
-from tests.service.webhook_receiver import start_receiver
+from tests.plugins.ci_jobs import ROOT, github_job, gitlab_job
+from tests.plugins.client_venv import ClientVenv
+from tests.plugins.mcore_source import LR_OFF_BY_ONE, make_source
+from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
+from tests.plugins.webhook_receiver import start_receiver
 
 pytestmark = [pytest.mark.megatron]
 HEAD_SHA = "1" * 40

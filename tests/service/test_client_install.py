@@ -10,8 +10,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.service.client_venv import HEAVY, ClientVenv
-from tests.service.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
+from tests.plugins.client_venv import HEAVY, ClientVenv
+from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 
 @pytest.mark.slow

@@ -7,42 +7,18 @@ dependencies), the client would hold a 202 while the row was still invisible to 
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import psycopg
-import pytest
-import uvicorn
 from sqlalchemy import event, make_url
 from sqlalchemy.orm import Session
 
 from service.core.db import session_scope
 from service.core.tokens import create_token
-from service.web.app import create_app
-from tests.service.scheduler_harness import free_port
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 4, "save_step": 2}
 COMMIT_DELAY_S = 0.8
-
-
-@pytest.fixture
-def live_api(committed_db: str) -> Iterator[str]:
-    """A real uvicorn serving the app in this process (so the commit can be slowed), and its URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def _slow_commit(session: Session) -> None:

@@ -26,8 +26,9 @@ from models import Run
 from service.cli.main import main as parity
 from service.core.db import session_scope
 from service.core.tokens import create_token
-from tests.service.tcp_proxy import pipe
-from tests.service.test_commit_before_response import SPEC, live_api  # noqa: F401 - the fixture
+from tests.plugins.tcp_proxy import pipe
+
+SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 4, "save_step": 2}
 
 SUBMIT: list[str] = ["--config", str(SPEC["config"]), "--dp", str(SPEC["dp"]), "--steps", str(SPEC["steps"]),
           "--save-step", str(SPEC["save_step"])]
@@ -54,7 +55,7 @@ def _runs() -> int:
         return int(session.scalar(select(func.count()).select_from(Run)) or 0)
 
 
-def test_a_dropped_connection_is_a_503_once_and_the_next_post_is_queued(live_api: str, committed_db: str) -> None:  # noqa: F811
+def test_a_dropped_connection_is_a_503_once_and_the_next_post_is_queued(live_api: str, committed_db: str) -> None:
     headers = {"Authorization": f"Bearer {_token()}"}
     with httpx.Client(base_url=live_api, headers=headers, timeout=30) as client:
         for _ in range(2):  # the writer's pooled connection, used just now: no ping before its next use
@@ -71,7 +72,7 @@ def test_a_dropped_connection_is_a_503_once_and_the_next_post_is_queued(live_api
 
 
 def test_reads_after_a_restart_are_served_although_many_pooled_connections_died(
-    live_api: str, committed_db: str,  # noqa: F811
+    live_api: str, committed_db: str,
 ) -> None:
     # GET /runs/{id} reads on the event loop's own pool: a dead connection is retried once, and its dead
     # neighbours are checked out of the pool with it, or one read in a few met two of them (a 503)
@@ -89,7 +90,7 @@ def test_reads_after_a_restart_are_served_although_many_pooled_connections_died(
 
 
 def test_submit_sends_again_after_a_dropped_connection_and_queues_one_run(
-    live_api: str, committed_db: str, capsys: pytest.CaptureFixture[str],  # noqa: F811
+    live_api: str, committed_db: str, capsys: pytest.CaptureFixture[str],
 ) -> None:
     token = _token()
     with httpx.Client(base_url=live_api, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
@@ -158,7 +159,7 @@ def _read_http(sock: socket.socket) -> bytes:
 
 
 @pytest.fixture
-def swallower(live_api: str) -> Iterator[ResponseSwallower]:  # noqa: F811
+def swallower(live_api: str) -> Iterator[ResponseSwallower]:
     proxy = ResponseSwallower(live_api)
     yield proxy
     proxy.close()

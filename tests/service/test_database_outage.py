@@ -8,8 +8,8 @@ from pathlib import Path
 from sqlalchemy import create_engine, func, make_url, select
 
 from models import SchedulerHeartbeat
-from tests.service.scheduler_harness import service_env, start, stop, wait_for
-from tests.service.tcp_proxy import Proxy
+from tests.plugins.scheduler_harness import service_env, start, stop, wait_for
+from tests.plugins.tcp_proxy import Proxy
 
 
 def _beat(url: str) -> float | None:

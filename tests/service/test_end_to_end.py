@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
+from tests.plugins.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 

@@ -17,8 +17,8 @@ from service.core.db import session_scope
 from service.core.settings import get_settings
 from service.environments.build_steps import launch_builds, prune_builds, reconcile_builds
 from service.environments.registry import get_environment, request_build
-from tests.service.mcore_source import LR_OFF_BY_ONE, make_source
-from tests.service.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
+from tests.plugins.mcore_source import LR_OFF_BY_ONE, make_source
+from tests.plugins.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 pytestmark = [pytest.mark.megatron]
 CHECK = ["--config", "moe-fp32-router", "--dp", "2", "--steps", "6", "--save-step", "3",

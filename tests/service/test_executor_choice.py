@@ -48,7 +48,7 @@ def test_the_scheduler_decides_once_and_never_falls_back_to_local(
 
     from service.scheduler.loop import decide_executor, heartbeat, tick
     from service.web.app import create_app
-    from tests.service.scheduler_harness import phases, queue
+    from tests.plugins.scheduler_harness import phases, queue
 
     settings = Settings(executor="auto", run_folder=tmp_path / "runs", max_infra_retries=0)
     with caplog.at_level("INFO"):

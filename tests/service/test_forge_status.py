@@ -7,7 +7,7 @@ from urllib.parse import parse_qs
 import pytest
 
 from service.cli.client.forge import from_environment
-from tests.service.webhook_receiver import start_receiver
+from tests.plugins.webhook_receiver import start_receiver
 
 
 def test_github_statuses_carry_state_link_and_context(monkeypatch: pytest.MonkeyPatch) -> None:

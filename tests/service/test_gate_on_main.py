@@ -10,8 +10,6 @@ second run of this test pays only for the gate runs.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import subprocess
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -19,33 +17,14 @@ from xml.etree import ElementTree as ET
 import pytest
 import yaml
 
-from jobs.selftest.pull_requests import BY_NAME, SNAPSHOT, source_tree
-from service.environments import interpreters
-from tests.service.ci_jobs import ROOT
-from tests.service.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
+from jobs.selftest.pull_requests import BY_NAME, SNAPSHOT
+from tests.plugins.ci_jobs import ROOT
+from tests.plugins.main_snapshot import CACHE, main_wheel, python312
+from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 pytestmark = [pytest.mark.megatron]
-CACHE = Path(os.environ.get("PARITY_CI_CACHE", "/var/tmp/parity-ci"))
 INDEX_MAP_PR = BY_NAME["index-map-global-position"]
 
-
-def _python312() -> str:
-    pythons = interpreters.configured(None)
-    if "3.12" not in pythons:
-        pytest.skip("no Python 3.12 on this machine: Megatron-LM main requires it")
-    return pythons["3.12"]
-
-
-def _wheel(name: str, change: str | None, python: str) -> Path:
-    """The megatron-core wheel of the snapshot (with a PR applied), built once per snapshot hash."""
-    digest = hashlib.sha256(SNAPSHOT.read_bytes()).hexdigest()[:16]
-    out = CACHE / f"main-{digest}" / name
-    wheels = sorted(out.glob("megatron_core-*.whl"))
-    if wheels:
-        return wheels[0]
-    tree = source_tree(out / "src", BY_NAME[change] if change else None)
-    subprocess.run([python, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(out), str(tree)], check=True)
-    return sorted(out.glob("megatron_core-*.whl"))[0]
 
 
 def _submit(url: str, token: str, wheel: Path, suite: str, junit: Path, branch: str) -> subprocess.CompletedProcess:
@@ -60,9 +39,9 @@ def _submit(url: str, token: str, wheel: Path, suite: str, junit: Path, branch: 
 def test_the_gate_passes_clean_main_and_fails_an_index_map_pull_request(committed_db: str, tmp_path: Path) -> None:
     if not SNAPSHOT.exists():
         pytest.skip(f"the Megatron-LM main snapshot is not at {SNAPSHOT} (PARITY_MEGATRON_SNAPSHOT)")
-    python = _python312()
-    clean = _wheel("clean", None, python)
-    broken = _wheel(INDEX_MAP_PR.name, INDEX_MAP_PR.name, python)
+    python = python312()
+    clean = main_wheel("clean", None, python)
+    broken = main_wheel(INDEX_MAP_PR.name, INDEX_MAP_PR.name, python)
     env = service_env(tmp_path, PARITY_EXECUTOR="local")
     # the shared 3.12 torch base (several GB) is built once per machine, beside the cached wheels
     builds = tmp_path / "runs" / "environments"

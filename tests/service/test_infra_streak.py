@@ -11,7 +11,7 @@ from models import NotificationChannel, OutboxMessage, Phase, Run
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
 from service.runs.submitter import retry_or_give_up
-from tests.service.verdict_helpers import finish
+from tests.plugins.verdict_helpers import finish
 
 SPEC = {"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 2}
 

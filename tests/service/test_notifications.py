@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 from models import OutboxMessage
 from models.base import utcnow
 from service.oncall.delivery import SIGNATURE_HEADER, deliver_due
-from tests.service.scheduler_harness import free_port
-from tests.service.verdict_helpers import finish
-from tests.service.webhook_receiver import start_receiver
+from tests.plugins.scheduler_harness import free_port
+from tests.plugins.verdict_helpers import finish
+from tests.plugins.webhook_receiver import start_receiver
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4}
 SECRET = "s3cret-shared-with-the-receiver"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
+from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 

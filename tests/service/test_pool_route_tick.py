@@ -21,7 +21,7 @@ from service.core.settings import Settings
 from service.executors import pool
 from service.runs import pool_dispatch
 from service.runs.submitter import claim_queued, launch, next_pending
-from tests.service.scheduler_harness import GOOD, phases, queue, register_environment
+from tests.plugins.scheduler_harness import GOOD, phases, queue, register_environment
 
 pytestmark = pytest.mark.postgres
 SPEC = {"config": "dense-bf16", "dp": 2, "steps": 4, "save_step": 2, "workarounds": GOOD, "isolation": "process"}

@@ -33,9 +33,10 @@ from jobs.pool_folder import PoolFolder, read_pool_file
 from models import Phase
 from service.core.db import session_scope
 from service.runs.records import cancel_run
-from tests.run_local import PHASES, LocalReference
-from tests.security.test_hostile_builds import JOB_USER, _require_job_user
-from tests.service.scheduler_harness import (
+from tests.plugins.documents import comparable, differences
+from tests.plugins.job_user import JOB_USER, require_job_user
+from tests.plugins.run_local import PHASES, LocalReference
+from tests.plugins.scheduler_harness import (
     GOOD,
     phases,
     queue,
@@ -46,7 +47,6 @@ from tests.service.scheduler_harness import (
     stop,
     wait_for,
 )
-from tests.service.test_protocol_equality import _differences, comparable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.postgres]
 SAME = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 2, "workarounds": GOOD,
@@ -130,7 +130,7 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
     runs = tmp_path / "runs"
     as_job_user: dict[str, str] = {}
     if executor == "local":  # the local variant runs every job, warm and cold, as PARITY_JOB_USER
-        _require_job_user()
+        require_job_user()
         base = Path("/var/tmp") / f"parity-pool-{uuid.uuid4().hex[:8]}"  # pytest's tmp is root-only (0700)
         base.mkdir(mode=0o711)
         runs = base / "runs"
@@ -149,7 +149,7 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
         assert {p.name for p in _warm_phases(warm)} == {"train_and_save", "resume"}
         warm_docs = _documents(warm)
         for phase in PHASES:
-            assert list(_differences(comparable(warm_docs[phase]), comparable(cold.document(phase)))) == [], phase
+            assert list(differences(comparable(warm_docs[phase]), comparable(cold.document(phase)))) == [], phase
         first_worker = {w.name for w in _live(runs)}
         assert len(first_worker) == 1
         if as_job_user:  # the worker's tasks are the job user's, and its record is not theirs to rewrite

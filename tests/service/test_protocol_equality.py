@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from jobs.spec import RunSpec
-from tests.run_local import PHASES, LocalReference
-from tests.service.scheduler_harness import GOOD, phases, queue, run_row, service_env, start, stop, wait_for
+from tests.plugins.documents import comparable, differences
+from tests.plugins.run_local import PHASES, LocalReference
+from tests.plugins.scheduler_harness import GOOD, phases, queue, run_row, service_env, start, stop, wait_for
 
 pytestmark = [pytest.mark.megatron, pytest.mark.postgres]
 
@@ -27,20 +28,6 @@ CASES = {
     "job": {**BASE, "isolation": "job"},
     "resume_dp": {**BASE, "steps": 6, "save_step": 3, "resume_dp": 1},
 }
-# What legitimately differs between two launches of the same plan: clocks, folders, job ids, hosts.
-VOLATILE = ("seconds", "wall", "time", "folder", "path", "job_id", "pid", "port", "started", "submitit", "node",
-            "memory", "rss", "bytes")  # a checkpoint's size on disk includes its own path
-
-
-def comparable(value: Any) -> Any:
-    """The document without what differs between two launches (timings, paths, ids)."""
-    if isinstance(value, dict):
-        return {k: comparable(v) for k, v in value.items() if not any(word in k.lower() for word in VOLATILE)}
-    if isinstance(value, list):
-        return [comparable(v) for v in value]
-    if isinstance(value, str) and ("/tmp/" in value or "/runs/" in value):
-        return "<path>"
-    return value
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -61,20 +48,5 @@ def test_run_local_and_the_scheduler_write_the_same_phase_documents(
     served = {p.name: p.info for p in phases(run_id) if p.state in ("succeeded", "failed")}
     assert run.verdict == local.verdict == "pass", (run.verdict, local.verdict, run.error_message)
     for phase in PHASES:
-        differences = list(_differences(comparable(served[phase]), comparable(local.document(phase))))
-        assert differences == [], f"{case}: {phase} documents differ (scheduler | run-local)"
-
-
-def _differences(a: Any, b: Any, where: str = "") -> Any:
-    """Each place two documents differ: (path, scheduler's value, run-local's value)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
-                yield f"{where}/{key}", a.get(key, "<absent>"), b.get(key, "<absent>")
-            else:
-                yield from _differences(a[key], b[key], f"{where}/{key}")
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for index, (x, y) in enumerate(zip(a, b, strict=True)):
-            yield from _differences(x, y, f"{where}[{index}]")
-    elif a != b:
-        yield where, a, b
+        found = list(differences(comparable(served[phase]), comparable(local.document(phase))))
+        assert found == [], f"{case}: {phase} documents differ (scheduler | run-local)"

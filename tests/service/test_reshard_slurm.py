@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from jobs.run_folder import AttemptFolder
-from tests.service.scheduler_harness import GOOD, phases, queue, run_to_end, service_env
+from tests.plugins.scheduler_harness import GOOD, phases, queue, run_to_end, service_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 

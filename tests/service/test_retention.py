@@ -15,7 +15,7 @@ from models import Environment, Run
 from models.base import utcnow
 from service.core.settings import Settings
 from service.runs import retention
-from tests.service.scheduler_harness import PARITY
+from tests.plugins.scheduler_harness import PARITY
 
 SPEC = {"config": "moe-fp32-router", "dp": 1, "steps": 4, "save_step": 2}
 

@@ -31,8 +31,8 @@ from service.runs.evaluation import evaluate_pending
 from service.runs.reconciler import reconcile
 from service.runs.records import cancel_run
 from service.runs.submitter import job_of, launcher_folder, new_phase
-from tests.service.scheduler_harness import phases, queue, run_row, wait_for
-from tests.service.scheduler_jobs import SPEC, phase_doc, sleep_forever, write_document
+from tests.plugins.scheduler_harness import phases, queue, run_row, wait_for
+from tests.plugins.scheduler_jobs import SPEC, phase_doc, sleep_forever, write_document
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ def _orphan_job(settings: Settings, folder: Path, marker: Path) -> tuple[str, fl
     """Submit sleep_forever from another process that then exits: what a restarted scheduler finds."""
     code = (
         "import sys; from pathlib import Path; from service.executors import launcher; "
-        "from service.core.settings import Settings; from tests.service.scheduler_jobs import sleep_forever; "
+        "from service.core.settings import Settings; from tests.plugins.scheduler_jobs import sleep_forever; "
         f"j = launcher.submit_phase(executor='local', folder=Path({str(folder)!r}), python=sys.executable, tasks=2, "
         f"settings=Settings(), name='t', function=sleep_forever, args=({str(marker)!r},)); "
         "print(j.job_id, repr(j.started))"

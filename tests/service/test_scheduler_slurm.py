@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs.run_folder import AttemptFolder
-from tests.service.scheduler_harness import (
+from tests.plugins.scheduler_harness import (
     GOOD,
     job_name,
     jobs_gone,

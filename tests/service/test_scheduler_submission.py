@@ -11,7 +11,7 @@ import pytest
 
 from service.executors.launcher import FAULT_AFTER_SBATCH
 from service.runs.submitter import launcher_folder
-from tests.service.scheduler_harness import (
+from tests.plugins.scheduler_harness import (
     GOOD,
     job_name,
     phases,

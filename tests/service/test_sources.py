@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from service.core.settings import get_settings
 from service.environments import sources
-from tests.service.git_repo import PYPROJECT, Repo
+from tests.plugins.git_repo import PYPROJECT, Repo
 
 
 def _repo(tmp_path: Path) -> tuple[Repo, list[str]]:

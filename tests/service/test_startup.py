@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.scheduler_harness import free_port
+from tests.plugins.scheduler_harness import free_port
 
 PARITY = [sys.executable, "-m", "service.cli.main"]
 

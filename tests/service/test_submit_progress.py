@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from models import Run
 from service.cli.client.progress import Heartbeat, waiting_for
 from service.core.tokens import create_token
-from tests.security.conftest import configure, serve
+from tests.plugins.server import configure, serve
 
 SMALL = {"name": "small", "description": "two checks", "checks": [
     {"name": "dp2-dense", "spec": {"config": "dense-bf16", "dp": 2, "steps": 6, "save_step": 3}},

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 
 from models import OutboxMessage, Regression
 from service.oncall.delivery import deliver_due, slack_body
-from tests.service.verdict_helpers import finish
-from tests.service.webhook_receiver import start_receiver
+from tests.plugins.verdict_helpers import finish
+from tests.plugins.webhook_receiver import start_receiver
 
 SPEC = {"dp": 2, "steps": 6, "save_step": 3}
 SUITE = {"name": "gate", "checks": [

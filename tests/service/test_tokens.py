@@ -14,7 +14,7 @@ from models import ApiToken
 from models.base import utcnow
 from service.core.db import session_scope
 from service.core.tokens import create_token
-from tests.service.scheduler_harness import PARITY, service_env
+from tests.plugins.scheduler_harness import PARITY, service_env
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 4, "save_step": 2}
 

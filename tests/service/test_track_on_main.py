@@ -24,9 +24,9 @@ import yaml
 
 from jobs.selftest.pull_requests import BY_NAME, SNAPSHOT, source_tree
 from service.environments import interpreters
-from tests.service.git_repo import Repo
-from tests.service.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
-from tests.service.test_gate_on_main import CACHE
+from tests.plugins.git_repo import Repo
+from tests.plugins.main_snapshot import CACHE
+from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 pytestmark = [pytest.mark.megatron]
 BUG = BY_NAME["scheduler-off-by-one"]

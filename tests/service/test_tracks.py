@@ -24,7 +24,7 @@ from service.runs.evaluation import judge
 from service.suites.definitions import apply_suite
 from service.suites.runs import create_suite_run, suite_run_view
 from service.tracks import schedule
-from tests.service.git_repo import PYPROJECT, Repo
+from tests.plugins.git_repo import PYPROJECT, Repo
 
 SPEC = {"config": "dense-bf16", "dp": 1, "steps": 6, "save_step": 3, "workarounds": ["restore-adam-step"]}
 BASE = "http://testserver"

@@ -175,7 +175,7 @@ def test_webhook_and_slack(suite_run: dict[str, Any]) -> None:
 def test_a_tolerance_judged_run_records_what_its_bound_is_read_against(
     client: TestClient, make_token, db_session: Session
 ) -> None:
-    from tests.service.verdict_helpers import finish
+    from tests.plugins.verdict_helpers import finish
 
     def row(step: int, rel: float, resumed: bool = True) -> dict[str, Any]:
         return {"step": step, "resumed_phase": resumed, "loss_baseline": 4.0, "loss_resumed": 4.0 * (1 + rel),

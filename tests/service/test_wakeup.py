@@ -13,7 +13,7 @@ from service.core.settings import get_settings
 from service.environments.registry import ensure_default_environment
 from service.runs.records import create_run, validate_spec
 from service.scheduler.wakeup import Wakeup
-from tests.service.scheduler_harness import queue
+from tests.plugins.scheduler_harness import queue
 
 SPEC = {"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 2}
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psycopg
 from sqlalchemy import Engine, create_engine, make_url
 
-from tests.conftest import SERVER_URL, _admin_conninfo
+from tests.plugins.database import SERVER_URL, _admin_conninfo
 
 
 @contextlib.contextmanager

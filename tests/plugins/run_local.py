@@ -4,9 +4,12 @@ scheduler run's documents with run-local's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 PHASES = ("train_and_save", "resume")
 
@@ -30,3 +33,26 @@ class LocalReference:
         doc, refused = plan.collect(plan.attempt_folder(self.folder, phase, 1), phase)
         assert doc is not None and not refused, (phase, refused)
         return doc
+
+
+@pytest.fixture(scope="session")
+def run_local_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict[str, Any]], LocalReference]:
+    """run-local of a spec, once per session: tests/jobs' known-good DP 2 and reshard runs are the
+    references tests/service/test_protocol_equality.py compares the scheduler's runs with, and the
+    warm-pool walk its warm run (the same specs: run-local runs each once for all of them)."""
+    import json
+
+    from jobs.launch.local import run_parity
+    from jobs.spec import RunSpec
+
+    done: dict[str, LocalReference] = {}
+
+    def reference(fields: dict[str, Any]) -> LocalReference:
+        spec = RunSpec.from_dict(fields)
+        key = json.dumps(spec.to_dict(), sort_keys=True)
+        if key not in done:
+            folder = tmp_path_factory.mktemp("run-local")
+            done[key] = LocalReference(run_parity(spec, folder), folder)
+        return done[key]
+
+    return reference
