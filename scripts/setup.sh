@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install the project with every extra (service, engine) and its dev tools (idempotent; torch is pinned to the CPU 2.13.0).
+#   scripts/setup.sh --no-engine   the service and dev tools only: no torch, no Megatron-Core (the fast lane needs neither)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # torch 2.13.0 comes from the machine's wheel folder when it has one (PyPI otherwise).
@@ -7,16 +8,23 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all,dev]'
-echo "setup: $(.venv/bin/python --version), torch $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))'), megatron-core $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("megatron-core"))')"
-# PARITY_JOB_USER's jobs (and every build's venv) run this interpreter as another user: make the
-# folders above it passable (o+x only: nothing becomes listable or readable that was not already).
+EXTRAS=all,dev
+[[ "${1:-}" == "--no-engine" ]] && EXTRAS=service,dev
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
+echo "setup: $(.venv/bin/python --version), [$EXTRAS], $(.venv/bin/python -c '
+import importlib.metadata as m
+print(", ".join(f"{d} {m.version(d)}" if any(x.metadata["Name"] == d for x in m.distributions()) else f"no {d}" for d in ("torch", "megatron-core")))')"
+# PARITY_JOB_USER's jobs (and every build's venv) run this interpreter, and import this checkout's jobs/,
+# as another user: make the folders above both passable (o+x only: nothing becomes listable or readable
+# that was not already), even for a clone in a private folder (mktemp -d makes it 0700). The service
+# names any folder still in the way when it looks the job user up (service/executors/reachability.py).
 if [[ $(id -u) == 0 ]]; then
-  real=$(readlink -f .venv/bin/python)
-  dir=$(dirname "$real")
-  while [[ $dir != / ]]; do
-    if [[ $(( 0$(stat -c %a "$dir") & 01 )) == 0 ]]; then chmod o+x "$dir" && echo "setup: o+x on $dir (job user)"; fi
-    dir=$(dirname "$dir")
+  for start in "$(dirname "$(readlink -f .venv/bin/python)")" "$(pwd -P)/.venv/bin"; do
+    dir=$start
+    while [[ $dir != / ]]; do
+      if [[ $(( 0$(stat -c %a "$dir") & 01 )) == 0 ]]; then chmod o+x "$dir" && echo "setup: o+x on $dir (job user)"; fi
+      dir=$(dirname "$dir")
+    done
   done
 fi
 # The Pythons a service build may make its venv on (Megatron-Core 0.17+ need 3.12): PARITY_PYTHONS, else

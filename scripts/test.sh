@@ -1,36 +1,49 @@
 #!/usr/bin/env bash
-# Set up and run the whole test suite against real Postgres, real Slurm, real Megatron-Core and a
-# real headless Chromium. Extra arguments go to pytest (e.g. scripts/test.sh -k scheduler).
-#   scripts/test.sh --fast   the fast lane: everything that needs no Megatron, Slurm or browser and
-#                            is not marked slow (Postgres only; ~5 minutes on 2 cores). Run it first.
-#                            It creates the system user parity-job (scripts/job-user.sh; needs root).
-#   scripts/test.sh --nightly  only the tests marked nightly (costlier repeats of what CI covers: the
-#                            full local warm-pool walk, the "job" isolation runs of the parity
-#                            scenarios CI runs in "process" only), with every service the full suite
-#                            starts. Without it they are left out (tests/conftest.py), as in CI.
+# Set up and run a test tier against real Postgres, real Slurm, real Megatron-Core and a real headless
+# Chromium. Extra arguments go to pytest (e.g. scripts/test.sh -k scheduler).
+#   scripts/test.sh            the PR tier (what CI runs on every push): every behaviour at least once,
+#                              one representative slice of each costly family; ~15 minutes on 2 cores
+#   scripts/test.sh --nightly  the nightly tier: what the PR tier leaves out (tests marked nightly: the
+#                              full self-test catalogue, every injected pull request, isolation repeats,
+#                              two-node Slurm, the full schemathesis pass, the release rows)
+#   scripts/test.sh --fast     the fast lane, for a contributor with a plain Python and a Postgres: no
+#                              root, no torch, no Megatron, Slurm or browser (setup.sh --no-engine)
+# Each section's seconds go to $PARITY_SECTION_TIMES when set (.ci/run prints them as a table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
-say() { printf '\n== [%s +%ds] %s\n' "$(date +%H:%M:%S)" $(( $(date +%s) - T0 )) "$*"; }
+SECTION="" SECTION_T0=$T0
+say() {
+  local now; now=$(date +%s)
+  if [[ -n $SECTION && -n ${PARITY_SECTION_TIMES:-} ]]; then
+    printf '%s\t%d\n' "$SECTION" $(( now - SECTION_T0 )) >>"$PARITY_SECTION_TIMES"
+  fi
+  SECTION=$1 SECTION_T0=$now
+  printf '\n== [%s +%ds] %s\n' "$(date +%H:%M:%S)" $(( now - T0 )) "$*"
+}
+# pytest's own options for every tier: a per-test ceiling comes from pyproject.toml (pytest-timeout)
+PYTEST=(.venv/bin/python -m pytest -q)
+
+TIER=pr
+case "${1:-}" in
+  --fast) TIER=fast; shift ;;
+  --nightly) TIER=nightly; shift ;;
+esac
+
+if [[ $TIER == fast ]]; then
+  say "python environment (no engine)"
+  scripts/setup.sh --no-engine
+  say "postgres"
+  scripts/postgres-up.sh
+  say "pytest (fast lane)"
+  status=0
+  "${PYTEST[@]}" -m "not megatron and not slurm and not browser and not slow and not job_user" "$@" || status=$?
+  say "done"
+  exit $status
+fi
 
 say "python environment"
 scripts/setup.sh
-if [[ "${1:-}" == "--fast" ]]; then
-  shift
-  say "postgres"
-  scripts/postgres-up.sh
-  scripts/job-user.sh
-  export PARITY_REQUIRE_JOB_USER=1  # the hostile-build tests run as it: never skipped here
-  say "pytest (fast lane)"
-  .venv/bin/python -m pytest -q -m "not megatron and not slurm and not browser and not slow" "$@"
-  say "fast lane done"
-  exit 0
-fi
-MARKS=()
-if [[ "${1:-}" == "--nightly" ]]; then
-  shift
-  MARKS=(-m nightly)
-fi
 say "chromium (browser tests)"
 if ! command -v chromium >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
@@ -50,8 +63,12 @@ if ! command -v ip >/dev/null || ! command -v nsenter >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq --no-install-recommends iproute2 util-linux >/dev/null
 fi
-say "pytest"
+MARKS=()
+[[ $TIER == nightly ]] && MARKS=(-m nightly)
+say "pytest ($TIER tier)"
 # Here nothing may be skipped for want of infrastructure: missing Slurm or Chromium is a failure.
 export PARITY_REQUIRE_SLURM=1 PARITY_REQUIRE_BROWSER=1 PARITY_REQUIRE_JOB_USER=1
-.venv/bin/python -m pytest -q "${MARKS[@]}" "$@"
-say "tests done"
+status=0
+"${PYTEST[@]}" "${MARKS[@]}" "$@" || status=$?
+say "done"
+exit $status

@@ -32,10 +32,16 @@ POSTGRES_FIXTURES = frozenset({"database_url", "settings_env", "db_session", "co
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that uses the database as `postgres`; leave out `nightly` unless -m names it."""
+    """Mark every test that uses the database as `postgres` and every test of a module that runs jobs as the
+    job user (it imports tests.plugins.job_user) as `job_user`; leave out `nightly` unless -m names it."""
+    from tests.plugins import job_user
+
     for item in items:
         if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.postgres)
+        module = getattr(item, "module", None)
+        if module is not None and getattr(module, "require_job_user", None) is job_user.require_job_user:
+            item.add_marker(pytest.mark.job_user)
     # The nightly tier carries what the PR tier covers with a representative slice (each nightly test
     # names its slice): `-m nightly` (scripts/test.sh --nightly) runs it, any other run leaves it out.
     if "nightly" not in (config.getoption("markexpr") or ""):

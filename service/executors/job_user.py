@@ -29,6 +29,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.executors import reachability
+
 # the whole tree is the service's; others may only pass through (x), never list (r) or write
 TRAVERSE_MODE = 0o751
 GATE_CLOSED_MODE = 0o750
@@ -65,6 +67,9 @@ class JobUser:
         if os.geteuid() != 0:
             raise JobUserError(f"PARITY_JOB_USER: switching to {name!r} needs a scheduler started as root "
                                f"(it runs as uid {os.geteuid()})")
+        blocked = reachability.unreachable(name=name, uid=entry.pw_uid, gid=entry.pw_gid)
+        if blocked:
+            raise JobUserError(blocked)
         return cls(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
 
     def environment(self) -> dict[str, str]:

@@ -10,6 +10,8 @@ import pwd
 import shutil
 import stat
 import subprocess
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,3 +217,24 @@ def test_a_job_that_goes_on_keeps_its_private_home_until_it_ends(user: job_user.
     assert (private / "tmp").stat().st_uid == user.uid and (attempt / "submitit").stat().st_uid == user.uid
     release_folders(settings, phase)
     assert (private / "tmp").stat().st_uid == os.geteuid()
+
+
+def test_a_checkout_the_job_user_cannot_reach_is_named_before_any_job_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A clone in a private folder (0700, as mktemp -d makes): the job user could not exec its venv's Python,
+    and the job died with nothing on stderr. The lookup now refuses, naming the folder in the way."""
+    require_job_user()
+    private = Path(tempfile.mkdtemp(dir="/var/tmp"))  # mode 0700
+    try:
+        venv_python = private / ".venv" / "bin" / "python"
+        venv_python.parent.mkdir(parents=True)
+        venv_python.symlink_to(Path(sys.executable).resolve())
+        monkeypatch.setattr(sys, "executable", str(venv_python))
+        with pytest.raises(job_user.JobUserError) as refused:
+            job_user.JobUser.lookup(JOB_USER)
+        assert f"the folder {private} (0o700)" in str(refused.value) and "o+x" in str(refused.value)
+        private.chmod(0o701)  # what scripts/setup.sh does as root: passable, still not listable
+        assert job_user.JobUser.lookup(JOB_USER).name == JOB_USER
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
