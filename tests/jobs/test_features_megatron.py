@@ -53,6 +53,7 @@ def aux_free(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.nightly  # aux-free's PR-tier run is its known-bad side below
 def test_aux_free_known_good_is_bit_exact_and_the_bias_moves_every_step(aux_free: Path) -> None:
     _bit_exact(_result(aux_free))
     probes = _phase_probes(aux_free, "train_and_save")
@@ -96,6 +97,7 @@ def fp16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.nightly  # fp16's PR-tier run is the loss-scaler fault below
 def test_fp16_known_good_is_bit_exact_with_the_scaler_state_fingerprinted(fp16: Path) -> None:
     r = _result(fp16)
     _bit_exact(r)
@@ -154,6 +156,7 @@ def mtp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.nightly  # MTP's PR-tier run is the skipped head below
 def test_mtp_known_good_is_bit_exact_and_the_head_trains_on_its_own_loss(mtp: Path) -> None:
     _bit_exact(_result(mtp))
     save, resume = (json.loads((mtp / p / "attempt-1" / "result.rank0.json").read_text())
@@ -184,6 +187,7 @@ def test_mtp_head_skipped_on_load_is_caught_alone_naming_the_head(tmp_path: Path
     assert step3["loss_baseline"] == step3["loss_resumed"] and row["first_divergent_step"] == 3
 
 
+@pytest.mark.nightly  # the index-map detector's PR-tier runs are in test_parity_megatron
 def test_mtp_moments_swapped_onto_the_wrong_params_is_caught_alone(tmp_path: Path) -> None:
     row = run_one(MUTANTS["mtp-moments-swapped"], 1, tmp_path)
     assert row["outcome"] == "caught" and row["signatures"] == ["optimizer-moments-mismatch"], row
@@ -193,6 +197,7 @@ def test_mtp_moments_swapped_onto_the_wrong_params_is_caught_alone(tmp_path: Pat
     ]
 
 
+@pytest.mark.nightly  # Bug A's workaround runs in the PR tier in test_parity_megatron
 def test_mtp_with_an_fp32_projection_passes_with_bug_a_worked_around(tmp_path: Path) -> None:
     r: dict[str, Any] = dict(run_parity(RunSpec.from_dict({**BASES["gpt-mtp-fp32-proj"], "dp": 2}), tmp_path))
     _bit_exact(r)

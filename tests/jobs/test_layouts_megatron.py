@@ -16,6 +16,7 @@ from jobs.contract import ParityResult
 from jobs.launch.local import run_parity
 from jobs.protocol import RunPlan
 from jobs.spec import RunSpec
+from tests.plugins.tiers import LazyRuns, tiered
 
 pytestmark = pytest.mark.megatron
 
@@ -38,13 +39,18 @@ LAYOUT = {
 }
 
 
+# The PR tier runs each layout family once with the workarounds (every rank reports its layout) and EP's
+# known-bad side (two optimizers probed); the other known-bad runs are nightly.
+PR_SLICE = ("ep2_bad", "ep2_good", "tp2_good", "pp2_good")
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParityResult]:
-    out = {}
-    for name, fields in SCENARIOS.items():
-        spec = RunSpec.from_dict({"steps": 6, "save_step": 3, **fields})
-        out[name] = run_parity(spec, tmp_path_factory.mktemp(name))
-    return out
+def results(tmp_path_factory: pytest.TempPathFactory) -> LazyRuns[ParityResult]:
+    def run(name: str) -> ParityResult:
+        spec = RunSpec.from_dict({"steps": 6, "save_step": 3, **SCENARIOS[name]})
+        return run_parity(spec, tmp_path_factory.mktemp(name))
+
+    return LazyRuns(run)
 
 
 def _rank_docs(result: ParityResult, phase: str) -> list[dict[str, Any]]:
@@ -54,8 +60,8 @@ def _rank_docs(result: ParityResult, phase: str) -> list[dict[str, Any]]:
     return [dict(d) for d in docs]
 
 
-@pytest.mark.parametrize("name", ["ep2_bad", "tp2_bad", "pp2_bad"])
-def test_bug_a_is_flagged_in_each_layout(results: dict, name: str) -> None:
+@pytest.mark.parametrize("name", tiered(["ep2_bad", "tp2_bad", "pp2_bad"], PR_SLICE))
+def test_bug_a_is_flagged_in_each_layout(results: LazyRuns[Any], name: str) -> None:
     r = results[name]
     assert r["verdict"] == "fail"
     assert {"optimizer-index-misalignment", "checkpoint-save-crash"} <= set(r["signatures"])
@@ -65,8 +71,8 @@ def test_bug_a_is_flagged_in_each_layout(results: dict, name: str) -> None:
     assert r["phases"]["resume"] is None
 
 
-@pytest.mark.parametrize("name", ["ep2_good", "tp2_good", "pp2_good"])
-def test_workarounds_pass_bit_exactly_in_each_layout(results: dict, name: str) -> None:
+@pytest.mark.parametrize("name", tiered(["ep2_good", "tp2_good", "pp2_good"], PR_SLICE))
+def test_workarounds_pass_bit_exactly_in_each_layout(results: LazyRuns[Any], name: str) -> None:
     r = results[name]
     assert r["verdict"] == "pass", (r["signatures"], r["errors"])
     rows = [s for s in r["steps"] if s["resumed_phase"]]
@@ -75,8 +81,9 @@ def test_workarounds_pass_bit_exactly_in_each_layout(results: dict, name: str) -
     assert r["first_divergent_step"] is None
 
 
+@pytest.mark.nightly  # the adam-step detector's PR-tier run is tests/jobs/test_parity_megatron.py's "dense"
 @pytest.mark.parametrize("name", ["tp2_dense_bad", "pp2_dense_bad"])
-def test_adam_step_not_restored_is_flagged_in_each_layout(results: dict, name: str) -> None:
+def test_adam_step_not_restored_is_flagged_in_each_layout(results: LazyRuns[Any], name: str) -> None:
     r = results[name]
     assert r["verdict"] == "fail"
     assert r["signatures"] == ["adam-step-not-restored"]  # the same signature as at DP only
@@ -87,7 +94,7 @@ def test_adam_step_not_restored_is_flagged_in_each_layout(results: dict, name: s
     assert r["first_divergent_step"] == 5
 
 
-def test_every_rank_of_the_layout_ran_and_reports_it(results: dict) -> None:
+def test_every_rank_of_the_layout_ran_and_reports_it(results: LazyRuns[Any]) -> None:
     for name in ("ep2_good", "tp2_good", "pp2_good"):
         want = LAYOUT[name[:3]]
         for phase in ("train_and_save", "resume"):
@@ -107,7 +114,7 @@ def test_every_rank_of_the_layout_ran_and_reports_it(results: dict) -> None:
     assert [s["loss"] for s in stages[0]["steps"]] == [s["loss"] for s in stages[1]["steps"]]
 
 
-def test_ep2_probes_cover_the_expert_optimizer(results: dict) -> None:
+def test_ep2_probes_cover_the_expert_optimizer(results: LazyRuns[Any]) -> None:
     # dense and expert params sit in two DistributedOptimizers of a ChainedOptimizer: both probed, named
     for name in ("ep2_bad", "ep2_good"):
         probe = _rank_docs(results[name], "train_and_save")[0]["probes"]["index_map"]
@@ -124,6 +131,6 @@ def test_ep2_probes_cover_the_expert_optimizer(results: dict) -> None:
     assert [o["optimizer"] for o in realign["per_rank"][0]["optimizers"]] == [0, 1]
 
 
-def test_layout_is_in_the_result_spec(results: dict) -> None:
+def test_layout_is_in_the_result_spec(results: LazyRuns[Any]) -> None:
     assert (results["ep2_good"]["spec"]["ep"], results["ep2_good"]["spec"]["dp"]) == (2, 2)
     assert results["tp2_good"]["spec"]["tp"] == 2 and "ep" not in results["tp2_good"]["spec"]

@@ -40,13 +40,21 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
-JOB_SLICE = ("known_bad", "known_good_dp2", "known_good_dp1", "silent", "dense")
+# The PR tier runs each detector's known-bad and known-good side once, in "process" isolation, and "job"
+# isolation once (the known-bad run, which must agree with "process"); every other scenario and mode is
+# nightly (scripts/test.sh --nightly).
+PR_SLICE = ("known_bad", "known_good_dp2", "silent", "dense", "dense_fixed", "layerwise")
+JOB_SLICE = ("known_bad",)
+
+
+def in_tier(mode: str, *names: str) -> bool:
+    """Whether the PR tier runs these scenarios in this mode (else the test is nightly)."""
+    return set(names) <= set(JOB_SLICE if mode == "job" else PR_SLICE)
 
 
 def in_modes(*names: str) -> list[Any]:
-    """Both isolation modes for a test reading these scenarios; "job" is nightly unless all are in JOB_SLICE."""
-    job = set(names) <= set(JOB_SLICE)
-    return [mode if mode != "job" or job else pytest.param(mode, marks=pytest.mark.nightly)
+    """Both isolation modes for a test reading these scenarios, each nightly unless in_tier."""
+    return [mode if in_tier(mode, *names) else pytest.param(mode, marks=pytest.mark.nightly)
             for mode in ISOLATION_MODES]
 
 
@@ -115,7 +123,7 @@ def test_known_bad_fails_with_misalignment_and_evidence(results: Results) -> Non
 
 
 @pytest.mark.parametrize(("results", "name"), [
-    pytest.param(mode, name, marks=() if mode == "process" or name in JOB_SLICE else pytest.mark.nightly,
+    pytest.param(mode, name, marks=() if in_tier(mode, name) else pytest.mark.nightly,
                  id=f"{mode}-{name}")
     for name in ["known_good_dp2", "known_good_dp1", "gates_good", "silent_good", "dense_fixed"]
     for mode in ISOLATION_MODES

@@ -44,6 +44,7 @@ def moe_slice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {**run_selftest(folder, dps=(2,), names=MOE_SLICE, bases=("moe-fp32-router",)), "folder": folder}
 
 
+@pytest.mark.nightly  # the full catalogue; the PR tier runs the fast self-test below
 def test_catalogue_catches_each_mutant_alone_with_its_evidence(catalogue: dict) -> None:
     assert catalogue["ok"], format_matrix(catalogue)
     rows = {r["mutant"]: r for r in catalogue["rows"]}
@@ -58,6 +59,7 @@ def test_catalogue_catches_each_mutant_alone_with_its_evidence(catalogue: dict) 
     assert rows["exp-avg-sq-reset"]["evidence_names"]["optimizer-moments-mismatch"][0].endswith("/exp_avg_sq")
 
 
+@pytest.mark.nightly  # the full catalogue; the PR tier runs the fast self-test below
 def test_moe_slice_at_dp2_names_what_broke(moe_slice: dict) -> None:
     report = moe_slice
     assert report["ok"], format_matrix(report)
@@ -121,6 +123,7 @@ def test_known_good_with_dropout_is_bit_identical_and_says_what_the_workaround_h
     assert r["phases"]["resume"]["info"]["restored_iteration"] == 2
 
 
+@pytest.mark.nightly  # the full catalogue; the PR tier runs the fast self-test below
 def test_resumed_loop_difference_shows_in_the_final_state(catalogue: dict) -> None:
     # the catalogue's own run of it (DP 1 on dense-bf16, its first base: what run_one(m, 1, …) runs)
     (row,) = [r for r in catalogue["rows"] if r["mutant"] == "clip-grad-changed-on-resume"]
@@ -129,6 +132,7 @@ def test_resumed_loop_difference_shows_in_the_final_state(catalogue: dict) -> No
     assert r["evidence"]["final-state-mismatch"]["sections"][:1] == ["main"]
 
 
+@pytest.mark.nightly  # the full catalogue; the PR tier runs the fast self-test below
 def test_unsupported_option_is_an_error_not_bug_a(moe_slice: dict) -> None:
     # the MoE slice's run of it: DP 2 on moe-fp32-router (its first base, which has Bug A)
     (row,) = [r for r in moe_slice["rows"] if r["mutant"] == "build-lacks-sharding-type"]
