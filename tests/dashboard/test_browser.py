@@ -45,6 +45,7 @@ def test_overview(page, server, seeded):
     _follow_links(page, server, set())
 
 
+@pytest.mark.nightly
 def test_runs_list_filters_sorts_and_links(page, server, seeded):
     _open(page, "/runs", "runs")
     assert page.locator("#runs tbody tr").count() == seeded.total_runs
@@ -105,6 +106,7 @@ def test_triage_page(page, server, seeded):
     _follow_links(page, server, set())
 
 
+@pytest.mark.nightly
 def test_config_history_chart(page, server, seeded):
     _open(page, "/configs/moe-fp32-router", "config")
     page.wait_for_function("() => window.parityCharts && window.parityCharts['chart-history']")
@@ -114,6 +116,7 @@ def test_config_history_chart(page, server, seeded):
     _follow_links(page, server, set())
 
 
+@pytest.mark.nightly
 def test_log_page(page, server, seeded):
     _open(page, f"/runs/{seeded.errored}", "run-errored")
     page.locator("#phase-table a", has_text="log.err").first.click()
@@ -123,6 +126,7 @@ def test_log_page(page, server, seeded):
     assert page.errors == []
 
 
+@pytest.mark.nightly
 def test_script_label_is_text(page, server, seeded):
     for path in (f"/runs/{seeded.xss}", "/runs", "/configs/dense-bf16"):
         _open(page, path, f"xss-{path.strip('/').replace('/', '-')}")
@@ -130,6 +134,7 @@ def test_script_label_is_text(page, server, seeded):
         assert page.get_by_text(f"branch={XSS}").count() >= 1
 
 
+@pytest.mark.nightly
 def test_signatures_page(page, server):
     _open(page, "/signatures", "signatures")
     assert page.locator("#signature-table tbody tr").count() >= 10
@@ -150,6 +155,7 @@ def test_pages_read_without_javascript(browser, server, seeded):
         context.close()
 
 
+@pytest.mark.nightly
 def test_queued_run_without_metrics_renders_cleanly(page, server, seeded):
     _open(page, f"/runs/{seeded.queued}", "run-queued")
     assert page.evaluate("() => Object.keys(window.parityCharts)") == []

@@ -18,6 +18,8 @@ import yaml
 
 from service.core.settings import Settings
 
+pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: real builds or many real runs
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 EXPECTED_SERVICES = {
@@ -407,6 +409,7 @@ def test_checker_reports_unconditioned_depends_on() -> None:
 # ------------------------------------------------ the Slurm containers, run without Docker
 
 
+@pytest.mark.nightly
 @pytest.mark.slurm
 def test_entrypoint_runs_a_working_cluster_in_namespaces(tmp_path: Path) -> None:
     """munge-key, slurmdbd, slurmctld, slurmd and a submitting container, as compose wires them."""

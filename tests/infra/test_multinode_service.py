@@ -22,7 +22,7 @@ from tests.plugins.scheduler_harness import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.timeout(900)]
 SPEC = {"config": "moe-fp32-router", "dp": 2, "nodes": 2, "steps": 6, "save_step": 3}
 TERMINAL = {"passed", "failed", "error", "cancelled"}
 
@@ -46,6 +46,7 @@ def _rank_nodes(run: dict[str, Any]) -> dict[str, list[str | None]]:
     return {p["name"]: p["rank_nodes"] for p in run["phases"]}
 
 
+@pytest.mark.nightly
 def test_dp2_over_two_nodes_known_good_passes_known_bad_is_flagged(
     committed_db: str, on_two_nodes: str, tmp_path: Path
 ) -> None:

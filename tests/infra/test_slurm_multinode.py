@@ -12,7 +12,7 @@ import cloudpickle
 import pytest
 import submitit
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]  # past the 300 s ceiling: real builds or many runs
 # Jobs unpickle these functions in a fresh interpreter where this test module is not importable.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -55,6 +55,7 @@ def rendezvous() -> dict[str, Any]:
     }
 
 
+@pytest.mark.nightly
 def test_two_nodes_each_with_its_own_hostname_and_address(on_two_nodes: str) -> None:
     out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
@@ -66,6 +67,7 @@ def test_two_nodes_each_with_its_own_hostname_and_address(on_two_nodes: str) -> 
     assert "ClusterName=parity2" in conf
 
 
+@pytest.mark.nightly
 def test_second_start_is_a_no_op(on_two_nodes: str, repo_root: Path) -> None:
     run = Path(on_two_nodes).parent.parent / "run"
     before = {p.name: p.read_text() for p in run.glob("*.pid")}
@@ -81,6 +83,7 @@ def test_second_start_is_a_no_op(on_two_nodes: str, repo_root: Path) -> None:
     assert {p.name: p.read_text() for p in run.glob("*.pid")} == before, "a second start restarted a daemon"
 
 
+@pytest.mark.nightly
 def test_gloo_rendezvous_spans_both_nodes(on_two_nodes: str, tmp_path: Path) -> None:
     executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="slurm")
     executor.update_parameters(nodes=2, tasks_per_node=1, cpus_per_task=1, timeout_min=5)

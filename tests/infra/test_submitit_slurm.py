@@ -83,6 +83,7 @@ def test_local_executor_with_two_tasks_returns_both_ranks(tmp_path: Path) -> Non
     _assert_two_ranks(job.results(), job.job_id)
 
 
+@pytest.mark.nightly
 @pytest.mark.slurm
 def test_scancel_of_running_job_is_reported_cancelled(slurm_cluster: str, tmp_path: Path) -> None:
     executor = _two_rank_executor(tmp_path / "submitit", "slurm")

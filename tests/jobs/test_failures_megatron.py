@@ -16,7 +16,7 @@ from service.cli.engine import run_local
 pytestmark = pytest.mark.megatron
 
 
-@pytest.mark.parametrize("stage", ["save", "step"])
+@pytest.mark.parametrize("stage", ["save", pytest.param("step", marks=pytest.mark.nightly)])
 def test_one_sided_crash_returns_a_document(stage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARITY_INJECT_FAULT", f"{stage}:1")
     spec = RunSpec(config="dense-bf16", dp=2, steps=4, save_step=2)
@@ -28,6 +28,7 @@ def test_one_sided_crash_returns_a_document(stage: str, tmp_path: Path, monkeypa
         assert r["error"].get("rank") == 1  # rank 0 agreed on rank 1's failure instead of entering the save
 
 
+@pytest.mark.nightly
 def test_run_local_json_prints_one_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     run_local.register(parser.add_subparsers())

@@ -25,7 +25,7 @@ from jobs.launch.selftest import run_one
 from jobs.selftest.catalogue import BASES, MUTANTS
 from jobs.spec import RunSpec
 
-pytestmark = pytest.mark.megatron
+pytestmark = [pytest.mark.megatron, pytest.mark.timeout(600)]  # past the 300 s ceiling: real builds or many runs
 
 ZERO_BIAS = "float32[4]:374708fff7719dd5"  # fingerprint of torch.zeros(4): the fresh build's bias
 

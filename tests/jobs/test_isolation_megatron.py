@@ -49,7 +49,7 @@ def test_resume_child_cannot_see_the_savers_state(tmp_path: Path, monkeypatch: p
     assert [s["step"] for s in resumer["steps"]] == [3, 4]
 
 
-@pytest.mark.parametrize("how", ["exit", "kill"])
+@pytest.mark.parametrize("how", [pytest.param("exit", marks=pytest.mark.nightly), "kill"])
 def test_child_crash_is_reported_and_hangs_nobody(how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARITY_INJECT_FAULT", f"build:1:{how}")
     spec = RunSpec(config="dense-bf16", dp=2, steps=4, save_step=2)

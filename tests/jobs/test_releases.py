@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.megatron
+pytestmark = [pytest.mark.megatron, pytest.mark.timeout(1200)]  # past the 300 s ceiling: real builds or many runs
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("PARITY_RELEASE_CACHE", "/var/tmp/parity-releases"))
 
@@ -41,6 +41,7 @@ def _run_local(version: str, tmp_path: Path, *args: str, config: str = "moe-fp32
     return result
 
 
+@pytest.mark.nightly
 def test_a_sharding_type_the_release_lacks_is_unsupported_by_build(tmp_path: Path) -> None:
     result = _run_local("0.14.0", tmp_path)  # dp_reshardable arrived in 0.15
     assert result["verdict"] == "error"
@@ -50,6 +51,7 @@ def test_a_sharding_type_the_release_lacks_is_unsupported_by_build(tmp_path: Pat
     assert "fully_sharded_model_space" in message  # what it does offer
 
 
+@pytest.mark.nightly
 def test_an_optimizer_the_release_lacks_is_unsupported_by_build(tmp_path: Path) -> None:
     # the layer-wise optimizer arrived in 0.16: older builds must say so, not crash with ModuleNotFoundError
     result = _run_local("0.14.0", tmp_path, "--sharding", "fully_sharded_model_space", config="layerwise-empty-rank")
@@ -58,6 +60,7 @@ def test_an_optimizer_the_release_lacks_is_unsupported_by_build(tmp_path: Path) 
     assert "optimizer 'layerwise-adam' is not supported by this build (megatron-core 0.14.0)" in message
 
 
+@pytest.mark.nightly
 def test_a_release_with_another_bucket_layout_still_gets_a_verdict(tmp_path: Path) -> None:
     result = _run_local("0.12.3", tmp_path, "--sharding", "fully_sharded_model_space")
     baseline = result["phases"]["train_and_save"]
@@ -70,6 +73,7 @@ def test_a_release_with_another_bucket_layout_still_gets_a_verdict(tmp_path: Pat
     assert "optimizer-index-misalignment" in result["signatures"]
 
 
+@pytest.mark.nightly
 def test_the_layerwise_optimizer_gets_base_torch_optimizers() -> None:
     """0.18+ refuse the FP32Optimizer get_megatron_optimizer returns ("Do not pre-wrap"); 0.16/0.17 unwrap it
     themselves. The harness unwraps it for every release (jobs/rank/compat.py); the release table's 0.18.2 and

@@ -13,6 +13,8 @@ from jobs.launch.local import run_parity
 from jobs.launch.shrink import candidates, outcome, run_local_command, shrink, size
 from jobs.spec import RunSpec
 
+pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: real builds or many real runs
+
 SPEC = RunSpec.from_dict({"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3,
                           "workarounds": ["realign-param-index"]})
 
@@ -52,6 +54,7 @@ def test_run_local_command_round_trips_through_the_cli_parser() -> None:
     assert args.workarounds == ["restore-adam-step"] and args.shape == ["num_layers=1"]
 
 
+@pytest.mark.nightly
 @pytest.mark.megatron
 def test_a_real_failure_shrinks_to_a_strictly_smaller_spec_with_the_same_signature(tmp_path: Path) -> None:
     spec = RunSpec.from_dict({"config": "dense-bf16", "dp": 2, "steps": 6, "save_step": 3})

@@ -15,7 +15,7 @@ from jobs.selftest.catalogue import MUTANTS
 from jobs.spec import RunSpec
 from tests.plugins.tiers import LazyRuns, tiered
 
-pytestmark = pytest.mark.megatron
+pytestmark = [pytest.mark.megatron, pytest.mark.timeout(900)]  # past the 300 s ceiling: real builds or many runs
 
 NOISE = MUTANTS["benign-gradient-noise"]
 

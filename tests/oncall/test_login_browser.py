@@ -71,6 +71,7 @@ def test_login_then_logout(oncall_page, locked_server, committed_db) -> None:
     assert page.errors == []
 
 
+@pytest.mark.nightly
 def test_expired_session_asks_to_log_in_again(oncall_page, locked_server, committed_db, browser) -> None:
     page = oncall_page
     token, _ = _seed_regression(committed_db)

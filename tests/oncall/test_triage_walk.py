@@ -26,7 +26,7 @@ from tests.plugins.browser import screenshot
 from tests.plugins.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
 from tests.plugins.webhook_receiver import start_receiver
 
-pytestmark = [pytest.mark.browser, pytest.mark.megatron]
+pytestmark = [pytest.mark.browser, pytest.mark.megatron, pytest.mark.timeout(900)]
 REGRESSED = Path(__file__).parent / "regressed_build"
 SCREENS = Path(os.environ.get("PARITY_SCREENS_DIR", "/work/screens"))
 
@@ -53,6 +53,7 @@ def _shot(page, name: str) -> None:
         shutil.copy(path, SCREENS / path.name)
 
 
+@pytest.mark.nightly
 def test_notification_to_triage_to_a_repro_that_reproduces(committed_db: str, tmp_path: Path, browser) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -47,6 +47,8 @@ from tests.plugins.hostile_package import build_to_end, make_hostile_package, re
 from tests.plugins.job_user import JOB_USER, require_job_user
 from tests.plugins.scheduler_harness import GOOD
 
+pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: real builds or many real runs
+
 GUARDED_ROLE = "parity_guarded"  # a role that must give a password (the service's, in this test)
 MUNGE_KEY = Path(os.environ.get("PARITY_SLURM_DIR", "/var/tmp/parity-slurm")) / "munge" / "munge.key"
 QUOTA = "8M"
@@ -271,11 +273,13 @@ def test_a_hostile_build_and_its_run_reach_nothing_of_the_service_local(scene: S
     _exercise(scene, "local")
 
 
+@pytest.mark.nightly
 @pytest.mark.slurm
 def test_a_hostile_build_and_its_run_reach_nothing_of_the_service_slurm(scene: Scene, slurm: str) -> None:
     _exercise(scene, "slurm")
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_a_build_that_fills_the_disk_is_stopped_at_its_quota(scene: Scene) -> None:
     source = _package(scene, "hostile-fill", fill_disk=True)
@@ -329,6 +333,7 @@ def test_an_honest_run_still_passes_as_the_job_user(scene: Scene) -> None:
     assert all(r["status"] == "ok" for r in ranks)
 
 
+@pytest.mark.nightly
 @pytest.mark.megatron
 def test_a_real_run_past_its_quota_ends_naming_the_quota(scene: Scene) -> None:
     """Megatron-Core's checkpoint (~8 MB a rank here) meets an 8M quota: the write stops at the limit

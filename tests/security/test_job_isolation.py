@@ -30,6 +30,8 @@ from service.core.settings import Settings, get_settings
 from service.environments.registry import request_build
 from tests.plugins.hostile_package import build_to_end
 
+pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: real builds or many real runs
+
 JOB_USER = "parity-job"
 CURE = "fake_megatron_core-0.0.1-py3-none-any.whl"
 
@@ -84,7 +86,7 @@ def require_job_user() -> None:
         pytest.skip(f"no user {JOB_USER}: run scripts/job-user.sh")
 
 
-@pytest.fixture(params=["service-user", "job-user"])
+@pytest.fixture(params=[pytest.param("service-user", marks=pytest.mark.nightly), "job-user"])
 def scene(request: pytest.FixtureRequest, committed_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A run folder the job user can reach, and a HOME of the scheduler's own that a job could once write."""
     if request.param == "job-user":

@@ -35,7 +35,7 @@ from tests.plugins.scheduler_harness import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.timeout(900)]
 CHECK: dict[str, Any] = {
     "config": "dense-bf16", "dp": 1, "steps": 6, "save_step": 3, "workarounds": ["restore-adam-step"]}
 BUILDS = [f"build-{i}" for i in range(6)]
@@ -58,6 +58,7 @@ def _envs_of(run_ids: list[int]) -> list[str]:
         return [by_id[run_row(r).environment_id] for r in run_ids]
 
 
+@pytest.mark.nightly
 def test_bisect_finds_the_build_that_introduced_a_resume_bug(committed_db: str, slurm: str, tmp_path: Path) -> None:
     overlay = make_source(tmp_path / "overlay-bug", local_version="no.exp.avg.sq", change=EXP_AVG_SQ_NOT_RESTORED)
     for i, name in enumerate(BUILDS):

@@ -22,6 +22,8 @@ from service.environments.build_steps import BuildResultError, read_build_result
 from service.environments.recipe import build_environment, pick_python
 from service.environments.requirements import content_hash
 
+pytestmark = pytest.mark.timeout(1200)  # past the 300 s ceiling: real builds or many real runs
+
 OWN = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -61,6 +63,7 @@ def _venv_with(python: str, wheel: Path, venv: Path) -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pytest.mark.nightly
 @pytest.mark.slow  # five pip runs on two interpreters: ~40 s on a loaded machine
 def test_requires_python_picks_the_lowest_python_that_fits(tmp_path: Path) -> None:
     newer, newer_path = _newer()

@@ -24,7 +24,7 @@ from tests.plugins.mcore_source import LR_OFF_BY_ONE, make_source
 from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 from tests.plugins.webhook_receiver import start_receiver
 
-pytestmark = [pytest.mark.megatron]
+pytestmark = [pytest.mark.megatron, pytest.mark.timeout(1200)]  # past the 300 s ceiling: real builds or many runs
 HEAD_SHA = "1" * 40
 MERGE_SHA = "2" * 40
 

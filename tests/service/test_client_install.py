@@ -13,7 +13,10 @@ import yaml
 from tests.plugins.client_venv import HEAVY, ClientVenv
 from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
+pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: real builds or many real runs
 
+
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_the_base_install_is_a_client_that_drives_a_real_service(
     committed_db: str, tmp_path: Path, base_client: ClientVenv

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.megatron
+pytestmark = [pytest.mark.megatron, pytest.mark.timeout(600)]  # past the 300 s ceiling: real builds or many runs
 
 
 def test_demo_on_embedded_defaults_ends_in_verdicts(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.plugins.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.timeout(600)]
 
 
 

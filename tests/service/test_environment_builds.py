@@ -20,7 +20,7 @@ from service.environments.registry import get_environment, request_build
 from tests.plugins.mcore_source import LR_OFF_BY_ONE, make_source
 from tests.plugins.scheduler_harness import GOOD, PARITY, api_up, free_port, service_env, start, stop, wait_for
 
-pytestmark = [pytest.mark.megatron]
+pytestmark = [pytest.mark.megatron, pytest.mark.timeout(1200)]  # past the 300 s ceiling: real builds or many runs
 CHECK = ["--config", "moe-fp32-router", "--dp", "2", "--steps", "6", "--save-step", "3",
          *[arg for w in GOOD for arg in ("--workaround", w)]]
 
@@ -82,6 +82,7 @@ def test_run_on_a_service_built_environment_matches_run_local_on_that_build(
     assert result["phases"]["train_and_save"]["info"]["megatron_core"] == "0.16.1"
 
 
+@pytest.mark.nightly
 def test_released_versions_build_a_bad_pin_fails_and_unused_builds_are_pruned(
     committed_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

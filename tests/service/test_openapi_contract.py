@@ -12,9 +12,12 @@ import pytest
 
 from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
+pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: real builds or many real runs
+
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_api_matches_its_openapi_document(committed_db: str, tmp_path: Path) -> None:
     port = free_port()

@@ -48,7 +48,7 @@ from tests.plugins.scheduler_harness import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.postgres]
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.postgres, pytest.mark.timeout(1200)]
 SAME = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 2, "workarounds": GOOD,
         "isolation": "process"}  # test_protocol_equality's "process" case: one run-local reference for both
 # long enough that a fault lands while the attempt runs (it lands within a poll of the worker turning
@@ -119,7 +119,7 @@ def _documents(run_id: int) -> dict[str, dict]:
 # allocation ended by ending the controller's process group: CI walks those (walk="job-user"); the
 # cancel and the killed task, walked on Slurm in CI, walk locally too in the nightly full walk.
 @pytest.mark.parametrize(("executor", "walk"), [
-    ("slurm", "full"),
+    pytest.param("slurm", "full", marks=pytest.mark.nightly),
     ("local", "job-user"),
     pytest.param("local", "full", marks=pytest.mark.nightly),
 ])

@@ -17,8 +17,9 @@ from jobs.spec import RunSpec
 from tests.plugins.documents import comparable, differences
 from tests.plugins.run_local import PHASES, LocalReference
 from tests.plugins.scheduler_harness import GOOD, phases, queue, run_row, service_env, start, stop, wait_for
+from tests.plugins.tiers import tiered
 
-pytestmark = [pytest.mark.megatron, pytest.mark.postgres]
+pytestmark = [pytest.mark.megatron, pytest.mark.postgres, pytest.mark.timeout(900)]
 
 # The specs of tests/jobs' runs of the same (test_parity_megatron's known_good_dp2 in each isolation,
 # test_reshard_megatron's good_2_to_1): run_local_reference runs each once a session for both.
@@ -30,7 +31,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# the PR tier compares the "process" case; "job" and the reshard are nightly
+@pytest.mark.parametrize("case", tiered(sorted(CASES), ["process"]))
 def test_run_local_and_the_scheduler_write_the_same_phase_documents(
     case: str, committed_db: str, tmp_path: Path, run_local_reference: Callable[[dict[str, Any]], LocalReference]
 ) -> None:

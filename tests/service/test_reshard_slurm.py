@@ -9,9 +9,10 @@ import pytest
 from jobs.run_folder import AttemptFolder
 from tests.plugins.scheduler_harness import GOOD, phases, queue, run_to_end, service_env
 
-pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.timeout(600)]
 
 
+@pytest.mark.nightly
 def test_resume_dp_run_saves_at_dp_2_and_resumes_in_a_one_rank_job(
     committed_db: str, slurm: str, tmp_path: Path
 ) -> None:

@@ -29,12 +29,13 @@ from tests.plugins.scheduler_harness import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.timeout(600)]
 SMALL = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4, "workarounds": GOOD}
 
 
 @pytest.mark.parametrize(
-    ("executor", "isolation"), [("slurm", "process"), ("slurm", "job"), ("local", "process")]
+    ("executor", "isolation"), [("slurm", "process"), pytest.param("slurm", "job", marks=pytest.mark.nightly),
+                              pytest.param("local", "process", marks=pytest.mark.nightly)]
 )
 def test_scheduler_killed_mid_run_resumes_without_double_submission(
     committed_db: str, slurm: str, tmp_path: Path, executor: str, isolation: str
@@ -112,6 +113,7 @@ def test_scancelled_job_is_retried_then_reported_as_error(committed_db: str, slu
     assert [(p.attempt, p.state) for p in phases(run_id)] == [(1, "infra_failed"), (2, "infra_failed")]
 
 
+@pytest.mark.nightly
 def test_two_replicas_submit_each_of_50_runs_exactly_once(committed_db: str, slurm: str, tmp_path: Path) -> None:
     # Jobs are submitted held (sbatch --hold) so the test measures submission, not training.
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_SLURM_EXTRA_ARGS="hold")
@@ -168,6 +170,7 @@ def _sacct_state(job_id: str | None, since: str) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.nightly
 def test_refused_submission_is_retried_then_reported(committed_db: str, slurm: str, tmp_path: Path) -> None:
     env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_MAX_INFRA_RETRIES="1",
                       PARITY_SLURM_PARTITION="no-such-partition")

@@ -34,6 +34,7 @@ def _scontrol(job_id: str) -> str:
     return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
 
 
+@pytest.mark.nightly
 def test_a_job_pending_too_long_is_cancelled_and_retried_in_a_new_folder(
     committed_db: str, slurm: str, tmp_path: Path
 ) -> None:

@@ -108,6 +108,7 @@ def test_bad_configuration_is_one_clear_line(tmp_path: Path, extra: dict[str, st
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_the_demo_stops_the_embedded_postgres_it_started(tmp_path: Path) -> None:
     from service.core.db import embedded_postgres_running, start_embedded_postgres, stop_embedded_postgres

@@ -28,7 +28,7 @@ from tests.plugins.git_repo import Repo
 from tests.plugins.main_snapshot import CACHE
 from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
-pytestmark = [pytest.mark.megatron]
+pytestmark = [pytest.mark.megatron, pytest.mark.timeout(1800)]  # past the 300 s ceiling: real builds or many runs
 BUG = BY_NAME["scheduler-off-by-one"]
 CHECK = {"config": "moe-bf16", "dp": 2, "steps": 6, "save_step": 3, "workarounds": ["restore-adam-step"]}
 
@@ -44,6 +44,7 @@ def _finished_suite_run(http: httpx.Client, commit: str) -> dict:
     return wait_for(done, 900, f"the track's suite run at {commit[:12]}", poll=2)
 
 
+@pytest.mark.nightly
 def test_the_main_track_finds_a_resume_bug_bisects_it_and_does_not_blame_a_pr(
     committed_db: str, tmp_path: Path,
 ) -> None:
