@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from service.core.limits import MAX_BODY_BYTES, MAX_LABELS
 from service.core.settings import get_settings
+from tests.plugins.scheduler_harness import wait_for
 
 JSON = {"content-type": "application/json"}
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 4, "save_step": 2}
@@ -120,12 +122,10 @@ def test_per_requester_queue_cap(client: TestClient, make_token, monkeypatch: py
 def test_caps_see_runs_queued_elsewhere_after_the_count_refresh(
     client: TestClient, make_token, db_session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # counts are reused for COUNT_TTL_S (a soft cap); runs another process queues count from the next refresh
-    import time
-
+    # the cap is soft (each API process reuses its counts briefly); runs another process queues are seen
+    # within a bounded time, after which a POST past the cap is refused
     from jobs.spec import RunSpec
     from service.environments.registry import ensure_default_environment
-    from service.runs.admission import COUNT_TTL_S
     from service.runs.records import create_run
 
     monkeypatch.setenv("PARITY_MAX_IN_FLIGHT", "3")
@@ -135,6 +135,16 @@ def test_caps_see_runs_queued_elsewhere_after_the_count_refresh(
     env = ensure_default_environment(db_session, settings=get_settings())
     for _ in range(2):  # queued by "another API process": no caps, no local admission count
         create_run(db_session, spec=RunSpec.from_dict(SPEC), environment=env, labels={}, requester="other")
-    time.sleep(COUNT_TTL_S + 0.1)
-    resp = client.post("/api/v1/runs", json={"spec": SPEC}, headers=token)
-    assert resp.status_code == 429 and "3 runs are queued or in flight" in resp.json()["detail"], resp.text
+    admitted = []
+
+    def refused() -> Any:
+        resp = client.post("/api/v1/runs", json={"spec": SPEC}, headers=token)
+        if resp.status_code == 202:
+            admitted.append(resp)
+        return resp if resp.status_code == 429 else None
+
+    resp = wait_for(refused, 10, "a POST past the cap to be refused", poll=0.05)
+    assert "runs are queued or in flight" in resp.json()["detail"], resp.text
+    # until the refresh, this process counts only its own admissions: the overshoot is at most what the
+    # other process queued meanwhile (2), never unbounded
+    assert len(admitted) <= 2, f"{len(admitted)} runs admitted past a cap another process had already reached"
