@@ -7,7 +7,10 @@ never from one another.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +52,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if nightly:
             config.hook.pytest_deselected(items=nightly)
             items[:] = [item for item in items if not item.get_closest_marker("nightly")]
+
+
+# Without the engine extra (scripts/setup.sh --no-engine: the fast lane), a module that imports torch,
+# Megatron or the rank-side code cannot even be collected: it is left out, not an error.
+ENGINE_ROOTS = ("torch", "megatron", "numpy", "jobs.rank")
+ENGINE_MISSING = importlib.util.find_spec("torch") is None
+
+
+def _needs_engine(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+        if any(n == root or n.startswith(root + ".") for n in names for root in ENGINE_ROOTS):
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if ENGINE_MISSING and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return _needs_engine(collection_path) or None
+    return None
