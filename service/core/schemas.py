@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, computed_field, model_validator
 
-from jobs.contract import Verdict
+from jobs.verdict_names import RunVerdict
 from service.core.limits import MAX_LABELS
 
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
@@ -108,7 +108,7 @@ class RunOut(BaseModel):
     requester: str | None
     state: str
     # the contract's parity verdicts, plus the service's own for failures explained by known upstream bugs
-    verdict: Verdict | Literal["known-failure"] | None
+    verdict: RunVerdict | None
     verdict_label: str | None = Field(
         default=None,
         description='The verdict with its qualifiers (reading.label): "pass (worked around: realign-param-index)", '

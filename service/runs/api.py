@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.verdict_names import RUN_VERDICTS
 from models import ProbeFinding, Run, StepMetric
 from service.core.deps import (
     ReadAccess,
@@ -50,7 +51,6 @@ from service.environments.registry import (
     use_environment,
 )
 from service.oncall.flagging import regression_text
-from service.oncall.known_failures import RUN_VERDICTS
 from service.runs import one_statement
 from service.runs import records as run_service
 from service.runs.admission import Caps, admitted, check_caps
