@@ -117,7 +117,7 @@ def create_run(
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Response:
     """Queue a parity run. A repeated Idempotency-Key returns the run it created first."""
-    spec = run_service.validate_spec(body.spec)
+    spec = body.spec.run_spec  # parsed once, with the body
     # the track this run writes (its branch label, else its environment) must be the token's: before any write
     authorize_track(claim.token, labels=body.labels, environment=body.environment)
     limits = caps(settings)

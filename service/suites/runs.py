@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from jobs.verdict_names import ERROR, FAIL, GOOD, KNOWN_FAILURE, PASS
 from models import Run, Suite, SuiteRun
+from service.core.check_spec import run_spec_of
 from service.core.checks import track_regex
 from service.core.errors import Conflict, NotFound
 from service.core.links import regression_url
@@ -27,7 +28,7 @@ from service.environments.registry import (
 from service.oncall.flagging import fails_on_base_text
 from service.oncall.suite_alerts import group_of
 from service.runs.api import run_out
-from service.runs.records import Caps, create_run, validate_spec
+from service.runs.records import Caps, create_run
 from service.suites.definitions import get_suite
 
 TERMINAL = {"passed", "failed", "error", "cancelled"}
@@ -62,7 +63,7 @@ def create_suite_run(
     runs = []
     for check in suite.checks:
         run, _ = create_run(
-            session, spec=validate_spec(check["spec"]), environment=env, requester=requester, token_id=token_id,
+            session, spec=run_spec_of(check["spec"]), environment=env, requester=requester, token_id=token_id,
             labels={**base, "suite": suite.name, "suite_run": suite_run_id, "suite_check": check["name"]},
             caps=caps,
         )
