@@ -4,6 +4,7 @@ where it compares a verdict, lists verdicts, or names known-failure."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from jobs.verdict_names import ERROR, FAIL, KNOWN_FAILURE, PASS, RUN_VERDICTS, VERDICTS
@@ -45,6 +46,20 @@ def spelled_out(source: str) -> list[str]:
         elif isinstance(node, ast.Constant) and node.value == KNOWN_FAILURE and id(node) not in docstrings:
             out.append(f"{node.lineno}: {node.value!r}")
     return sorted(set(out))
+
+
+TEMPLATE_COMPARISON = re.compile(r"verdict\s*(?:==|!=|in|not in)\s*\(?\s*['\"]")
+
+
+def test_no_dashboard_template_compares_a_verdict_with_a_spelled_out_name() -> None:
+    # the templates get PASS and FAILED as globals (service/web/dashboard/rendering.py)
+    templates = sorted((ROOT / "service" / "web" / "dashboard" / "templates").glob("*.html"))
+    assert templates
+    offenders = [f"{t.name}:{n}" for t in templates for n, line in enumerate(t.read_text().splitlines(), 1)
+                 if TEMPLATE_COMPARISON.search(line)]
+    assert offenders == []
+    assert TEMPLATE_COMPARISON.search("{% if r.verdict in ('fail', 'error') %}")
+    assert not TEMPLATE_COMPARISON.search("{% if r.verdict in FAILED %}")
 
 
 def test_the_names_and_their_types_agree() -> None:
