@@ -9,11 +9,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from jobs.verdict.compare import verdict_label
 from jobs.verdict_names import FAILED, PASS, RUN_VERDICTS
 from models import Environment, HistorySummary, Run
 from service.core.checks import long_lived
 from service.core.run_state import IN_FLIGHT, RunState
+from service.core.verdicts import label_of
 from service.selftest.batch import LABEL as SELFTEST_LABEL
 from service.selftest.batch import detector_health
 
@@ -49,7 +49,7 @@ class Cell:
     @property
     def shown(self) -> str:
         """The verdict as every page shows it: `pass (worked around: …)` for a pass a workaround made."""
-        return verdict_label(self.verdict, self.worked_around_by or None) or self.label or self.verdict
+        return label_of(self.verdict, {"worked_around_by": self.worked_around_by}) or self.label or self.verdict
 
     @property
     def hidden(self) -> list[str]:
