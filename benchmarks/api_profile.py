@@ -91,7 +91,7 @@ def profile(args: argparse.Namespace, plain: str) -> None:
     from service.core.tokens import authenticate, create_token
     from service.environments.registry import ensure_default_environment
     from service.runs import api as routes
-    from service.runs.records import create_run, get_run, validate_spec
+    from service.runs.records import create_run, get_run
     from service.web.app import create_app
 
     settings = get_settings()
@@ -114,13 +114,13 @@ def profile(args: argparse.Namespace, plain: str) -> None:
         with session_scope() as session:
             authenticate(session, token=token, scope="submit")
 
-    body = RunCreate(spec=SPEC, labels={"branch": "bench"})
+    body = RunCreate.model_validate({"spec": SPEC, "labels": {"branch": "bench"}})
 
     def post_service() -> None:
         with session_scope() as session:
             tok = authenticate(session, token=token, scope="submit")
             env = ensure_default_environment(session, settings=settings)
-            run, _ = create_run(session, spec=validate_spec(body.spec), environment=env, labels=body.labels,
+            run, _ = create_run(session, spec=body.spec.run_spec, environment=env, labels=body.labels,
                                 requester=tok.name)
             routes.run_out(run, "http://127.0.0.1:8000").model_dump_json()
 

@@ -15,14 +15,13 @@ from typing import Any, Literal, NotRequired, get_args
 # typing.TypedDict on Python < 3.12 cannot be validated by pydantic; typing_extensions' can.
 from typing_extensions import TypedDict
 
+from jobs.verdict_names import Verdict
+
 # Schema versions. Documents written before versions existed are version 1 (no schema_version key).
 # Phase documents of version 3 and later must carry the state snapshots (required_probes).
 PHASE_SCHEMA_VERSION = 3
 STATE_PROBES_SINCE = 3
 RESULT_SCHEMA_VERSION = 2
-
-Verdict = Literal["pass", "fail", "error"]
-VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 
 # Phases: steps 1..M with the checkpoint at N; load N and run N+1..M; 1..M without a save (benchmark).
 PhaseName = Literal["train_and_save", "resume", "uninterrupted"]

@@ -1,9 +1,12 @@
 """Every cross-reference in README, CONTRIBUTING, docs/ and the suite files resolves: relative links to files that
-exist, `#anchors` to headings that exist, and a suite file's `(path, "Section")` citations to a section there."""
+exist, `#anchors` to headings that exist, a suite file's `(path, "Section")` citations to a section there, and
+every repository path README and CONTRIBUTING name in `code` to a tracked file, folder or module."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,10 @@ DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "jobs" / "README.md
 SUITES = sorted((ROOT / "suites").glob("*.yaml"))
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CITATION = re.compile(r"\(([\w./-]+|README), \"([^\"]+)\"\)")
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+# a word that names a repository path: a/b, a/b.py, a/ (a folder), or a bare file name with a known suffix
+PATH_WORD = re.compile(r"^[\w.-]*(/[\w.-]*)+$|^[\w-]+\.(py|sh|md|ya?ml|toml|cfg|ini|json)$")
+NOT_IN_REPO = ("/", "~", ".venv")  # absolute paths, the home folder and the made virtualenv are not the repo's
 
 
 def slug(heading: str) -> str:
@@ -60,6 +67,32 @@ def broken_links(doc: Path) -> list[str]:
     return bad
 
 
+@cache
+def tracked_paths() -> frozenset[str]:
+    """Every file of the repository (tracked, or new and not ignored) and every folder above one."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    folders = {"/".join(f.split("/")[:i]) for f in files for i in range(1, f.count("/") + 1)}
+    return frozenset(files) | folders
+
+
+def names_a_tracked_path(word: str, tracked: frozenset[str]) -> bool:
+    """Whether a named path is in the repository: as written, under some folder (a slice's `core/`, a
+    bare `group_commit.py`), or as a module with an attribute (`service/core/deps.get_session`)."""
+    path = word.rstrip("/")
+    candidates = {path, f"{path}.py"}
+    if m := re.fullmatch(r"(.+)\.(\w+)", path):
+        candidates.add(f"{m.group(1)}.py")
+    return any(c in tracked or any(t.endswith(f"/{c}") for t in tracked) for c in candidates)
+
+
+def missing_paths(doc: Path, tracked: frozenset[str]) -> list[str]:
+    """The repository paths a Markdown file names in `code` that are not in the repository."""
+    words = (w.strip("(),;:").rstrip(".") for span in CODE_SPAN.findall(doc.read_text()) for w in span.split())
+    return [w for w in words if PATH_WORD.match(w) and not w.startswith(NOT_IN_REPO) and "<" not in w
+            and not names_a_tracked_path(w, tracked)]
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_relative_link_and_anchor_resolves(doc: Path) -> None:
     assert broken_links(doc) == []
@@ -84,6 +117,19 @@ def test_the_checker_finds_a_broken_anchor_and_citation(tmp_path: Path) -> None:
     assert CITATION.findall('# (README, "The release table")') == [("README", "The release table")]
 
 
-def test_readme_names_every_config() -> None:
-    text = (ROOT / "README.md").read_text()
+@pytest.mark.parametrize("doc", [ROOT / "README.md", ROOT / "CONTRIBUTING.md"], ids=lambda p: p.name)
+def test_every_path_the_front_door_names_exists(doc: Path) -> None:
+    assert missing_paths(doc, tracked_paths()) == []
+
+
+def test_the_path_checker_finds_a_missing_path(tmp_path: Path) -> None:
+    doc = tmp_path / "a.md"
+    doc.write_text("`service/core/db.py`, `core/` and `session_scope()` (`service/core/deps.get_session`), "
+                   "`scripts/test.sh --fast`, `tests/test_gone.py`, `service/nowhere/`, `gone_module.py`, "
+                   "`/var/tmp/x`, `<step>_rev<id>.py`\n")
+    assert missing_paths(doc, tracked_paths()) == ["tests/test_gone.py", "service/nowhere/", "gone_module.py"]
+
+
+def test_the_usage_page_names_every_config() -> None:
+    text = (ROOT / "docs" / "usage.md").read_text()
     assert [c["name"] for c in list_configs() if f"`{c['name']}`" not in text] == []

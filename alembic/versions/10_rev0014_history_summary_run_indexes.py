@@ -10,7 +10,7 @@ ix_runs_check_track_finished; ix_runs_verdict and ix_runs_regression indexed eve
 included, for filters that want finished or flagged runs newest first, now partial (verdict, id)
 and (id) indexes a queued run never enters; the labels GIN (jsonb_ops: an entry per key and per
 value) becomes jsonb_path_ops (one per pair; the filters are @> containment) plus a partial index
-for the one key-existence filter (self-test runs). EXPLAIN of each list query: docs/measurements.md.
+for the one key-existence filter (self-test runs). EXPLAIN of each list query: docs/measurements-archive.md.
 """
 
 from alembic import op

@@ -21,6 +21,7 @@ from jobs.rank.context import write_json
 from jobs.run_folder import RunFolder
 from jobs.spec import RunSpec
 from jobs.verdict.compare import evaluate
+from jobs.verdict_names import PASS
 
 ExecutorFactory = Callable[[Path], Any]
 PHASE_TIMEOUT_S = 900.0
@@ -153,7 +154,7 @@ def format_step_table(result: ParityResult) -> str:
         lines.append(f"advisories: {', '.join(result['advisories'])}")
     if result.get("worked_around"):
         by = result.get("worked_around_by") or {}
-        hides = "passes only with" if result.get("verdict") == "pass" else "requested"
+        hides = "passes only with" if result.get("verdict") == PASS else "requested"
         lines += [f"{hides} workaround {w}, which hides {', '.join(sigs)}" for w, sigs in sorted(by.items())]
     for w in result.get("workarounds_not_needed") or []:
         lines.append(f"workaround {w} was not needed: the bug it corrects did not fire on this build")

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.verdict_names import PASS
+
 BASE_SPEC: dict[str, Any] = {
     "config": "dense-bf16-dropout",
     "steps": 4,
@@ -70,7 +72,7 @@ class Mutant:
     @property
     def benign(self) -> bool:
         """Whether this change must not be flagged."""
-        return self.verdict == "pass"
+        return self.verdict == PASS
 
     @property
     def layer(self) -> str:
@@ -253,7 +255,7 @@ def judge(mutant: Mutant | None, result: Mapping[str, Any]) -> dict[str, Any]:
     sigs = list(result.get("signatures") or [])
     verdict = result.get("verdict")
     if mutant is None or mutant.benign:
-        ok = verdict == "pass" and not sigs
+        ok = verdict == PASS and not sigs
         outcome = "silent" if ok else "false alarm"
     else:
         ok = verdict == mutant.verdict and all(s in sigs for s in mutant.expect)

@@ -25,7 +25,6 @@ from jobs.contract import (
     SignatureId,
     StepRecord,
     StepRow,
-    Verdict,
     error_record,
     parity_result,
     required_probes,
@@ -37,6 +36,7 @@ from jobs.verdict import final_state
 from jobs.verdict.evidence import collect_evidence, probe_findings
 from jobs.verdict.profile import judged_profile, reshard_fields
 from jobs.verdict.signatures import SIGNATURES, UNSUPPORTED, classify_error
+from jobs.verdict_names import PASS, Verdict
 
 
 def same_value(a: float | None, b: float | None) -> bool:
@@ -209,8 +209,9 @@ def verdict_label(
     `by` is `worked_around_by` ({workaround: [signatures]}); a bare list of hidden signatures (older
     summaries) gives `pass (worked around)`."""
     label = verdict
-    if verdict == "pass" and by:
-        label = f"pass (worked around: {', '.join(sorted(by))})" if isinstance(by, dict) else "pass (worked around)"
+    if verdict == PASS and by:
+        hidden_by = f": {', '.join(sorted(by))}" if isinstance(by, dict) else ""
+        label = f"{PASS} (worked around{hidden_by})"
     if label is not None and profile is not None and not profile.exact:
         label = f"{label} [{profile.bound_label()}]"
     return label

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from jobs.contract import ErrorRecord, SignatureId, SignatureKind, Stage
+from jobs.verdict_names import UNSUPPORTED_BY_BUILD
 
 ISSUE_2777 = "https://github.com/NVIDIA/Megatron-LM/issues/2777"
 PR_5835 = "https://github.com/NVIDIA/Megatron-LM/pull/5835"
@@ -25,7 +26,7 @@ LAYER_WISE = "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/opti
 
 
 ANY_STAGE: Literal["*"] = "*"
-UNSUPPORTED: SignatureId = "unsupported-by-build"
+UNSUPPORTED: SignatureId = UNSUPPORTED_BY_BUILD
 
 
 @dataclass(frozen=True)

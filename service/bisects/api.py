@@ -12,13 +12,13 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.bisects import search as bisects
+from service.core.check_spec import CheckSpec, run_spec_of
 from service.core.deps import ReadAccess, SessionDep, SettingsDep, SubmitToken
 from service.core.limits import MAX_LABELS
 from service.core.links import BaseUrl
 from service.core.schemas import ERROR_RESPONSES, ClientLabels
 from service.core.tracks import authorize_track
 from service.runs.api import caps
-from service.runs.records import validate_spec
 
 router = APIRouter(prefix="/api/v1/bisects", tags=["bisects"], responses=ERROR_RESPONSES)
 BisectId = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$")]
@@ -30,7 +30,7 @@ class BisectCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    spec: dict[str, Any] | None = Field(default=None, description="The check's run spec (as POST /runs takes)")
+    spec: CheckSpec | None = Field(default=None, description="The check's run spec (as POST /runs takes)")
     check: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$",
                               description="Or the key of a stored check: its latest run's spec")
     good: EnvName = Field(description="An environment where the check passes (oldest)")
@@ -53,7 +53,8 @@ def create_bisect(
     """Start the bisect: its first step reuses a stored verdict or queues a run."""
     for environment in (body.good, *body.between, body.bad):  # the scheduler queues its runs later, as this token
         authorize_track(token, labels=body.labels, environment=environment)
-    spec = validate_spec(body.spec if body.spec is not None else bisects.spec_of_check(session, body.check or ""))
+    # a check key: its latest run's stored spec, parsed here; a spec was parsed with the body
+    spec = body.spec.run_spec if body.spec else run_spec_of(bisects.spec_of_check(session, body.check or ""))
     row = bisects.create_bisect(
         session, spec=spec, environments=[body.good, *body.between, body.bad], labels=body.labels,
         requester=token.name, settings=settings, caps=caps(settings),

@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from jobs.spec import RunSpec
+from jobs.verdict_names import BROKEN, PASS
 from models import Bisect, Environment, Run
 from models.base import utcnow
 from service.core.checks import check_key, check_name
@@ -37,8 +38,8 @@ from service.runs.records import create_run
 
 BISECT_LABEL = "bisect"
 MAX_ENVIRONMENTS = 64
-GOOD_VERDICTS = frozenset({"pass"})
-BAD_VERDICTS = frozenset({"fail", "known-failure"})
+GOOD_VERDICTS = frozenset({PASS})
+BAD_VERDICTS = frozenset(BROKEN)
 
 
 def _environments(session: Session, names: list[str], settings: Settings) -> list[Environment]:

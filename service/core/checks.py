@@ -37,7 +37,11 @@ def canonical(spec: dict[str, Any]) -> dict[str, Any]:
 
 def check_key(spec: dict[str, Any]) -> str:
     """The stable hash of a canonical spec: sha256 over sorted-key compact JSON, first 16 hex digits."""
-    text = json.dumps(canonical(spec), sort_keys=True, separators=(",", ":"), default=str)
+    return _key(canonical(spec))
+
+
+def _key(data: dict[str, Any]) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
 
 
@@ -51,7 +55,16 @@ def _value(value: Any) -> str:
 
 def check_name(spec: dict[str, Any]) -> str:
     """The readable form: config, dp/steps/save_step, then every field that differs from its default."""
-    data = canonical(spec)
+    return _name(canonical(spec))
+
+
+def spec_identity(spec: RunSpec) -> tuple[str, str]:
+    """The check key and readable name of a spec already parsed (a request's): no second parse."""
+    data = spec.to_dict()
+    return _key(data), _name(data)
+
+
+def _name(data: dict[str, Any]) -> str:
     defaults = RunSpec.__dataclass_fields__
     parts = [str(data.get("config", "?"))]
     parts += [f"{k}={_value(data[k])}" for k in HEADLINE if k in data]
@@ -93,10 +106,10 @@ def base_track_of(labels: dict[str, str] | None) -> str:
     return (labels or {}).get("base_branch", "").strip() or DEFAULT_BASE_TRACK
 
 
-def identify(run: Run, environment_name: str) -> None:
-    """Stamp a run with its check key, readable check name and track."""
-    run.check_key = check_key(run.spec or {})
-    run.check_name = check_name(run.spec or {})[:500]
+def identify(run: Run, environment_name: str, spec: RunSpec | None = None) -> None:
+    """Stamp a run with its check key, readable check name and track (from spec when it is parsed already)."""
+    key, name = spec_identity(spec) if spec is not None else (check_key(run.spec or {}), check_name(run.spec or {}))
+    run.check_key, run.check_name = key, name[:500]
     run.track = track_of(run.labels, environment_name)[:200]
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, computed_field, model_validator
 
-from jobs.contract import Verdict
+from jobs.verdict_names import RunVerdict
+from service.core.check_spec import CheckSpec
 from service.core.limits import MAX_LABELS
 
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
@@ -43,10 +44,9 @@ class RunCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    spec: dict[str, Any] = Field(
-        description="Run spec: config, dp, steps, save_step, sharding, seed, tolerance, workarounds, shape "
-        "(overrides of the preset shape; fields and ranges: GET /api/v1/configs); parallel layout tp, pp, ep "
-        "(default 1; each config's `layouts` in GET /api/v1/configs)",
+    spec: CheckSpec = Field(
+        description="The check (its fields, bounds and allowed values below; each config's own limits and "
+        "shape fields: GET /api/v1/configs)",
         examples=[{"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}],
     )
     # bounded like the column it lands in (environments.name is 200 characters)
@@ -108,7 +108,7 @@ class RunOut(BaseModel):
     requester: str | None
     state: str
     # the contract's parity verdicts, plus the service's own for failures explained by known upstream bugs
-    verdict: Verdict | Literal["known-failure"] | None
+    verdict: RunVerdict | None
     verdict_label: str | None = Field(
         default=None,
         description='The verdict with its qualifiers (reading.label): "pass (worked around: realign-param-index)", '

@@ -14,6 +14,7 @@ from typing import Any
 
 from jobs.verdict.compare import verdict_label
 from jobs.verdict.signatures import SIGNATURES
+from jobs.verdict_names import BROKEN, KNOWN_FAILURE, PASS
 
 ERROR_CHARS = 200
 
@@ -73,12 +74,12 @@ def _qualifiers(run: Any, summary: dict[str, Any]) -> list[str]:
     verdict = _get(run, "verdict")
     out = []
     by = summary.get("worked_around_by") or summary.get("worked_around")
-    if verdict == "pass" and by:
+    if verdict == PASS and by:
         out.append(f"worked around: {', '.join(sorted(by))}" if isinstance(by, dict) else "worked around")
-    if verdict == "known-failure":
+    if verdict == KNOWN_FAILURE:
         known = [k.get("signature") for k in summary.get("known_failures") or [] if k.get("signature")]
         out.append(f"known upstream bug: {', '.join(known)}" if known else "known upstream bug")
-    if verdict == "pass" and _get(run, "first_divergent_step") is not None and _profile(summary) is not None:
+    if verdict == PASS and _get(run, "first_divergent_step") is not None and _profile(summary) is not None:
         out.append(f"within {_bound_name(_profile(summary) or {})}")
     if _get(run, "regression"):
         track, compared = _get(run, "track"), _get(run, "compared_track")
@@ -91,7 +92,7 @@ def _step(run: Any, summary: dict[str, Any]) -> str:
     step = _get(run, "first_divergent_step")
     if step is not None:
         return f"first divergent step {step}"
-    if _get(run, "verdict") not in ("pass", "fail", "known-failure"):
+    if _get(run, "verdict") not in (PASS, *BROKEN):
         return ""  # still running, or ended in an error before there was anything to compare
     lanes = summary.get("lanes") or {}
     if lanes and not lanes.get("compared_steps"):
@@ -149,7 +150,7 @@ def reading(run: Any) -> Reading:
     slugs = tuple(_get(run, "signatures") or ())
     if slugs:
         cause = "; ".join(cause_sentence(s) for s in slugs)
-    elif _get(run, "error_message") and verdict != "pass":
+    elif _get(run, "error_message") and verdict != PASS:
         cause = clip(str(_get(run, "error_message")).strip().splitlines()[0], ERROR_CHARS)
     else:
         cause = ""

@@ -10,13 +10,12 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.verdict_names import FAILED, KNOWN_FAILURE
 from models import Regression, Run
 from service.core.checks import base_track_of
 
-# pass is good; fail and error are both "not the same run" for the history
-BAD = frozenset({"fail", "error"})
 # verdicts that neither break nor restore a history (an accepted upstream bug)
-NEUTRAL = frozenset({"known-failure"})
+NEUTRAL = frozenset({KNOWN_FAILURE})
 
 
 def _history(run: Run, track: str):  # type: ignore[no-untyped-def]
@@ -37,7 +36,7 @@ def previous_finished(session: Session, run: Run, track: str | None = None) -> R
 
 def last_good(session: Session, run: Run, track: str | None = None) -> Run | None:
     """The latest run of the same check on track that did not fail or error."""
-    return session.scalar(_history(run, track or run.track).where(Run.verdict.not_in(BAD)).limit(1))
+    return session.scalar(_history(run, track or run.track).where(Run.verdict.not_in(FAILED)).limit(1))
 
 
 def compared_track(session: Session, run: Run) -> str | None:
@@ -54,7 +53,7 @@ def flag(session: Session, run: Run) -> None:
     """Set regression, last_good_run_id, failing_since_run_id and compared_track on a judged run."""
     track = compared_track(session, run)
     run.compared_track = track
-    if run.verdict not in BAD:
+    if run.verdict not in FAILED:
         run.regression, run.failing_since_run_id = False, None
         return
     if track is None:
@@ -63,12 +62,12 @@ def flag(session: Session, run: Run) -> None:
     good = last_good(session, run, track)
     run.last_good_run_id = good.id if good else None
     previous = previous_finished(session, run, track)
-    if previous is not None and previous.verdict in BAD and track == run.track:
+    if previous is not None and previous.verdict in FAILED and track == run.track:
         # still failing: not a new regression; point at the run where the streak began
         run.regression = False
         run.failing_since_run_id = previous.failing_since_run_id or previous.id
     else:
-        run.regression = previous is not None and previous.verdict not in BAD
+        run.regression = previous is not None and previous.verdict not in FAILED
         run.failing_since_run_id = run.id
     if run.regression and base_failure(session, run) is not None:
         run.regression = False  # the base fails the same check now: not this branch's doing
@@ -77,10 +76,10 @@ def flag(session: Session, run: Run) -> None:
 def base_failure(session: Session, run: Run) -> Run | None:
     """For a failing run on a branch: the base track's latest run of the same check, when it fails too."""
     base = base_track_of(run.labels)
-    if run.verdict not in BAD or base == run.track:
+    if run.verdict not in FAILED or base == run.track:
         return None
     latest = previous_finished(session, run, base)
-    return latest if latest is not None and latest.verdict in BAD else None
+    return latest if latest is not None and latest.verdict in FAILED else None
 
 
 def fails_on_base_text(session: Session, run: Run) -> str:

@@ -10,16 +10,11 @@ from packaging.version import InvalidVersion, Version
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from jobs.contract import VERDICTS
 from jobs.verdict.signatures import SIGNATURES
+from jobs.verdict_names import FAILED, KNOWN_FAILURE
 from models import Environment, KnownFailure, Run
 from models.base import utcnow
 from service.core.errors import InvalidSpec, NotFound
-
-KNOWN = "known-failure"
-BAD = ("fail", "error")
-# what a run's verdict can be: the parity verdicts of the jobs, plus the service's own known-failure
-RUN_VERDICTS: tuple[str, ...] = (*VERDICTS, KNOWN)
 
 
 def create(session: Session, *, signature: str, environments: list[str], mcore_versions: str, link: str,
@@ -98,17 +93,17 @@ def apply(session: Session, run: Run) -> None:
     known = {e.signature: e for e in active}
     summary = dict(run.summary or {})
     signatures = list(run.signatures or [])
-    if run.verdict in BAD and signatures and all(s in known for s in signatures):
+    if run.verdict in FAILED and signatures and all(s in known for s in signatures):
         summary["known_failures"] = [_ref(known[s]) for s in signatures]
         summary["verdict_before_known"] = run.verdict
-        run.verdict = KNOWN
+        run.verdict = KNOWN_FAILURE
     # fixed?: the previous run of this check on this track showed a known signature this one lacks
     previous = session.scalar(
         select(Run).where(Run.check_key == run.check_key, Run.track == run.track, Run.id != run.id,
                           Run.verdict.is_not(None))
         .order_by(Run.finished_at.desc().nulls_last(), Run.id.desc()).limit(1)
     )
-    if previous is not None and previous.verdict == KNOWN:
+    if previous is not None and previous.verdict == KNOWN_FAILURE:
         gone = [known[s] for s in previous.signatures or [] if s in known and s not in signatures]
         if gone:
             summary["known_fixed"] = [_ref(e) for e in gone]

@@ -7,11 +7,12 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.verdict_names import FAILED
 from models import Regression, Run
 from models.base import utcnow
 from service.core.errors import Conflict, InvalidSpec, NotFound
 from service.oncall import notification_events as events
-from service.oncall.flagging import BAD, NEUTRAL
+from service.oncall.flagging import NEUTRAL
 
 STATES = ("open", "acknowledged", "resolved")
 UNRESOLVED = ("open", "acknowledged")
@@ -31,7 +32,7 @@ def on_verdict(session: Session, run: Run) -> Regression | None:
     if run.verdict is None or run.verdict in NEUTRAL:
         return None
     current = unresolved(session, run.check_key, run.track)
-    if run.verdict in BAD:
+    if run.verdict in FAILED:
         if current is not None:
             # one regression, one message: a later failure joins it silently
             current.failing_run_ids = [*current.failing_run_ids, run.id]

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.verdict_names import FAIL
 from models import Regression, Run, Suite, SuiteRun
 from service.core.links import public_base, regression_url, run_url
 from service.core.settings import get_settings
@@ -31,7 +32,7 @@ def suite_run_of(run: Run) -> str | None:
 
 
 def _failing(run: Run) -> bool:
-    return bool(run.regression) or run.verdict == "fail"
+    return bool(run.regression) or run.verdict == FAIL
 
 
 def group_of(session: Session, suite_run: SuiteRun, runs: dict[int, Run] | None = None) -> list[dict[str, Any]]:

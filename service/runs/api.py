@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.verdict_names import RUN_VERDICTS
 from models import ProbeFinding, Run, StepMetric
 from service.core.deps import (
     ReadAccess,
@@ -50,7 +51,6 @@ from service.environments.registry import (
     use_environment,
 )
 from service.oncall.flagging import regression_text
-from service.oncall.known_failures import RUN_VERDICTS
 from service.runs import one_statement
 from service.runs import records as run_service
 from service.runs.admission import Caps, admitted, check_caps
@@ -117,7 +117,7 @@ def create_run(
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Response:
     """Queue a parity run. A repeated Idempotency-Key returns the run it created first."""
-    spec = run_service.validate_spec(body.spec)
+    spec = body.spec.run_spec  # parsed once, with the body
     # the track this run writes (its branch label, else its environment) must be the token's: before any write
     authorize_track(claim.token, labels=body.labels, environment=body.environment)
     limits = caps(settings)

@@ -35,7 +35,7 @@ from jobs.spec import RunSpec
 from models import Phase, Run
 from models.base import utcnow
 from service.core import async_db
-from service.core.checks import check_key, check_name, track_of
+from service.core.checks import spec_identity, track_of
 from service.core.db import autocommit
 from service.core.driver_cursor import driver_cursor
 from service.core.run_state import RunState
@@ -109,13 +109,14 @@ def insert_run(session: Session, *, spec: RunSpec, environment: str, labels: dic
                token_id: int, idempotency_key: str | None, job_python: str | None) -> Stored | None:
     """Queue the run and its event (committed, with other requests' runs); None when a check failed."""
     spec_dict = spec.to_dict()
+    key, name = spec_identity(spec)  # the request parsed the spec once: no second parse for its identity
     now = utcnow()
     item = {
         "environment": environment, "used_after": (now - LAST_USED_RESOLUTION).isoformat(),
         "fixup": environment == DEFAULT_ENVIRONMENT and not job_python, "token_id": token_id,
         "now": now.isoformat(), "config": spec.config, "spec": spec_dict, "labels": labels, "requester": requester,
-        "idempotency_key": idempotency_key, "check_key": check_key(spec_dict),
-        "check_name": check_name(spec_dict)[:500], "track": track_of(labels, environment)[:200],
+        "idempotency_key": idempotency_key, "check_key": key, "check_name": name[:500],
+        "track": track_of(labels, environment)[:200],
     }
     bind = session.get_bind()
     if isinstance(bind, Connection):  # tests: inside the session's outer transaction, alone

@@ -10,21 +10,14 @@ from sqlalchemy import Select, literal_column, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from jobs.spec import RunSpec, SpecError
+from jobs.spec import RunSpec
 from models import Environment, Run, RunEvent
+from service.core.check_spec import run_spec_of
 from service.core.checks import SELFTEST_LABEL, identify
-from service.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
+from service.core.errors import Conflict, Forbidden, NotFound
 from service.core.run_state import TERMINAL, RunState, transition
 from service.core.tracks import Grant, authorize_track
 from service.runs.admission import Caps, admitted, check_caps
-
-
-def validate_spec(spec: dict[str, Any]) -> RunSpec:
-    """The typed spec, or a 422 naming the field and the allowed values."""
-    try:
-        return RunSpec.from_dict(spec)
-    except SpecError as exc:
-        raise InvalidSpec(str(exc), field=f"spec.{exc.field}") from None
 
 
 def create_run(
@@ -61,7 +54,7 @@ def create_run(
         signatures=[],
         summary={},
     )
-    identify(run, environment.name)
+    identify(run, environment.name, spec)
     if idempotency_key is None:
         session.add(run)
         session.flush()
@@ -212,7 +205,7 @@ def rerun(
     may_act_on(original, token_id=token_id, scopes=scopes if scopes is not None else ["admin"])
     if writer is not None:
         authorize_track(writer, labels=original.labels, environment=original.environment.name)
-    spec = validate_spec(original.spec)
+    spec = run_spec_of(original.spec)
     run, _ = create_run(
         session,
         spec=spec,

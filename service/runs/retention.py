@@ -20,13 +20,13 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from jobs.verdict_names import FAILED
 from models import Run
 from models.base import utcnow
 from service.core.run_state import TERMINAL
 from service.core.settings import Settings
 
 log = logging.getLogger(__name__)
-FAILING = ("fail", "error")
 _TERMINAL = [s.value for s in TERMINAL]
 
 
@@ -50,7 +50,7 @@ def apply(session: Session, settings: Settings, *, limit: int = 50) -> dict[str,
     due = session.scalars(
         select(Run).where(
             Run.state.in_(_TERMINAL), Run.checkpoints_deleted_at.is_(None), Run.finished_at.is_not(None),
-            or_(Run.verdict.is_(None), Run.verdict.not_in(FAILING), Run.finished_at < failed_cutoff),
+            or_(Run.verdict.is_(None), Run.verdict.not_in(FAILED), Run.finished_at < failed_cutoff),
         ).order_by(Run.id).limit(limit).with_for_update(skip_locked=True)
     ).all()
     for run in due:

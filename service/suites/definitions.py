@@ -13,8 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from models import Suite
+from service.core.check_spec import run_spec_of
 from service.core.errors import InvalidSpec, NotFound
-from service.runs.records import validate_spec
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 MAX_CHECKS = 50
@@ -43,7 +43,7 @@ def normalize_checks(checks: Any) -> list[dict[str, Any]]:
         if not isinstance(check["spec"], dict):
             raise _invalid(f"{field}.spec", "a run spec object")
         try:
-            spec = validate_spec(check["spec"]).to_dict()
+            spec = run_spec_of(check["spec"]).to_dict()
         except InvalidSpec as exc:
             raise InvalidSpec(f"{field}.spec: {exc.detail}", field=f"{field}.{exc.field or 'spec'}") from None
         item: dict[str, Any] = {"name": name, "spec": spec}

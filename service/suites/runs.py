@@ -12,7 +12,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from jobs.verdict_names import ERROR, FAIL, GOOD, KNOWN_FAILURE, PASS
 from models import Run, Suite, SuiteRun
+from service.core.check_spec import run_spec_of
 from service.core.checks import track_regex
 from service.core.errors import Conflict, NotFound
 from service.core.links import regression_url
@@ -26,7 +28,7 @@ from service.environments.registry import (
 from service.oncall.flagging import fails_on_base_text
 from service.oncall.suite_alerts import group_of
 from service.runs.api import run_out
-from service.runs.records import Caps, create_run, validate_spec
+from service.runs.records import Caps, create_run
 from service.suites.definitions import get_suite
 
 TERMINAL = {"passed", "failed", "error", "cancelled"}
@@ -61,7 +63,7 @@ def create_suite_run(
     runs = []
     for check in suite.checks:
         run, _ = create_run(
-            session, spec=validate_spec(check["spec"]), environment=env, requester=requester, token_id=token_id,
+            session, spec=run_spec_of(check["spec"]), environment=env, requester=requester, token_id=token_id,
             labels={**base, "suite": suite.name, "suite_run": suite_run_id, "suite_check": check["name"]},
             caps=caps,
         )
@@ -77,20 +79,20 @@ def outcome(run: dict[str, Any]) -> str:
     """What one check's run means for the gate: pass | known-failure | fail | error | pending."""
     if run["state"] not in TERMINAL:
         return "pending"
-    if run.get("regression") or run.get("verdict") == "fail":
-        return "fail"
-    if run.get("verdict") in ("pass", "known-failure"):
+    if run.get("regression") or run.get("verdict") == FAIL:
+        return FAIL
+    if run.get("verdict") in GOOD:
         return str(run["verdict"])
-    return "error"
+    return ERROR
 
 
-OUTCOMES = ("pass", "known-failure", "fails-on-base", "fail", "error", "pending")
+OUTCOMES = (PASS, KNOWN_FAILURE, "fails-on-base", FAIL, ERROR, "pending")
 
 
 def on_base(session: Session, run: Run, result: str) -> tuple[str, str]:
     """A failing check that fails on the base track's latest run too (a PR on a broken main): the outcome
     'fails-on-base' and 'fails on main too (since <commit>)', not the PR's failure; else (result, '')."""
-    if result != "fail" or run.regression:
+    if result != FAIL or run.regression:
         return result, ""
     text = fails_on_base_text(session, run)
     return ("fails-on-base", text) if text else (result, "")

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from models import Run
+from service.core.check_spec import run_spec_of
 from service.core.errors import InvalidSpec, NotFound
 from service.core.settings import Settings
 from service.core.verdicts import run_label
@@ -24,7 +25,7 @@ from service.environments.registry import (
     use_environment,
 )
 from service.runs.admission import Caps
-from service.runs.records import create_run, validate_spec
+from service.runs.records import create_run
 
 SWEEP_LABEL = "sweep"
 MAX_RUNS = 200
@@ -53,7 +54,7 @@ def create_sweep(
     for v, variation in enumerate(variations):
         for config in configs:
             try:
-                specs.append((validate_spec({**base, **variation, "config": config}), variation))
+                specs.append((run_spec_of({**base, **variation, "config": config}), variation))
             except InvalidSpec as exc:
                 raise InvalidSpec(f"variations[{v}] with config {config!r}: {exc.detail}", field=exc.field) from None
     sweep_id = uuid.uuid4().hex[:12]

@@ -8,9 +8,9 @@ from typing import Any
 from sqlalchemy import func, literal, select
 from sqlalchemy.orm import Session
 
+from jobs.verdict_names import GOOD
 from models import Environment, Regression, Run, Source, Track
 
-GOOD = ("pass", "known-failure")
 EPOCH = literal("1970-01-01T00:00:00+00:00").cast(Run.finished_at.type)  # no run on the other side yet
 
 

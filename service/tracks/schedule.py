@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobs.spec import RunSpec
+from jobs.verdict_names import PASS, VERDICTS
 from models import Bisect, Regression, Run, Source, Track
 from models.base import utcnow
 from service.bisects.search import create_commit_bisect
@@ -125,13 +126,13 @@ def bisect_check(session: Session, *, track_name: str, check: str, settings: Set
     assert source is not None
     history = list(session.execute(
         select(Run.id, Run.verdict, Run.labels, Run.spec).where(
-            Run.check_key == check, Run.track == track.name, Run.verdict.in_(("pass", "fail", "error")))
+            Run.check_key == check, Run.track == track.name, Run.verdict.in_(VERDICTS))
         .order_by(Run.finished_at.desc(), Run.id.desc()).limit(500)))
-    if not history or history[0].verdict == "pass":
+    if not history or history[0].verdict == PASS:
         raise Conflict(f"check: {check} does not fail on track {track.name!r} now", field="check")
     bad = history[0]
     for run in history[1:]:
-        if run.verdict == "pass":
+        if run.verdict == PASS:
             break
         bad = run
     else:

@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from jobs.verdict_names import RUN_VERDICTS as VERDICTS
 from models import Environment, HistorySummary, Run
-from service.web.dashboard.overview import VERDICTS, latest_cells
+from service.web.dashboard.overview import latest_cells
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 

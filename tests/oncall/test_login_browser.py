@@ -21,8 +21,9 @@ SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4}
 
 def _seed_regression(database_url: str) -> tuple[str, int]:
     """A submit token and an open regression (pass then fail on main), committed."""
+    from service.core.check_spec import run_spec_of
     from service.environments.registry import ensure_default_environment
-    from service.runs.records import create_run, validate_spec
+    from service.runs.records import create_run
     from tests.plugins.verdict_helpers import finish
 
     engine = create_engine(database_url)
@@ -30,7 +31,7 @@ def _seed_regression(database_url: str) -> tuple[str, int]:
         token = create_token(session, name="alice", scopes=["submit"], tracks=["*"])
         env = ensure_default_environment(session, settings=get_settings())
         for verdict in ("pass", "fail"):
-            run, _ = create_run(session, spec=validate_spec(SPEC), environment=env, labels={"branch": "main"},
+            run, _ = create_run(session, spec=run_spec_of(SPEC), environment=env, labels={"branch": "main"},
                                 requester="t")
             finish(session, run.id, verdict, ["optimizer-index-misalignment"] if verdict == "fail" else [])
         reg_id = session.scalar(select(Regression.id))

@@ -16,10 +16,11 @@ import httpx
 from sqlalchemy import select
 
 from models import Phase, PhaseEvent, Run
+from service.core.check_spec import run_spec_of
 from service.core.db import session_scope
 from service.core.settings import get_settings
 from service.environments.registry import create_environment, ensure_default_environment, get_environment
-from service.runs.records import create_run, validate_spec
+from service.runs.records import create_run
 
 PARITY = [sys.executable, "-m", "service.cli.main"]
 GOOD = ["realign-param-index", "restore-adam-step"]
@@ -110,7 +111,7 @@ def queue(spec: dict[str, Any], labels: dict[str, str] | None = None, environmen
             env = get_environment(session, name=environment)
         else:
             env = ensure_default_environment(session, settings=get_settings())
-        run, _ = create_run(session, spec=validate_spec(spec), environment=env, labels=labels or {}, requester="t")
+        run, _ = create_run(session, spec=run_spec_of(spec), environment=env, labels=labels or {}, requester="t")
         return run.id
 
 

@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 from models import ApiToken, Run, RunEvent
 from models.base import utcnow
 from service.core import tokens
+from service.core.check_spec import run_spec_of
 from service.core.db import new_session, session_scope
 from service.core.settings import get_settings
 from service.environments.registry import ensure_default_environment, use_environment
 from service.runs import group_commit, one_statement
-from service.runs.records import validate_spec
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}
 # differ from run to run, or name the path taken
@@ -121,7 +121,7 @@ def queued_by_engine(committed_db: str):
     def insert(commit: str) -> one_statement.Stored | None:
         session = new_session()
         try:
-            return one_statement.insert_run(session, spec=validate_spec(SPEC), environment="default",
+            return one_statement.insert_run(session, spec=run_spec_of(SPEC), environment="default",
                                             labels={"commit": commit}, requester="group", token_id=token_id,
                                             idempotency_key=None, job_python=None)
         finally:

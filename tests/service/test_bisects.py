@@ -11,10 +11,11 @@ from sqlalchemy.orm import Session
 from models import Run
 from service.bisects import search as bisects
 from service.cli.client.bisect import report
+from service.core.check_spec import run_spec_of
 from service.core.run_state import RunState, transition
 from service.core.settings import get_settings
 from service.environments.registry import create_environment, get_environment
-from service.runs.records import create_run, validate_spec
+from service.runs.records import create_run
 
 SPEC = {"config": "dense-bf16", "dp": 1, "steps": 6, "save_step": 3, "workarounds": ["restore-adam-step"]}
 ENVS = [f"build-{i}" for i in range(6)]
@@ -48,7 +49,7 @@ def test_bisect_walks_to_the_first_bad_build_reusing_a_stored_verdict(
     _register(db_session)
     # build-3 already has a verdict of this check (another track, another requester): it is reused
     build3 = get_environment(db_session, name="build-3")
-    stored, _ = create_run(db_session, spec=validate_spec(SPEC), environment=build3, labels={"branch": "release"},
+    stored, _ = create_run(db_session, spec=run_spec_of(SPEC), environment=build3, labels={"branch": "release"},
                            requester="ci")
     _finish(db_session, stored, "pass")
     body = {"spec": SPEC, "good": "build-0", "bad": "build-5", "between": ENVS[1:5]}

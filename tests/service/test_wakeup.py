@@ -8,10 +8,11 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from models import Run
+from service.core.check_spec import run_spec_of
 from service.core.db import get_engine, session_scope
 from service.core.settings import get_settings
 from service.environments.registry import ensure_default_environment
-from service.runs.records import create_run, validate_spec
+from service.runs.records import create_run
 from service.scheduler.wakeup import Wakeup
 from tests.plugins.scheduler_harness import queue
 
@@ -44,7 +45,7 @@ def test_a_rolled_back_insert_does_not(committed_db: str) -> None:
         try:
             with session_scope() as session:
                 env = ensure_default_environment(session, settings=get_settings())
-                create_run(session, spec=validate_spec(SPEC), environment=env, labels={}, requester="t")
+                create_run(session, spec=run_spec_of(SPEC), environment=env, labels={}, requester="t")
                 session.flush()  # the INSERT (and its trigger) ran; the transaction then rolls back
                 raise RuntimeError("roll back")
         except RuntimeError:

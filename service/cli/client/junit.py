@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from jobs.verdict_names import BROKEN, KNOWN_FAILURE, PASS
 from service.cli.client.reading import reading_of
 
 # what a pass on code nobody reviewed is worth (docs/security.md): said wherever a verdict is handed on
@@ -28,14 +29,14 @@ def _case(suite: ET.Element, run: dict[str, Any], *, name: str, classname: str, 
     elif fails_on_base:  # the base branch fails this check too: not the pull request's failure
         ET.SubElement(case, "skipped", message=fails_on_base).text = text
         outcome = "skipped"
-    elif verdict == "known-failure" and not strict:
+    elif verdict == KNOWN_FAILURE and not strict:
         known = ", ".join(f"{k['signature']} ({k['link']})" for k in run.get("known_failures") or [])
         ET.SubElement(case, "skipped", message=f"known upstream failure: {known or '-'}").text = text
         outcome = "skipped"
-    elif verdict in ("fail", "known-failure") or run.get("regression"):
+    elif verdict in BROKEN or run.get("regression"):
         ET.SubElement(case, "failure", message=read["cause"] or read["label"]).text = text
         outcome = "failure"
-    elif verdict != "pass":
+    elif verdict != PASS:
         ET.SubElement(case, "error", message=read["cause"] or read["label"]).text = text
         outcome = "error"
     else:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from jobs.verdict_names import FAIL, KNOWN_FAILURE, PASS
 from service.cli.client import forge as forges
 from service.cli.client.artifacts import upload
 from service.cli.client.config import service_target
@@ -257,17 +258,17 @@ def report(
         print(f"known upstream bug: {known['signature']} {known['link']}")
     for fixed in run_doc.get("fixed_known") or []:
         print(f"fixed? {fixed['signature']} no longer happens (known failure {fixed['id']}: {fixed['link']})")
-    if verdict != "pass" or run_doc.get("regression"):  # a clean pass has nothing to triage
+    if verdict != PASS or run_doc.get("regression"):  # a clean pass has nothing to triage
         print(f"triage: {run_doc['links']['triage']}")
     if junit:
         junit.write_bytes(junit_xml(run_doc, timed_out=timed_out, strict=strict))
     if timed_out:
         print("parity submit: timed out waiting for a verdict", file=sys.stderr)
         return 2
-    if verdict == "pass" and not run_doc.get("regression"):
+    if verdict == PASS and not run_doc.get("regression"):
         return 0
-    if verdict == "known-failure":
+    if verdict == KNOWN_FAILURE:
         return 1 if strict else 0
-    if verdict == "fail" or run_doc.get("regression"):
+    if verdict == FAIL or run_doc.get("regression"):
         return 1
     return 2

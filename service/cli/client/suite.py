@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import yaml
 
+from jobs.verdict_names import ERROR, FAIL, KNOWN_FAILURE
 from service.cli.client.config import add_client_args, http_client
 from service.cli.client.env import _detail
 from service.cli.client.forge import Forge
@@ -76,8 +77,8 @@ def outcome_of(view: dict[str, Any], *, timed_out: bool, strict: bool) -> str:
     """pass | fail | error for the whole suite run (a known failure fails only with --strict)."""
     if timed_out:
         return "error"
-    if strict and view["counts"].get("known-failure"):
-        return "fail" if view["verdict"] != "error" else "error"
+    if strict and view["counts"].get(KNOWN_FAILURE):
+        return FAIL if view["verdict"] != ERROR else ERROR
     return str(view["verdict"])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobs.verdict_names import GOOD
 from service.cli.client.junit import ADVISORY
 from service.cli.client.reading import reading_of
 
@@ -14,7 +15,7 @@ def _cell(text: object) -> str:
 
 def _line(name: str, run: dict[str, Any]) -> str:
     read = reading_of(run)
-    verdict = f"**{read['label']}**" if run.get("verdict") not in ("pass", "known-failure") or run.get("regression") \
+    verdict = f"**{read['label']}**" if run.get("verdict") not in GOOD or run.get("regression") \
         else read["label"]
     cause = "; ".join(p for p in (read["cause"], read["bound"]) if p) or "—"
     return (f"| {_cell(name)} | {_cell(verdict)} | {_cell(read['step'] or '—')} | {_cell(cause)} | "

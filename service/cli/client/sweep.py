@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from jobs.verdict_names import UNSUPPORTED_BY_BUILD
 from service.cli.client.env import _client_args, _detail, client, ensure_build
 
 
@@ -26,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wait", action="store_true", help="poll until every run has finished")
     p.add_argument("--timeout", type=float, default=7200)
     p.add_argument("--release-table", action="store_true",
-                   help="print one row per Megatron-Core version and variation (the README's release table)")
+                   help="print one row per Megatron-Core version and variation (the release table of docs/releases.md)")
     _client_args(p)
     p.set_defaults(func=run)
 
@@ -52,7 +53,7 @@ def release_cell(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return "—"
     signatures = list(cell["signatures"] or [])
-    if "unsupported-by-build" in signatures:
+    if UNSUPPORTED_BY_BUILD in signatures:
         # "UnsupportedByBuild: <option> is not supported by this build (megatron-core X): <what it lacks>"
         message = str(cell.get("error_message") or "").removeprefix("UnsupportedByBuild: ")
         option, _, missing = message.partition(" is not supported by this build")
@@ -62,7 +63,7 @@ def release_cell(cell: dict[str, Any] | None) -> str:
 
 
 def release_table(grid: dict[str, Any]) -> str:
-    """The grid as the README's release table: rows by Megatron-Core version (then variation)."""
+    """The grid as docs/releases.md's release table: rows by Megatron-Core version (then variation)."""
     variations = len({row["variation"] for row in grid["rows"]}) > 1
     head = "| megatron-core | " + ("variation | " if variations else "") + " | ".join(grid["configs"]) + " |"
     lines = [head, "|---" * (len(grid["configs"]) + 1 + variations) + "|"]

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from jobs.verdict_names import FAIL, KNOWN_FAILURE, NOT_PASSED
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `shrink` subcommand."""
@@ -39,9 +41,9 @@ def _from_run(run_id: int) -> tuple[dict[str, Any], tuple[str, tuple[str, ...]]]
         run = session.get(Run, run_id)
         if run is None:
             raise SystemExit(f"parity shrink: run {run_id} does not exist")
-        if run.verdict not in ("fail", "error", "known-failure"):
+        if run.verdict not in NOT_PASSED:
             raise SystemExit(f"parity shrink: run {run_id} did not fail (verdict {run.verdict}); nothing to shrink")
-        verdict = "fail" if run.verdict == "known-failure" else str(run.verdict)
+        verdict = FAIL if run.verdict == KNOWN_FAILURE else str(run.verdict)
         return dict(run.spec), (verdict, tuple(sorted(run.signatures or [])))
 
 

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobs.configs import CONFIGS
-from jobs.contract import VERDICTS
+from jobs.verdict_names import VERDICTS
 from models import Environment, Run
 from service.web.dashboard.overview import NOT_SELFTEST
 from service.web.dashboard.rendering import PageError

@@ -9,18 +9,16 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from jobs.verdict.compare import verdict_label
+from jobs.verdict_names import FAILED, PASS, RUN_VERDICTS
 from models import Environment, HistorySummary, Run
 from service.core.checks import long_lived
 from service.core.run_state import IN_FLIGHT, RunState
-from service.oncall.known_failures import RUN_VERDICTS
+from service.core.verdicts import label_of
 from service.selftest.batch import LABEL as SELFTEST_LABEL
 from service.selftest.batch import detector_health
 
-BAD = ("fail", "error")
 # detector-health runs fail on purpose: they have their own section, not cells of the matrix
 NOT_SELFTEST = ~Run.labels.has_key(SELFTEST_LABEL)
-VERDICTS = RUN_VERDICTS
 
 
 @dataclass
@@ -51,18 +49,18 @@ class Cell:
     @property
     def shown(self) -> str:
         """The verdict as every page shows it: `pass (worked around: …)` for a pass a workaround made."""
-        return verdict_label(self.verdict, self.worked_around_by or None) or self.label or self.verdict
+        return label_of(self.verdict, {"worked_around_by": self.worked_around_by}) or self.label or self.verdict
 
     @property
     def hidden(self) -> list[str]:
         """'passes only with workaround X, which hides Y' lines for a worked-around pass."""
         return [f"passes only with workaround {w}, which hides {', '.join(sigs)}"
-                for w, sigs in sorted(self.worked_around_by.items())] if self.verdict == "pass" else []
+                for w, sigs in sorted(self.worked_around_by.items())] if self.verdict == PASS else []
 
     @property
     def bad(self) -> bool:
         """Whether the latest verdict is fail or error."""
-        return self.verdict in BAD
+        return self.verdict in FAILED
 
     @property
     def against(self) -> str | None:
@@ -126,7 +124,7 @@ def latest_cells(session: Session) -> list[Cell]:
     counts = (
         select(s.check_key, s.track,
                *(func.coalesce(func.sum(s.runs).filter(s.verdict == v), 0).label(f"n{i}")
-                 for i, v in enumerate(VERDICTS)))
+                 for i, v in enumerate(RUN_VERDICTS)))
         .group_by(s.check_key, s.track)
         .subquery()
     )
@@ -138,7 +136,7 @@ def latest_cells(session: Session) -> list[Cell]:
                Run.summary["verdict_label"].astext.label("label"),
                Run.summary["worked_around_by"].label("worked_around_by"),
                Run.labels["suite_check"].astext.label("suite_check"),
-               Environment.name.label("environment"), *(counts.c[f"n{i}"] for i in range(len(VERDICTS))))
+               Environment.name.label("environment"), *(counts.c[f"n{i}"] for i in range(len(RUN_VERDICTS))))
         .join(latest, latest.c.latest_run_id == Run.id)
         .join(Environment, Environment.id == Run.environment_id)
         .join(counts, (counts.c.check_key == latest.c.check_key) & (counts.c.track == latest.c.track))
@@ -148,7 +146,7 @@ def latest_cells(session: Session) -> list[Cell]:
              environment=r.environment, build=r.build, verdict=r.verdict, regression=r.regression,
              compared_track=r.compared_track, finished_at=r.finished_at, max_abs_loss_delta=r.max_abs_loss_delta,
              signatures=list(r.signatures or []), failing_since_run_id=r.failing_since_run_id,
-             counts={v: getattr(r, f"n{i}") for i, v in enumerate(VERDICTS)},
+             counts={v: getattr(r, f"n{i}") for i, v in enumerate(RUN_VERDICTS)},
              known=list(r.known or []), fixed_known=list(r.fixed_known or []),
              label=r.label, worked_around_by=dict(r.worked_around_by or {}), suite_check=r.suite_check)
         for r in rows
@@ -180,7 +178,7 @@ def matrix(session: Session, *, long_lived_tracks: list[str] | None = None) -> M
                 row.check_name)
 
     failing = sorted((c for c in cells if c.bad), key=lambda c: (not c.regression, c.check_name, c.track))
-    totals: dict[str, int] = {v: sum(c.verdict == v for c in cells) for v in VERDICTS}
+    totals: dict[str, int] = {v: sum(c.verdict == v for c in cells) for v in RUN_VERDICTS}
     totals["regression"] = sum(c.regression for c in cells)
     return Matrix(
         tracks=sorted({c.track for c in cells}),

@@ -13,10 +13,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from jobs.configs import config_names
+from jobs.verdict_names import RUN_VERDICTS
 from models import Environment, Run
 from service.core.inputs import EARLIEST, LATEST
 from service.core.run_state import RunState
-from service.oncall.known_failures import RUN_VERDICTS
 from service.runs.records import RunFilter, filtered_runs
 
 PER_PAGE = 50
@@ -30,7 +30,6 @@ SORTS: dict[str, Any] = {
     "verdict": Run.verdict,
     "delta": Run.max_abs_loss_delta,
 }
-VERDICTS = RUN_VERDICTS
 STATES = tuple(s.value for s in RunState)
 FILTER_KEYS = ("config", "check", "track", "environment", "state", "verdict", "regression", "label", "since", "until",
                "selftest")
@@ -97,8 +96,8 @@ def parse_query(args: dict[str, list[str]]) -> ListQuery:
     one = {k: (v[-1].strip() if v else "") for k, v in args.items()}
     problems: list[str] = []
     verdict = one.get("verdict") or None
-    if verdict and verdict not in VERDICTS:
-        problems.append(f"verdict: expected one of {', '.join(VERDICTS)}, got {verdict!r}")
+    if verdict and verdict not in RUN_VERDICTS:
+        problems.append(f"verdict: expected one of {', '.join(RUN_VERDICTS)}, got {verdict!r}")
         verdict = None
     state = one.get("state") or None
     if state and state not in STATES:
@@ -164,5 +163,5 @@ def page_of_runs(session: Session, query: ListQuery, per_page: int = PER_PAGE) -
 def choices(session: Session) -> dict[str, list[str]]:
     """Values for the filter drop-downs (configs come from code: every run was validated against them)."""
     envs = session.scalars(select(Environment.name).order_by(Environment.name))
-    return {"configs": config_names(), "environments": list(envs), "verdicts": list(VERDICTS),
+    return {"configs": config_names(), "environments": list(envs), "verdicts": list(RUN_VERDICTS),
             "states": list(STATES)}

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from jobs.spec import RESHARD_TOLERANCE
 from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile, calibrated_reshard_profile
+from jobs.verdict_names import FAILED
 from models import ProbeFinding, Run, RunEvent, StepMetric
 from service.web.dashboard.findings import fingerprint_summary
 from service.web.dashboard.logs import link_path, listed_logs
@@ -163,5 +164,5 @@ def run_page(session: Session, run_id: int, run_folder: Path) -> dict[str, Any]:
         "probes": probe_sections(session, run_id),
         "events": events_of(session, run_id),
         "logs": log_links(run, run_folder),
-        "failed": run.verdict in ("fail", "error") or run.state in ("failed", "error"),
+        "failed": run.verdict in FAILED or run.state in ("failed", "error"),
     }

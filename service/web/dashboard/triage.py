@@ -11,7 +11,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
+from jobs.contract import SignatureId
 from jobs.verdict.signatures import SIGNATURES
+from jobs.verdict_names import NOT_PASSED, PASS
 from models import Environment, ProbeFinding, Run
 from service.runs.phase_documents import read_summary
 from service.web.dashboard.findings import explain_crash, fingerprint_hows, sentence
@@ -109,7 +111,7 @@ def nearest_good(session: Session, run: Run) -> Run | None:
     """For a run with no good history on its track: the latest passing run of the same config (any check,
     e.g. with a workaround), its own track first — context, not "last good"."""
     query = (select(Run).options(selectinload(Run.environment))
-             .where(Run.config == run.config, Run.verdict == "pass", Run.id != run.id, Run.finished_at.is_not(None))
+             .where(Run.config == run.config, Run.verdict == PASS, Run.id != run.id, Run.finished_at.is_not(None))
              .order_by((Run.track == run.track).desc(), Run.finished_at.desc(), Run.id.desc()).limit(1))
     return session.scalar(query)
 
@@ -143,10 +145,14 @@ def explained(run: Run, hows: dict[str, str] | None = None) -> list[dict[str, An
     return out
 
 
+# typed by the contract's SignatureId: a renamed signature fails mypy here
+LR_SCHEDULE: SignatureId = "lr-schedule-mismatch"
+
+
 def _at_the_step(meaning: str, name: str, run: Run, summary: Mapping[str, Any]) -> str:
     """A signature's meaning with "at some step" made the step this run measured, where it is known."""
     lr_steps = (summary.get("lanes") or {}).get("lr_mismatched_steps") or []
-    step = lr_steps[0] if name == "lr-schedule-mismatch" and lr_steps else run.first_divergent_step
+    step = lr_steps[0] if name == LR_SCHEDULE and lr_steps else run.first_divergent_step
     return meaning.replace("at some step", f"from step {step} on") if step is not None else meaning
 
 
@@ -192,7 +198,7 @@ def triage(session: Any, run_id: int, *, run_folder: Path, base_url: str) -> dic
     env = environment_facts(run)
     return {
         "run": run,
-        "failed": run.verdict in ("fail", "error", "known-failure") or run.state in ("failed", "error"),
+        "failed": run.verdict in NOT_PASSED or run.state in ("failed", "error"),
         "signatures": explained(run, fingerprint_hows(_fingerprint_rows(session, run.id))),
         "errors": errors,
         "crash_explained": next(filter(None, (explain_crash(e.get("message")) for e in errors)), None)
