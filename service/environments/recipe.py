@@ -6,9 +6,8 @@ of symlinks to the service's installed torch (and the jobs package's runtime nee
 of each of them in its site-packages (installer.py), so the installer (uv; pip where uv is not
 installed) sees them as installed and a constraint pins torch to that version. Requirements
 installed into the venv shadow the shared ones (site-packages comes before `.pth` entries), and
-an upgrade removes only a stub, never the shared files. The figures (per build, against pip and
-against a venv that installs the torch wheel again) are in docs/measurements.md
-(benchmarks/env_build.py).
+an upgrade removes only a stub, never the shared files. The figures (uv against pip) are in
+docs/measurements.md (benchmarks/env_build.py).
 
 The Python is the lowest configured one that every line's Requires-Python accepts
 (interpreters.py); on a Python other than the service's, the shared torch is that Python's base
@@ -44,7 +43,7 @@ PIP_TIMEOUT_S = 1800
 # to write, instead of compiling every file of every wheel at install time.
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = (
-    "import json, sys, torch, megatron.core, importlib.metadata as m\n"
+    "import json, sys, torch, megatron.core\n"
     "out = {'torch': torch.__version__, 'megatron_core': megatron.core.__version__}\n"
     f"sys.path.insert(0, {str(ROOT)!r})\n"
     "try:\n"
