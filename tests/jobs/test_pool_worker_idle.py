@@ -21,8 +21,8 @@ from jobs.pool_folder import PoolFolder, read_pool_file
 
 ROOT = Path(__file__).resolve().parents[2]
 IDLE_WINDOW_S = 4.0
-# generous: the host is shared with other test sessions (measured here: 0.5% of a core polling every
-# 50 ms, ~0.1% backing off)
+# generous: the host is shared with other test sessions (polling every 50 ms measured 0.5% of a core here;
+# CPU time comes in 10 ms ticks, so the wake-ups below are the sharper measure)
 MAX_IDLE_CPU_FRACTION = 0.01
 # each look at the order file is a sleep and a wake-up of the task's thread: every 50 ms was 20 a second
 MAX_WAKEUPS_PER_S = 8
