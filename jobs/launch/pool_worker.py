@@ -11,6 +11,11 @@ and watches for a cancel naming the order, on which it kills the child's process
 
 The task exits on a "stop" order, or on its own after `idle_s` without an order (a backstop for a
 scheduler that went away; the scheduler shrinks the pool itself first).
+
+Idle, the task looks for an order every POLL_S just after its last one (the next phase of a suite
+comes quickly), then ever less often, down to every IDLE_POLL_MAX_S: an idle worker wakes a few
+times a second and holds no CPU (tests/jobs/test_pool_worker_idle.py). The order file is on a shared
+folder (Slurm nodes), where no file-change event reaches another node: a poll it stays.
 """
 
 from __future__ import annotations
@@ -31,6 +36,15 @@ from jobs.rank.attempt import preload, run_attempt
 from jobs.rank.entry import _env_rank, run_rank_phase
 
 PR_SET_PDEATHSIG = 1
+IDLE_POLL_MAX_S = 0.25  # the longest an idle task waits between looks at its order file
+IDLE_FAST_S = 1.0  # how long after an order it keeps looking every POLL_S
+
+
+def idle_wait(idle_for: float) -> float:
+    """Seconds to sleep before the next look, `idle_for` seconds after the last order: POLL_S, then doubling."""
+    if idle_for < IDLE_FAST_S:
+        return POLL_S
+    return min(IDLE_POLL_MAX_S, POLL_S * 2 ** ((idle_for - IDLE_FAST_S) / IDLE_FAST_S + 1))
 ENTRIES: dict[str, Callable[..., Any]] = {"attempt": run_attempt, "phase": run_rank_phase}
 
 
@@ -57,7 +71,7 @@ def serve(folder: str, idle_s: float) -> dict[str, Any]:
             beat("stopping", None, force=True)
             return {"served": served, "info": info, "idle_exit": True}
         beat("idle", served[-1] if served else None)
-        time.sleep(POLL_S)
+        time.sleep(idle_wait(time.monotonic() - last_work))
 
 
 def _preload_beating(beat: _Beat) -> dict[str, Any]:

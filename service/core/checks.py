@@ -22,6 +22,15 @@ DEFAULT_BASE_TRACK = "main"
 # the label marking detector-health self-test runs (service/selftest/batch.py): they fail on purpose, so
 # every default view leaves them out and the scheduler never starts them ahead of a user's run
 SELFTEST_LABEL = "selftest"
+# the labels of background work, which yields to user work (service/runs/submitter.py): detector-health
+# self-tests, and the runs a track schedules on its source's new commits (service/tracks/schedule.py)
+TRACK_LABEL = "track"
+BACKGROUND_LABELS = (SELFTEST_LABEL, TRACK_LABEL)
+
+
+def is_background(labels: dict[str, str] | None) -> bool:
+    """Whether a run with these labels is background work (BACKGROUND_LABELS)."""
+    return any(label in (labels or {}) for label in BACKGROUND_LABELS)
 # always shown in the readable form, in this order; every other field only when it is not its default
 HEADLINE = ("dp", "steps", "save_step")
 

@@ -125,6 +125,12 @@ class Settings(BaseSettings):
     token_max_builds: int = Field(default=4, ge=1)
     # the detector-health self-test batch (service/selftest/batch.py); 0 turns it off
     selftest_interval_hours: float = Field(default=24.0, ge=0)
+    # background work (self-test batches, scheduled track runs: service/core/checks.py BACKGROUND_LABELS)
+    # yields to user work: at most this many such runs in flight at once (0 pauses them), never
+    # claimed ahead of a user's run, on the local executor only in slots user work leaves free, and
+    # on Slurm submitted with this `--nice` (a lower priority than user jobs, which have 0)
+    background_max_running: int = Field(default=1, ge=0)
+    background_slurm_nice: int = Field(default=1000, ge=0, le=2147483645)
     # a phase not running this long after submission (PENDING, or a state nobody can read) is
     # cancelled and retried as an infrastructure failure
     pending_timeout_s: float = Field(default=3600.0, gt=0)

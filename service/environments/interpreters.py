@@ -11,7 +11,8 @@ and a build falling to 3.10 would need a torch of its own where 3.11 shares the 
 Requires-Python is read from the packages' own metadata (an index's, a wheel's, a source tree's),
 through pip's installation report, inside the build job: never a table of releases kept here.
 Only the named lines are read (`--no-deps`); a dependency with a narrower Requires-Python still
-makes pip fail with its own message.
+makes the installer fail with its own message. Lines that are all wheel files (an uploaded wheel)
+are read from the wheels themselves, with their tags matched to each Python, without starting pip.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
+from packaging import tags
+from packaging.metadata import parse_email
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 VERSION = re.compile(r"^3\.[0-9]{1,2}$")
@@ -33,6 +38,7 @@ SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+\-/]{1,999}$")
 PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
 PROBE_TIMEOUT_S = 30
 DISCOVER_MINORS = range(sys.version_info.minor, 20)
+UNREADABLE = "reading Requires-Python of the requirements failed"
 
 
 class PythonsError(ValueError):
@@ -134,13 +140,37 @@ def requires_python(installs: list[str], python: str, log: Path) -> list[tuple[s
     if proc.returncode != 0:
         tail = "\n".join(line for line in proc.stdout.splitlines() if not line.startswith("WARNING: Location"))
         raise MetadataUnreadable(
-            f"reading Requires-Python of the requirements failed (exit {proc.returncode}):\n{tail[-3000:]}")
+            f"{UNREADABLE} (exit {proc.returncode}):\n{tail[-3000:]}")
     doc = json.loads(report.read_text())
     out = []
     for item in doc.get("install", []):
         meta = item.get("metadata", {})
         out.append((str(meta.get("name", "?")), str(meta.get("version", "?")), str(meta.get("requires_python") or "")))
     return out
+
+
+def wheel_requires_python(wheel: Path) -> tuple[str, str, str]:
+    """(name, version, Requires-Python) from a wheel's own METADATA (read as data, nothing run)."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+            if len(names) != 1:
+                raise MetadataUnreadable(f"{UNREADABLE}: {wheel.name} holds not one .dist-info/METADATA")
+            raw, _ = parse_email(zf.read(names[0])[: 1 << 20])
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise MetadataUnreadable(f"{UNREADABLE}: {wheel.name} is not a readable wheel ({exc})") from None
+    return str(raw.get("name", "?")), str(raw.get("version", "?")), str(raw.get("requires_python") or "")
+
+
+def wheel_fits(wheel: Path, version: str) -> bool:
+    """Whether Python X.Y on this machine installs `wheel` (a tag of its file name is one that Python supports)."""
+    try:
+        _, _, _, wheel_tags = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename:
+        return False
+    python = tuple(int(part) for part in version.split("."))
+    supported = {*tags.cpython_tags(python_version=python), *tags.compatible_tags(python_version=python)}
+    return not wheel_tags.isdisjoint(supported)
 
 
 def choose(found: list[tuple[str, str, str]], pythons: dict[str, str]) -> tuple[str, str]:

@@ -2,11 +2,12 @@
 
 The job payload (`build_environment`) runs under submitit (local or Slurm) with the service's
 Python and no database. Torch is never downloaded: the venv gets a `.pth` pointing at a folder
-of symlinks to the service's installed torch (and the jobs package's runtime needs), so pip sees
-them as installed and a constraint pins torch to that version. Measured here (benchmarks/
-env_build.py, loaded machine): 113 s and 16 MB per build, against 763 s and 979 MB when the
-venv installs the torch wheel again. Requirements installed into the venv shadow the shared ones (site-packages
-comes before `.pth` entries), and pip never uninstalls the shared ones (they lie outside the venv).
+of symlinks to the service's installed torch (and the jobs package's runtime needs), and a stub
+of each of them in its site-packages (installer.py), so the installer (uv; pip where uv is not
+installed) sees them as installed and a constraint pins torch to that version. Requirements
+installed into the venv shadow the shared ones (site-packages comes before `.pth` entries), and
+an upgrade removes only a stub, never the shared files. The figures (uv against pip) are in
+docs/measurements.md (benchmarks/env_build.py).
 
 The Python is the lowest configured one that every line's Requires-Python accepts
 (interpreters.py); on a Python other than the service's, the shared torch is that Python's base
@@ -21,34 +22,41 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from packaging.requirements import Requirement
 
-from service.environments import interpreters
+from service.environments import installer, interpreters
 from service.environments.python_base import ensure_base
 from service.environments.requirements import SKIP_PARTS, local_source_digest
 
 # What every environment shares with the service: torch (pinned) and what jobs/ imports besides it.
 SHARED_DISTRIBUTIONS = ("torch", "submitit", "psutil", "numpy", "packaging")
 PIP_TIMEOUT_S = 1800
-CHECK = (
-    "import json, torch, megatron.core, importlib.metadata as m; "
-    "print(json.dumps({'torch': torch.__version__, 'megatron_core': megatron.core.__version__, "
-    "'megatron_core_dist': m.version('megatron-core') if 'megatron-core' in "
-    "{d.metadata['Name'] for d in m.distributions()} else None}))"
-)
-
-
-# What the harness detects in the build (jobs/rank/compat.py), asked of the build's own Python with this
-# checkout's jobs/ on its path: recorded per environment, so a build's failure can be told from a guess.
+# The build's one import check, in one interpreter start (torch and Megatron-Core imported once): the
+# versions it holds, then what the harness detects in it (jobs/rank/compat.py, asked with this checkout's
+# jobs/ on its path), recorded per environment so a build's failure can be told from a guess. A harness
+# that cannot read the build still lets it build (its error is recorded instead). Last, every module a
+# phase imports (jobs.rank.attempt.preload): their bytecode is written now, while the venv is the build's
+# to write, instead of compiling every file of every wheel at install time.
 ROOT = Path(__file__).resolve().parents[2]
-CAPABILITIES = (
-    f"import sys; sys.path.insert(0, {str(ROOT)!r}); import json; from jobs.rank.compat import capabilities; "
-    "print(json.dumps(capabilities()))"
+CHECK = (
+    "import json, sys, torch, megatron.core\n"
+    "out = {'torch': torch.__version__, 'megatron_core': megatron.core.__version__}\n"
+    f"sys.path.insert(0, {str(ROOT)!r})\n"
+    "try:\n"
+    "    from jobs.rank.compat import capabilities\n"
+    "    out['capabilities'] = capabilities()\n"
+    "except Exception as exc:\n"
+    "    out['capabilities'] = {'error': f'{type(exc).__name__}: {exc}'.splitlines()[0][:300]}\n"
+    "try:\n"
+    "    from jobs.rank.attempt import preload\n"
+    "    preload()\n"
+    "except Exception:\n"
+    "    pass\n"
+    "print(json.dumps(out))\n"
 )
 
 
@@ -92,9 +100,9 @@ def link_shared(dest: Path) -> list[str]:
     return pins
 
 
-def _run(cmd: list[str], log: Path, what: str) -> str:
+def _run(cmd: list[str], log: Path, what: str, env: dict[str, str] | None = None) -> str:
     # The service's own PYTHONPATH (this checkout) must not leak into what pip sees as installed.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONPATH"}
     with log.open("a") as fh:
         t0 = time.time()
         fh.write(f"\n[{time.strftime('%H:%M:%S')}] $ {' '.join(cmd)}\n")
@@ -164,7 +172,8 @@ def _sha256(path: Path) -> str:
 RESULT_NAME = "build.json"
 
 
-def build_environment(folder: str, requirements: list[str], pythons: dict[str, str] | None = None) -> dict[str, Any]:
+def build_environment(folder: str, requirements: list[str], pythons: dict[str, str] | None = None,
+                      use_uv: bool = True) -> dict[str, Any]:
     """The build job: build the environment and leave its outcome in folder/build.json (JSON, never a pickle).
 
     The scheduler reads that document as data (build_steps.read_build_result); what the job returns
@@ -172,7 +181,7 @@ def build_environment(folder: str, requirements: list[str], pythons: dict[str, s
     """
     root = Path(folder)
     try:
-        doc = _build(root, requirements, pythons or dict([interpreters.own_python()]))
+        doc = _build(root, requirements, pythons or dict([interpreters.own_python()]), use_uv)
     except Exception as exc:  # pip's output tail, or why the venv could not be made
         _write_result(root, {"error": f"{type(exc).__name__}: {exc}"[-6000:]})
         raise
@@ -187,8 +196,10 @@ def _write_result(root: Path, doc: dict[str, Any]) -> None:
 
 
 def pick_python(installs: list[str], pythons: dict[str, str], log: Path) -> tuple[str, str]:
-    """(X.Y, interpreter) for these pip arguments: read their Requires-Python (as the lowest Python whose
+    """(X.Y, interpreter) for these install arguments: read their Requires-Python (as the lowest Python whose
     pip can read them all: a wheel only built for cp312 is not found by 3.11's tags), then choose."""
+    if installs and all(line.endswith(".whl") and Path(line).is_file() for line in installs):
+        return _pick_for_wheels([Path(line) for line in installs], pythons, log)
     errors = []
     for python in pythons.values():
         try:
@@ -196,10 +207,26 @@ def pick_python(installs: list[str], pythons: dict[str, str], log: Path) -> tupl
         except interpreters.MetadataUnreadable as exc:
             errors.append(str(exc))
             continue
-        with log.open("a") as fh:
-            fh.write("".join(f"Requires-Python of {n} {v}: {s or '(none)'}\n" for n, v, s in found))
+        _log_requires(found, log)
         return interpreters.choose(found, pythons)
     raise interpreters.MetadataUnreadable(errors[0])  # pip's reason under the lowest Python
+
+
+def _pick_for_wheels(wheels: list[Path], pythons: dict[str, str], log: Path) -> tuple[str, str]:
+    """The wheel files' own Requires-Python, among the Pythons whose tags every wheel matches."""
+    found = [interpreters.wheel_requires_python(wheel) for wheel in wheels]
+    _log_requires(found, log)
+    fitting = {v: p for v, p in pythons.items() if all(interpreters.wheel_fits(w, v) for w in wheels)}
+    if not fitting:
+        raise interpreters.NoPythonFits(
+            f"requirements: no configured Python (PARITY_PYTHONS: {', '.join(pythons)}) installs "
+            f"{', '.join(w.name for w in wheels)}: its tags name another Python or platform")
+    return interpreters.choose(found, fitting)
+
+
+def _log_requires(found: list[tuple[str, str, str]], log: Path) -> None:
+    with log.open("a") as fh:
+        fh.write("".join(f"Requires-Python of {n} {v}: {s or '(none)'}\n" for n, v, s in found))
 
 
 def base_pins(pins: list[str]) -> list[str]:
@@ -209,17 +236,23 @@ def base_pins(pins: list[str]) -> list[str]:
     return [p.split("+", 1)[0] for p in pins if p.split("==", 1)[0].lower() in top]
 
 
-def _build(root: Path, requirements: list[str], pythons: dict[str, str]) -> dict[str, Any]:
-    """Create root/venv on the Python the requirements need, with a shared torch; return its python and packages."""
+def _build(root: Path, requirements: list[str], pythons: dict[str, str], use_uv: bool = True) -> dict[str, Any]:
+    """Create root/venv on the Python the requirements need, with a shared torch; return its python and packages.
+
+    use_uv=False builds with pip alone (what benchmarks/env_build.py compares); uv is also left out
+    when it is not installed.
+    """
     t0 = time.time()
     root.mkdir(parents=True, exist_ok=True)
     log = root / "build.log"
     venv, shared = root / "venv", root / "shared"
     python = venv / "bin" / "python"
+    uv = installer.uv_binary() if use_uv else None
+    with log.open("a") as fh:
+        fh.write(f"installer: {'uv ' + uv if uv else 'pip'}\n")
     installs = [resolve_line(line, root, log) for line in requirements]
     version, interpreter = pick_python(installs, pythons, log)
-    _run([interpreter, "-m", "venv", "--clear", "--without-pip", str(venv)], log,
-         f"creating the virtualenv on Python {version}")
+    _run(installer.venv_command(uv, interpreter, venv), log, f"creating the virtualenv on Python {version}")
     if version == interpreters.own_python()[0]:
         pins = link_shared(shared)
     else:
@@ -227,28 +260,26 @@ def _build(root: Path, requirements: list[str], pythons: dict[str, str]) -> dict
         shared = ensure_base(root.parent, version, interpreter, pins, _run, log)
     site = next((venv / "lib").glob("python3.*/site-packages"))
     (site / "_parity_shared.pth").write_text(f"{shared}\n")
+    installer.stub_distributions(shared, site)  # what uv sees as installed (it reads no .pth)
     # The torch pin is what keeps a requirement from pulling another torch (a multi-GB download).
     constraints = root / "constraints.txt"
     constraints.write_text("".join(f"{p}\n" for p in pins if p.lower().startswith("torch==")))
-    pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
-    _run([*pip, "install", "--no-input", "--constraint", str(constraints), *installs], log, "pip install")
-    freeze = _run([*pip, "freeze", "--all"], log, "pip freeze")
-    versions = json.loads(_run([str(python), "-c", CHECK], log, "importing torch and megatron.core").splitlines()[-1])
-    try:
-        capabilities = json.loads(
-            _run([str(python), "-c", CAPABILITIES], log, "detecting the build's capabilities").splitlines()[-1])
-    except (BuildFailed, ValueError, IndexError) as exc:  # a build the harness cannot read still builds
-        capabilities = {"error": str(exc).splitlines()[0][:300]}
+    environ = installer.uv_environment(dict(os.environ)) if uv else dict(os.environ)
+    _run(installer.install_command(uv, python, constraints, installs, environ), log, "installing the requirements",
+         environ)
+    freeze = _run(installer.freeze_command(uv, python), log, "listing the installed packages", environ)
+    found = json.loads(_run([str(python), "-c", CHECK], log, "importing torch and megatron.core").splitlines()[-1])
     torch_pin = next(p.split("==", 1)[1] for p in pins if p.lower().startswith("torch=="))
-    if versions["torch"].split("+")[0] != torch_pin.split("+")[0]:
-        raise BuildFailed(f"torch {versions['torch']} in the build, expected the service's {torch_pin}")
+    if found["torch"].split("+")[0] != torch_pin.split("+")[0]:
+        raise BuildFailed(f"torch {found['torch']} in the build, expected the service's {torch_pin}")
     return {
         "python": str(python),
         "python_version": interpreters.probe(str(python)) or version,
         "freeze": sorted(line for line in freeze.splitlines() if line.strip()),
-        "torch": versions["torch"],
-        "megatron_core": versions["megatron_core"],
-        "capabilities": capabilities,
+        "torch": found["torch"],
+        "megatron_core": found["megatron_core"],
+        "capabilities": found["capabilities"],
         "seconds": round(time.time() - t0, 2),
         "log": str(log),
+        "installer": "uv" if uv else "pip",
     }

@@ -128,9 +128,12 @@ class _SlurmExecutor(submitit.SlurmExecutor):
 def submit_phase(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
     function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(), nodes: int = 1,
-    gate: Path | None = None, also_writable: tuple[Path, ...] = (),
+    gate: Path | None = None, also_writable: tuple[Path, ...] = (), nice: int = 0,
 ) -> PhaseJob:
     """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
+
+    nice: Slurm's `--nice` (a lower priority: background work yields to user jobs); the local
+    executor orders its work before submitting (service/runs/submitter.py).
 
     env_names: variables this job may inherit beyond the allow-list (a build needs pip's).
     nodes: Slurm nodes the ranks are spread over, tasks / nodes per node (the local executor runs
@@ -169,6 +172,8 @@ def submit_phase(
         )
         if settings.slurm_partition:
             params["partition"] = settings.slurm_partition
+        if nice:
+            params["additional_parameters"]["nice"] = nice
         slurm.update_parameters(**params)
         slurm.run_as = run_as
         ex = slurm

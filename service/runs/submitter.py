@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import cast
 
 from sqlalchemy import func, or_, select, true
+from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.orm import Session
 
 from jobs.contract import PhaseName
@@ -24,9 +25,9 @@ from jobs.protocol import PHASES, Payload, RunPlan
 from jobs.run_folder import AttemptFolder, RunFolder
 from models import Environment, Phase, Run
 from models.base import utcnow
-from service.core.checks import SELFTEST_LABEL
+from service.core.checks import BACKGROUND_LABELS, is_background
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
-from service.core.run_state import RunState, transition
+from service.core.run_state import IN_FLIGHT, RunState, transition
 from service.core.settings import Settings
 from service.executors import job_home, job_user, launcher, pool, slurm_jobs
 from service.oncall import suite_alerts
@@ -90,41 +91,57 @@ def retry_or_give_up(
     suite_alerts.on_check_ended(session, run)  # a suite run's last check may end here, with no verdict
 
 
-# the detector-health batch never goes ahead of a user's run (false sorts first)
-SELFTEST_LAST = Run.labels.has_key(SELFTEST_LABEL).asc()
+# Background work (self-tests, scheduled track runs) yields to user work: never claimed or launched
+# ahead of a user's run, at most PARITY_BACKGROUND_MAX_RUNNING of its runs in flight, on the local
+# executor only in slots user work leaves free, on Slurm with a `--nice` (settings.py).
+IS_BACKGROUND = Run.labels.has_any(array(BACKGROUND_LABELS))
 
 
 def claim_queued(session: Session, *, settings: Settings, executor: str, limit: int = 20) -> int:
-    """Turn up to `limit` queued runs into pending train_and_save phases. Returns how many."""
+    """Turn up to `limit` queued runs into pending train_and_save phases, user runs first. Returns how many."""
     # A run waits in the queue while the environment it names is still being built.
-    runs = session.scalars(
-        select(Run).join(Environment, Run.environment_id == Environment.id)
-        .where(Run.state == RunState.QUEUED.value, Environment.state == "ready")
-        .order_by(SELFTEST_LAST, Run.id).limit(limit)
-        .with_for_update(of=Run, skip_locked=True)
-    ).all()
+    ready = (select(Run).join(Environment, Run.environment_id == Environment.id)
+             .where(Run.state == RunState.QUEUED.value, Environment.state == "ready")
+             .order_by(Run.id).with_for_update(of=Run, skip_locked=True))
+    runs = list(session.scalars(ready.where(~IS_BACKGROUND).limit(limit)))
+    room = min(limit - len(runs), settings.background_max_running - background_in_flight(session))
+    if room > 0:
+        runs += session.scalars(ready.where(IS_BACKGROUND).limit(room))
     for run in runs:
         new_phase(session, run=run, name=PHASES[0], attempt=1, settings=settings, executor=executor)
         transition(session, run, RunState.TRAIN_SUBMITTED, "claimed by scheduler")
     return len(runs)
 
 
-def local_slots(session: Session, settings: Settings) -> int:
-    """How many more local phase jobs may start now (PARITY_LOCAL_MAX_RUNNING minus those running)."""
-    running = session.scalar(select(func.count()).select_from(Phase).where(
-        Phase.executor == "local", Phase.state.in_([s.value for s in PHASE_ACTIVE]))) or 0
+def background_in_flight(session: Session) -> int:
+    """Background runs claimed and not yet finished (their phases pending, submitted or running)."""
+    return session.scalar(select(func.count()).select_from(Run).where(
+        IS_BACKGROUND, Run.state.in_([s.value for s in IN_FLIGHT]))) or 0
+
+
+def local_slots(session: Session, settings: Settings, *, background: bool = True) -> int:
+    """How many more local phase jobs of background (or user) work may start now.
+
+    User work has PARITY_LOCAL_MAX_RUNNING slots whatever background work runs (it yields, and
+    claim_queued caps how much of it is in flight); background work only the slots nothing runs in.
+    """
+    active = (select(func.count()).select_from(Phase).join(Run, Run.id == Phase.run_id)
+              .where(Phase.executor == "local", Phase.state.in_([s.value for s in PHASE_ACTIVE])))
+    running = session.scalar(active if background else active.where(~IS_BACKGROUND)) or 0
     return max(0, settings.local_max_running - running)
 
 
-def next_pending(session: Session, skip: Collection[int] = ()) -> Phase | None:
-    """The oldest pending phase whose time has come, row-locked (skipping ones another replica holds,
-    and `skip`: those this tick already left waiting for a warm worker)."""
+def next_pending(session: Session, skip: Collection[int] = (), *, background: bool | None = None) -> Phase | None:
+    """The oldest pending phase whose time has come, user work first (or only user work, background=False;
+    only background work, True), row-locked (skipping ones another replica holds, and `skip`: those this
+    tick already left waiting for a warm worker)."""
     now = utcnow()
+    which = true() if background is None else IS_BACKGROUND if background else ~IS_BACKGROUND
     return session.scalar(
         select(Phase).join(Run, Run.id == Phase.run_id)
         .where(Phase.state == PhaseState.PENDING.value, or_(Phase.not_before.is_(None), Phase.not_before <= now),
-               Phase.id.not_in(list(skip)) if skip else true())
-        .order_by(SELFTEST_LAST, Phase.id).limit(1).with_for_update(of=Phase, skip_locked=True)
+               which, Phase.id.not_in(list(skip)) if skip else true())
+        .order_by(IS_BACKGROUND.asc(), Phase.id).limit(1).with_for_update(of=Phase, skip_locked=True)
     )
 
 
@@ -206,6 +223,7 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
         executor=phase.executor, folder=folder, python=env.python, tasks=payload.tasks,
         settings=settings, name=job_name(settings, phase), function=payload.function(), args=payload.args,
         nodes=payload.nodes, gate=gate, also_writable=forked,
+        nice=settings.background_slurm_nice if is_background(run.labels) else 0,
     )
 
 

@@ -88,24 +88,11 @@ def tick(
         moved = pool_dispatch.maintain(session, settings=settings, executor=executor)
         # a sweep of old folders is housekeeping, not progress: it must not make the loop spin
         done["pool"] = moved["released"] + moved["retired"] + moved["started"]
-    slots = max_launches
-    if executor == "local":  # Slurm queues by CPUs itself
-        with session_scope() as session:
-            slots = min(slots, local_slots(session, settings))
     # attempts left pending for a warm worker, keys with none idle
     waits = pool_dispatch.TickWaits(keys={} if pool_keys is None else pool_keys)
-    for _ in range(slots):
-        # one transaction per launch: the pending row stays committed until the submission is recorded
-        with session_scope() as session:
-            phase = next_pending(session, waits.skip())
-            if phase is None:
-                break
-            run = session.get(Run, phase.run_id)
-            assert run is not None
-            step = partial(launch, session, phase, settings=settings, executor=executor, waits=waits)
-            launched = per_row(session, run, step, settings=settings,
-                               what=f"launching {phase.name} attempt {phase.attempt}") and phase.id not in waits.phases
-        done["launched"] += launched
+    for background in (False, True):  # user work first; background work in what it leaves (submitter.py)
+        done["launched"] += _launch_pending(settings, executor=executor, waits=waits, background=background,
+                                            most=max_launches - done["launched"])
     with session_scope() as session:
         done["reconciled"] = reconcile(session, settings=settings, executor=executor)
     with session_scope() as session:
@@ -117,6 +104,29 @@ def tick(
     with session_scope() as session:
         done["pruned"] = sum(retention.apply(session, settings).values())
     return done
+
+
+def _launch_pending(
+    settings: Settings, *, executor: str, waits: pool_dispatch.TickWaits, background: bool, most: int
+) -> int:
+    """Launch up to `most` pending phases of user (or background) work; returns how many were submitted."""
+    slots = most
+    if executor == "local":  # Slurm queues by CPUs itself
+        with session_scope() as session:
+            slots = min(slots, local_slots(session, settings, background=background))
+    launched = 0
+    for _ in range(slots):
+        # one transaction per launch: the pending row stays committed until the submission is recorded
+        with session_scope() as session:
+            phase = next_pending(session, waits.skip(), background=background)
+            if phase is None:
+                break
+            run = session.get(Run, phase.run_id)
+            assert run is not None
+            step = partial(launch, session, phase, settings=settings, executor=executor, waits=waits)
+            launched += per_row(session, run, step, settings=settings,
+                                what=f"launching {phase.name} attempt {phase.attempt}") and phase.id not in waits.phases
+    return launched
 
 
 def _database_url() -> str:

@@ -22,6 +22,7 @@ from jobs.verdict_names import PASS, VERDICTS
 from models import Bisect, Regression, Run, Source, Track
 from models.base import utcnow
 from service.bisects.search import create_commit_bisect
+from service.core.checks import TRACK_LABEL
 from service.core.errors import Conflict, DomainError, InvalidSpec, NotFound
 from service.core.settings import Settings
 from service.environments import sources
@@ -90,7 +91,7 @@ def run_track(session: Session, track: Track, *, settings: Settings) -> str | No
             env = sources.commit_environment(session, source=source, commit=commit, settings=settings)
             suite_run, _ = create_suite_run(
                 session, suite_name=track.suite, version=None, environment=env.name,
-                labels={"branch": track.name, "track": track.name, "commit": commit.sha},
+                labels={"branch": track.name, TRACK_LABEL: track.name, "commit": commit.sha},
                 requester=f"track:{track.name}", settings=settings)
     except DomainError as exc:
         track.last_error = exc.detail[:2000]

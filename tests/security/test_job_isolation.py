@@ -2,7 +2,8 @@
 
 The review's attack: a hostile build's install code wrote `~/.config/pip/pip.conf` naming an extra
 requirement (a fake Megatron-Core); the next build, another tenant's wheel with no Megatron at all,
-installed it and passed its import check. Each job now gets a fresh HOME, TMPDIR, XDG folders and
+installed it and passed its import check. The poisoner here also writes uv's `uv.toml` (builds install
+with uv): read, it would leave the next build without an index. Each job now gets a fresh HOME, TMPDIR, XDG folders and
 pip cache inside its own folder, pip reads no configuration file, and Python no user site-packages.
 """
 
@@ -66,6 +67,15 @@ POISONER = textwrap.dedent('''
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, "pip.conf"), "w") as fh:
                 fh.write(conf)
+        except OSError:
+            pass
+    # and uv's: a build that read it could reach no index (the next build's setuptools never comes)
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    for folder in {os.path.join(home, ".config", "uv"), os.path.join(config, "uv")}:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "uv.toml"), "w") as fh:
+                fh.write("[pip]\\nno-index = true\\n")
         except OSError:
             pass
     with open(os.path.join(%(report)r, "poisoner-home.txt"), "w") as fh:

@@ -86,6 +86,20 @@ def test_requires_python_picks_the_lowest_python_that_fits(tmp_path: Path) -> No
     assert refused.returncode != 0 and "requires a different Python" in refused.stderr
 
 
+def test_a_wheel_built_for_one_python_picks_that_python_from_its_tags(tmp_path: Path) -> None:
+    # an uploaded wheel is read as a file (no pip started): a cp3XY-only wheel with no Requires-Python
+    # still goes to that Python, never to one whose installer would refuse its tags
+    newer, newer_path = _newer()
+    plain = make_wheel(tmp_path / "w", "tiny_tagged", "")
+    tag = f"cp{newer.replace('.', '')}"
+    tagged = plain.rename(plain.with_name(f"tiny_tagged-1.0-{tag}-{tag}-manylinux_2_28_x86_64.whl"))
+    log = tmp_path / "build.log"
+    assert pick_python([str(tagged)], interpreters.configured(None), log) == (newer, newer_path)
+    assert "Requires-Python of tiny_tagged 1.0: (none)" in log.read_text()
+    with pytest.raises(interpreters.NoPythonFits, match="its tags name another Python"):
+        pick_python([str(tagged)], {OWN: interpreters.own_python()[1]}, log)
+
+
 def test_no_python_fits_fails_the_build_naming_the_field_and_the_pythons(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "w", "tiny_future", ">=3.99")
     folder = tmp_path / "environments" / "b1"
