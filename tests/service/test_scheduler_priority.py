@@ -20,7 +20,7 @@ from service.core.db import session_scope
 from service.core.run_state import IN_FLIGHT
 from service.runs.records import cancel_run
 from service.runs.submitter import IS_BACKGROUND
-from tests.service.scheduler_harness import GOOD, phases, queue, run_row, service_env, start, stop, wait_for
+from tests.plugins.scheduler_harness import GOOD, phases, queue, run_row, service_env, start, stop, wait_for
 
 pytestmark = [pytest.mark.megatron]  # the one background run it lets start trains for real
 SMALL = {"config": "moe-fp32-router", "dp": 2, "steps": 8, "save_step": 4, "workarounds": GOOD}
