@@ -42,6 +42,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.postgres)
+        if ENGINE_MISSING and item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.skip(reason="needs torch and Megatron-Core: scripts/setup.sh, not --no-engine"))
         module = getattr(item, "module", None)
         if module is not None and getattr(module, "require_job_user", None) is job_user.require_job_user:
             item.add_marker(pytest.mark.job_user)

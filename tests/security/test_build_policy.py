@@ -35,6 +35,7 @@ def test_a_submit_token_may_not_build_what_is_not_allow_listed(client: TestClien
         assert resp.json()["field"] == "requirements[1]" and "PARITY_BUILD_ALLOW" in resp.json()["detail"]
 
 
+@pytest.mark.engine
 def test_allow_listed_sources_build_with_a_submit_token(client: TestClient, make_token, monkeypatch) -> None:
     configure(monkeypatch, PARITY_BUILD_ALLOW=f"megatron-core, {REPO}.git, artifact")
     submit = make_token("submit")
@@ -46,6 +47,7 @@ def test_allow_listed_sources_build_with_a_submit_token(client: TestClient, make
     assert resp.status_code == 422 and resp.json()["error"] == "invalid_artifact", resp.text
 
 
+@pytest.mark.engine
 def test_artifacts_are_allow_listed_by_default_and_can_be_taken_off(
     client: TestClient, make_token, monkeypatch
 ) -> None:
@@ -56,6 +58,7 @@ def test_artifacts_are_allow_listed_by_default_and_can_be_taken_off(
     assert resp.status_code == 403 and "PARITY_BUILD_ALLOW" in resp.json()["detail"]
 
 
+@pytest.mark.engine
 def test_the_build_scope_may_install_any_line_but_not_local_paths(client: TestClient, make_token) -> None:
     builder = make_token("submit", "build")
     assert _build(client, builder, "einops==0.8.1").status_code == 201
@@ -64,6 +67,7 @@ def test_the_build_scope_may_install_any_line_but_not_local_paths(client: TestCl
     assert local.status_code == 403 and "admin" in local.json()["detail"]
 
 
+@pytest.mark.engine
 def test_local_paths_never_reveal_whether_they_exist(client: TestClient, make_token, tmp_path: Path) -> None:
     submit = make_token("submit")
     real, missing = _build(client, submit, "/etc/shadow"), _build(client, submit, "/no/such/file.whl")

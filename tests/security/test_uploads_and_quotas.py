@@ -126,6 +126,7 @@ def test_a_token_may_keep_only_so_many_bytes_and_an_upload_past_them_stops_there
     assert not any(incoming.iterdir())
 
 
+@pytest.mark.engine
 def test_a_token_may_have_only_so_many_builds_under_way(
     client: TestClient, make_token, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -130,6 +130,7 @@ def queued_by_engine(committed_db: str):
     return insert
 
 
+@pytest.mark.engine
 def test_concurrent_posts_share_commits_and_each_gets_its_own_row(queued_by_engine, monkeypatch) -> None:
     batches: list[int] = []
     write = one_statement.write_batch
@@ -160,6 +161,7 @@ def test_concurrent_posts_share_commits_and_each_gets_its_own_row(queued_by_engi
         assert session.scalar(select(Run.id).where(Run.labels["commit"].astext == "c7")) == seventh.id
 
 
+@pytest.mark.engine
 def test_a_row_that_cannot_be_stored_fails_only_its_own_request(queued_by_engine) -> None:
     # a NUL cannot be stored in JSONB: that request fails as it did on the ORM path, its batch-mates succeed
     errors: list[BaseException] = []

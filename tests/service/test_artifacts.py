@@ -102,6 +102,7 @@ def test_artifact_lines_are_their_own_requirement_kind() -> None:
         normalize(["artifact:1234"])
 
 
+@pytest.mark.engine
 def test_a_build_from_an_artifact_needs_it_stored_and_resolves_it_to_the_file(
     client: TestClient, make_token, db_session: Session
 ) -> None:
@@ -117,6 +118,7 @@ def test_a_build_from_an_artifact_needs_it_stored_and_resolves_it_to_the_file(
     assert path[0].endswith(f"/{art['sha256']}/{WHEEL}") and Path(path[0]).is_file() and path[1] == "einops==0.8.1"
 
 
+@pytest.mark.engine
 def test_unused_artifacts_are_pruned_unless_a_build_waits_for_them(
     client: TestClient, make_token, db_session: Session
 ) -> None:

@@ -43,6 +43,7 @@ def test_registered_python_records_torch_and_megatron_versions(client: TestClien
     assert env["torch"].startswith("2.13.0")
 
 
+@pytest.mark.engine
 def test_registering_a_python_needs_admin_a_build_needs_submit(client: TestClient, make_token) -> None:
     submit = make_token("submit")
     assert client.post("/api/v1/environments", json={"name": "x", "python": PY}, headers=submit).status_code == 403
@@ -51,6 +52,7 @@ def test_registering_a_python_needs_admin_a_build_needs_submit(client: TestClien
     assert client.post("/api/v1/environments", json={"requirements": ["megatron-core==0.15.3"]}).status_code == 401
 
 
+@pytest.mark.engine
 def test_identical_requirement_sets_reuse_one_build(client: TestClient, make_token) -> None:
     headers = make_token("submit", "build")  # einops is not in PARITY_BUILD_ALLOW: the build scope may install it
     first = client.post("/api/v1/environments", json={"requirements": ["megatron-core==0.15.3", "einops==0.8.1"]},

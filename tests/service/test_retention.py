@@ -8,6 +8,7 @@ import subprocess
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
@@ -78,6 +79,7 @@ def test_disk_use_is_on_healthz_and_metrics(client: TestClient, tmp_path: Path) 
     assert "parity_run_folder_fs_free_bytes " in metrics
 
 
+@pytest.mark.engine
 def test_run_local_removes_its_temporary_folder_unless_keep(tmp_path: Path) -> None:
     args = ["run-local", "--config", "moe-fp32-router", "--dp", "1", "--steps", "4", "--save-step", "2", "--json"]
     env = {**os.environ, "TMPDIR": str(tmp_path)}

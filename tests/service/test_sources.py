@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
@@ -21,6 +22,7 @@ def _repo(tmp_path: Path) -> tuple[Repo, list[str]]:
     return repo, shas
 
 
+@pytest.mark.engine
 def test_a_local_repository_resolves_its_ref_and_each_commit_is_one_reused_build(
     client: TestClient, make_token, db_session: Session, tmp_path: Path,
 ) -> None:
@@ -73,6 +75,7 @@ def test_commits_between_two_commits_oldest_first_and_a_bad_ref_says_why(
                        headers=make_token("submit")).status_code == 403
 
 
+@pytest.mark.engine
 def test_a_plain_tree_is_named_by_its_content(db_session: Session, tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "megatron").mkdir(parents=True)
@@ -90,6 +93,7 @@ def test_a_plain_tree_is_named_by_its_content(db_session: Session, tmp_path: Pat
     assert sources.commit_environment(db_session, source=source, commit=second, settings=settings).id != env.id
 
 
+@pytest.mark.engine
 def test_a_git_url_is_mirrored_and_fetched_each_time_it_is_resolved(db_session: Session, tmp_path: Path) -> None:
     repo, shas = _repo(tmp_path)
     source = sources.register_source(db_session, name="upstream", location=f"file://{repo.path}", ref=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -11,6 +12,7 @@ from service.cli.client.sweep import grid_table
 from service.core.run_state import RunState, transition
 
 
+@pytest.mark.engine
 def test_a_sweep_queues_every_cell_and_its_grid_fills_in(client: TestClient, make_token, db_session: Session) -> None:
     headers = make_token("submit")
     built = client.post("/api/v1/environments", json={"requirements": ["megatron-core==0.15.3"]}, headers=headers)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -64,6 +65,7 @@ def _track_runs(session: Session, verdict: str) -> Run:
     return run
 
 
+@pytest.mark.engine
 def test_a_due_track_runs_its_suite_on_the_latest_commit_labelled_track_and_commit(
     client: TestClient, make_token, db_session: Session, tmp_path: Path,
 ) -> None:
@@ -108,6 +110,7 @@ def test_a_due_track_runs_its_suite_on_the_latest_commit_labelled_track_and_comm
     assert track.last_error and "main" in track.last_error and track.next_run_at > utcnow()
 
 
+@pytest.mark.engine
 def test_a_pr_failing_where_main_fails_too_is_not_the_prs_regression(
     db_session: Session, tmp_path: Path,
 ) -> None:
@@ -150,6 +153,7 @@ def test_a_pr_failing_where_main_fails_too_is_not_the_prs_regression(
     assert db_session.scalar(select(Regression).where(Regression.track == "pr-1", Regression.state == "open")) is None
 
 
+@pytest.mark.engine
 def test_a_pass_to_fail_on_the_track_is_bisected_to_the_first_bad_commit(
     client: TestClient, db_session: Session, tmp_path: Path,
 ) -> None:
