@@ -8,12 +8,16 @@ build, a warm-pool worker with every attempt it serves) gets a user of its own, 
 is handed over and given back only once the job is gone: then every process of that uid is killed
 (kill(-1) as that uid: one atomic pass no fork escapes, on Slurm too, where proctrack/linuxproc lets a
 `setsid` daemon leave the job) and its folders are the service's again, before the uid serves anyone
-else. A lease is a file named after the user in `<run folder>/.job-users/` (the service's only),
-created exclusively (O_EXCL), so scheduler replicas sharing the run folder never lease one user twice
-and a restarted scheduler finds its leases again; it says which folder holds it.
+else. A lease is a file named after the user in PARITY_JOB_LEASE_FOLDER (default
+`/run/parity-job-users`, root's only: the pool's users are the host's, so every scheduler on the host,
+whatever its run folder, shares it), created exclusively (O_EXCL), so no two jobs ever hold one user
+and a restarted scheduler finds its leases again; it names the folder that holds it. A lease whose
+folder no longer exists (its run was deleted, its scheduler gone) is taken over once it is old enough
+not to be a hand-over in progress (ORPHAN_AFTER_S), its processes killed first.
 
-Without pool users (only `<name>` exists) every job runs as `<name>` as before, and nothing is killed
-by uid (it would kill every other live job): the weaker mode docs/security.md describes.
+Without pool users (only `<name>` exists, or PARITY_JOB_USERS=0) every job runs as `<name>` as before,
+and nothing is killed by uid (it would kill every other live job): the weaker mode docs/security.md
+describes.
 """
 
 from __future__ import annotations
@@ -33,18 +37,20 @@ from service.core.settings import Settings
 from service.executors.job_user import JobUser, JobUserError, job_user
 
 log = logging.getLogger(__name__)
-LEASES = ".job-users"
 MAX_POOL = 4096  # pool users looked up at most (names stop at the first missing number anyway)
+# a lease is taken over once its folder is gone and it is this old (a job's folder is made right after
+# its lease: a fresh lease with no folder yet is a hand-over in progress)
+ORPHAN_AFTER_S = 600.0
 
 
 class NoFreeJobUser(RuntimeError):
     """Every user of the pool is leased to a live job: the job waits until one is given back."""
 
 
-def pool_of(base: JobUser) -> list[JobUser]:
-    """The users `<base>-0`, `<base>-1`, … that exist, in order (empty: the base user is shared)."""
+def pool_of(base: JobUser, size: int | None = None) -> list[JobUser]:
+    """The users `<base>-0`, `<base>-1`, … that exist, in order, at most `size` (empty: the base user is shared)."""
     users = []
-    for n in range(MAX_POOL):
+    for n in range(MAX_POOL if size is None else min(size, MAX_POOL)):
         name = f"{base.name}-{n}"
         try:
             pwd.getpwnam(name)
@@ -55,21 +61,13 @@ def pool_of(base: JobUser) -> list[JobUser]:
 
 
 def _folder(settings: Settings) -> int:
-    """The lease folder, opened (a directory fd; never through a link)."""
-    root = settings.resolved_run_folder
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        try:
-            os.mkdir(LEASES, 0o700, dir_fd=top)
-        except FileExistsError:
-            pass
-        return os.open(LEASES, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
-    finally:
-        os.close(top)
+    """The lease folder, opened (a directory fd; root's only, never through a link)."""
+    folder = settings.job_lease_folder
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
 
 
-def _holders(settings: Settings) -> dict[str, str]:
+def holders(settings: Settings) -> dict[str, str]:
     """{user name: holder folder} of every lease (a lease being written reads as held by nobody known)."""
     fd = _folder(settings)
     try:
@@ -90,7 +88,7 @@ def _holders(settings: Settings) -> dict[str, str]:
 
 
 def _leased_name(settings: Settings, holder: Path) -> str | None:
-    return next((name for name, held in _holders(settings).items() if held == str(holder)), None)
+    return next((name for name, held in holders(settings).items() if held == str(holder)), None)
 
 
 def lease(settings: Settings, holder: Path) -> JobUser | None:
@@ -102,15 +100,23 @@ def lease(settings: Settings, holder: Path) -> JobUser | None:
     base = job_user(settings.job_user)
     if base is None:
         return None
-    users = pool_of(base)
+    users = pool_of(base, settings.job_users)
     if not users:
         return base
-    held = _leased_name(settings, holder)
+    leased_to = holders(settings)
+    held = next((name for name, folder in leased_to.items() if folder == str(holder)), None)
     if held is not None:
         return JobUser.lookup(held)
     fd = _folder(settings)
     try:
         for user in users:
+            if user.name in leased_to and _orphaned(fd, user.name, leased_to[user.name]):
+                try:
+                    os.unlink(user.name, dir_fd=fd)  # its folder is gone: no scheduler will give it back
+                except FileNotFoundError:
+                    pass  # another scheduler took it over first (O_EXCL below decides who has it)
+                log.warning("job user %s: taking over the lease of %s, which no longer exists", user.name,
+                            leased_to[user.name])
             try:
                 out = os.open(user.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
             except FileExistsError:
@@ -123,6 +129,15 @@ def lease(settings: Settings, holder: Path) -> JobUser | None:
         os.close(fd)
     raise NoFreeJobUser(f"PARITY_JOB_USER: all {len(users)} users of the pool {base.name}-0… are leased to live jobs "
                         f"(scripts/job-user.sh makes more: PARITY_JOB_USERS)")
+
+
+def _orphaned(fd: int, name: str, holder: str) -> bool:
+    # a lease being written names nobody yet: never taken over
+    try:
+        age = time.time() - os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime
+    except FileNotFoundError:
+        return False
+    return bool(holder) and age > ORPHAN_AFTER_S and not os.path.lexists(holder)
 
 
 def user_of(settings: Settings, holder: Path) -> JobUser | None:

@@ -20,6 +20,7 @@ import ctypes
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -34,9 +35,8 @@ from service.executors import job_leases, launcher
 from service.executors.job_user import JobUser
 from tests.security.test_hostile_builds import JOB_USER, _require_job_user
 
-# the shared mode: a base name with no pool users below it (parity-job-0-0 … do not exist), so every job
-# runs as that one user, as every job ran as parity-job before the pool
-MODES = {"user-per-job": JOB_USER, "one-shared-user": f"{JOB_USER}-0"}
+# the shared mode: PARITY_JOB_USERS=0, every job runs as parity-job itself, as every job did before the pool
+MODES: dict[str, int | None] = {"user-per-job": None, "one-shared-user": 0}
 PTRACE_ATTACH, PTRACE_DETACH = 16, 17
 
 
@@ -122,7 +122,7 @@ def test_concurrent_jobs_cannot_signal_ptrace_or_read_each_other(base: Path, mod
 
     _require_pool()
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    settings = Settings(executor="local", run_folder=base / "runs", job_user=MODES[mode])
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER, job_users=MODES[mode])
     folders = [base / "runs" / f"run-{n}" / "train_and_save" / "attempt-1" / "submitit" for n in (1, 2)]
     jobs: list[launcher.PhaseJob] = []
     try:
@@ -149,7 +149,12 @@ def test_concurrent_jobs_cannot_signal_ptrace_or_read_each_other(base: Path, mod
     finally:
         for job in jobs:
             _finish(settings, job)
-    assert not (base / "runs" / job_leases.LEASES).exists() or not os.listdir(base / "runs" / job_leases.LEASES)
+    assert not _leases_under(settings, base), "a job's user was not given back"
+
+
+def _leases_under(settings: Settings, base: Path) -> list[str]:
+    """The pool users leased to folders under `base` (the lease folder is the host's, shared)."""
+    return [user for user, folder in job_leases.holders(settings).items() if folder.startswith(f"{base}/")]
 
 
 def _read(path: Path) -> str | None:
@@ -168,31 +173,73 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slurm
-@pytest.mark.parametrize("mode", MODES)
-def test_a_daemon_a_slurm_job_leaves_is_killed_when_the_job_ends(base: Path, slurm: str, mode: str) -> None:
+def _proctrack() -> str:
+    """The cluster's ProctrackType (scripts/slurm-up.sh: proctrack/cgroup where the host has cgroup v1)."""
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60, check=True)
+    return next((line.split("=", 1)[1].strip() for line in out.stdout.splitlines()
+                 if line.startswith("ProctrackType")), "")
+
+
+def _daemon_job(settings: Settings, base: Path, executor: str) -> tuple[launcher.PhaseJob, Path]:
     import cloudpickle
 
     from tests.security.test_job_isolation import leave_a_daemon
 
-    _require_pool()
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cloudpickle.register_pickle_by_value(sys.modules[leave_a_daemon.__module__])
-    settings = Settings(executor="slurm", run_folder=base / "runs", job_user=MODES[mode])
     folder = base / "runs" / "run-1" / "train_and_save" / "attempt-1" / "submitit"
-    pid_file = folder.parent / "daemon.pid"
-    job = launcher.submit_phase(executor="slurm", folder=folder, python=sys.executable, tasks=1, settings=settings,
-                                name=f"parity-daemon-{base.name}", function=leave_a_daemon, args=(str(pid_file),))
+    job = launcher.submit_phase(executor=executor, folder=folder, python=sys.executable, tasks=1, settings=settings,
+                                name=f"parity-daemon-{base.name}", function=leave_a_daemon,
+                                args=(str(folder.parent / "daemon.pid"),))
+    return job, folder
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("mode", MODES)
+def test_a_daemon_a_slurm_job_leaves_is_killed_when_the_job_ends(base: Path, slurm: str, mode: str) -> None:
+    """Under proctrack/cgroup the cluster kills the daemon with its job; under proctrack/linuxproc it
+    escapes the job, and the job's own user is what the scheduler kills it by when the phase ends."""
+    _require_pool()
+    tracked = _proctrack() == "proctrack/cgroup"
+    settings = Settings(executor="slurm", run_folder=base / "runs", job_user=JOB_USER, job_users=MODES[mode])
+    job, folder = _daemon_job(settings, base, "slurm")
     pid = 0
     try:
         pid = launcher._submitit_job(job).result()
         _wait(lambda: launcher.poll([job])[job].kind == "done", 120, "Slurm to see the job end")
-        assert _alive(pid), "the daemon should have left the Slurm job (proctrack/linuxproc): the attack"
+        if tracked:
+            _wait(lambda: not _alive(pid), 60, "proctrack/cgroup to end the daemon with its job")
+        else:
+            assert _alive(pid), "the daemon should have left the Slurm job (proctrack/linuxproc): the attack"
         left = launcher.end_job(job, settings)  # what the scheduler does when the phase ends
         if mode == "user-per-job":
-            assert left >= 1, "the job's user had nothing left running"
             assert not _alive(pid), "a setsid daemon outlived its Slurm job"
-        else:  # one shared user: killing by uid would kill every other job, so nothing is
+            assert tracked or left >= 1, "the job's user had nothing left running"
+        elif not tracked:  # one shared user: killing by uid would kill every other job, so nothing is
+            assert left == 0 and _alive(pid)
+    finally:
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        job_leases.release(settings, folder.parent)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_daemon_a_local_job_leaves_dies_with_its_user_without_a_cgroup(base: Path, mode: str) -> None:
+    """The kill by uid alone (PARITY_JOB_CGROUP=off: no cgroup holds the job, as on a host without a
+    writable cgroup v2): with a user per job the daemon dies when the phase ends, with one shared user
+    nothing may kill it without killing every other job."""
+    _require_pool()
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER, job_users=MODES[mode],
+                        job_cgroup="off")
+    job, folder = _daemon_job(settings, base, "local")
+    pid = 0
+    try:
+        pid = launcher._LOCAL_JOBS[job.job_id].result()
+        assert _alive(pid), "the daemon should still run once its job returned (that is the attack)"
+        left = launcher.end_job(job, settings)
+        if mode == "user-per-job":
+            assert left >= 1 and not _alive(pid), "a setsid daemon outlived its job"
+        else:
             assert left == 0 and _alive(pid)
     finally:
         if pid and _alive(pid):
@@ -202,33 +249,47 @@ def test_a_daemon_a_slurm_job_leaves_is_killed_when_the_job_ends(base: Path, slu
 
 def test_a_user_serves_one_live_job_and_comes_back_with_nothing_running(base: Path) -> None:
     """Leases are exclusive (a full pool makes the next job wait), and a user given back, or found still
-    running something when leased again (a scheduler that died), has every process killed first."""
-    import subprocess
-
+    running something when leased again (a scheduler that died), has every process killed first. The
+    lease folder is the host's: what other schedulers hold here is left alone."""
     _require_pool()
     settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER)
-    pool = job_leases.pool_of(JobUser.lookup(JOB_USER))
-    held = [job_leases.lease(settings, base / f"job-{n}") for n in range(len(pool))]
-    assert len({u.uid for u in held if u}) == len(pool)  # one user per job
-    assert job_leases.lease(settings, base / "job-0") == held[0]  # the same job asking again: its own
+    held: list[JobUser] = []
     with pytest.raises(job_leases.NoFreeJobUser, match="PARITY_JOB_USERS"):
-        job_leases.lease(settings, base / "one-too-many")
-    first = held[0]
-    assert first is not None
-    # what a job of that user leaves running: a daemon in a session of its own
-    daemon = subprocess.Popen(["setpriv", f"--reuid={first.uid}", f"--regid={first.gid}", "--clear-groups", "--",
-                               "sleep", "300"], start_new_session=True)
+        for n in range(len(job_leases.pool_of(JobUser.lookup(JOB_USER))) + 1):
+            user = job_leases.lease(settings, base / f"job-{n}")
+            assert user is not None
+            held.append(user)
     try:
-        _wait(lambda: daemon.pid and _uid_of(daemon.pid) == first.uid, 10, "the daemon to drop to the job user")
-        job_leases.release(settings, base / "job-0")
-        assert daemon.wait(timeout=10) == -signal.SIGKILL  # killed before the user went back to the pool
-        assert job_leases.lease(settings, base / "one-too-many") == first
-    finally:
-        daemon.kill()
-        daemon.wait()
-        for n in range(len(pool)):
-            job_leases.release(settings, base / f"job-{n}")
+        assert held and len({u.uid for u in held}) == len(held)  # one user per job
+        assert job_leases.lease(settings, base / "job-0") == held[0]  # the same job asking again: its own
+        first = held[0]
+        # what a job of that user leaves running: a daemon in a session of its own
+        daemon = subprocess.Popen(["setpriv", f"--reuid={first.uid}", f"--regid={first.gid}", "--clear-groups",
+                                   "--", "sleep", "300"], start_new_session=True)
+        try:
+            _wait(lambda: _uid_of(daemon.pid) == first.uid, 10, "the daemon to drop to the job user")
+            job_leases.release(settings, base / "job-0")
+            assert daemon.wait(timeout=10) == -signal.SIGKILL  # killed before the user went back to the pool
+            assert job_leases.lease(settings, base / "one-too-many") == first
+        finally:
+            daemon.kill()
+            daemon.wait()
+        # a lease whose folder is gone (its run deleted, its scheduler dead) is taken over
         job_leases.release(settings, base / "one-too-many")
+        gone = base / "deleted-run"
+        gone.mkdir()
+        assert job_leases.lease(settings, gone) == first
+        gone.rmdir()
+        with pytest.raises(job_leases.NoFreeJobUser):  # a hand-over in progress (its folder not made yet)
+            job_leases.lease(settings, base / "after-the-deletion")
+        old = time.time() - job_leases.ORPHAN_AFTER_S - 1  # an hour later: its scheduler is gone for good
+        os.utime(settings.job_lease_folder / first.name, (old, old))
+        assert job_leases.lease(settings, base / "after-the-deletion") == first
+    finally:
+        for folder in [*(base / f"job-{n}" for n in range(len(held))), base / "one-too-many",
+                       base / "after-the-deletion"]:
+            job_leases.release(settings, folder)
+    assert not _leases_under(settings, base)
 
 
 def _uid_of(pid: int) -> int | None:

@@ -237,8 +237,11 @@ def _struck_nothing(run_id: int, struck_at: float) -> bool:
 
 
 def _leases(runs: Path) -> list[str]:
-    folder = runs / ".job-users"
-    return os.listdir(folder) if folder.is_dir() else []
+    """The pool users leased to folders under `runs` (the lease folder is the host's, shared)."""
+    from service.core.settings import Settings
+    from service.executors.job_leases import holders
+
+    return [user for user, folder in holders(Settings()).items() if folder.startswith(f"{runs}/")]
 
 
 def _squeue() -> list[str]:
