@@ -68,8 +68,16 @@ def _folder(settings: Settings) -> int:
 
 
 def holders(settings: Settings) -> dict[str, str]:
-    """{user name: holder folder} of every lease (a lease being written reads as held by nobody known)."""
-    fd = _folder(settings)
+    """{user name: holder folder} of every lease (a lease being written reads as held by nobody known).
+
+    Without PARITY_JOB_USER, or before the first lease, there are none (the folder is made by `lease`
+    only: a scheduler that is not root never touches it)."""
+    if not settings.job_user:
+        return {}
+    try:
+        fd = os.open(settings.job_lease_folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return {}
     try:
         out = {}
         for name in os.listdir(fd):
