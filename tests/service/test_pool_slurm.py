@@ -241,7 +241,7 @@ def _leases(runs: Path) -> list[str]:
     from service.core.settings import Settings
     from service.executors.job_leases import holders
 
-    return [user for user, folder in holders(Settings()).items() if folder.startswith(f"{runs}/")]
+    return [user for user, folder in holders(Settings(job_user=JOB_USER)).items() if folder.startswith(f"{runs}/")]
 
 
 def _squeue() -> list[str]:
