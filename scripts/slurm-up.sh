@@ -70,6 +70,16 @@ install -d -m 755 -o mysql -g mysql "$DB"
 NODE=$(hostname -s)
 CPUS=$(nproc)
 MEM=$(( $(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo) * 9 / 10 ))
+# Nothing of a job outlives it: proctrack/cgroup puts every process of a job in a cgroup (a `setsid`
+# daemon included) and kills it whole when the job ends. Slurm 22.05 needs systemd for cgroup v2, so
+# it takes the v1 hierarchy when the host mounts one (a v1 freezer: this VM does); without one,
+# proctrack/linuxproc, which loses a process that left the job's session (the scheduler then kills
+# what a job's user left: service/executors/job_leases.py).
+if grep -qs '^cgroup /sys/fs/cgroup/freezer cgroup .*freezer' /proc/self/mounts; then
+  PROCTRACK=proctrack/cgroup
+else
+  PROCTRACK=proctrack/linuxproc
+fi
 cat >"$ETC/slurm.conf.new" <<EOF
 # written by scripts/slurm-up.sh; edits are overwritten
 ClusterName=$CLUSTER
@@ -88,8 +98,8 @@ SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-# no cgroups in containers/VMs without systemd: track processes through /proc
-ProctrackType=proctrack/linuxproc
+# proctrack/cgroup on a cgroup v1 hierarchy when the host has one, else /proc (see above)
+ProctrackType=$PROCTRACK
 TaskPlugin=task/none
 # CR_CPU: a task takes a CPU (not a whole core), so 2 tasks fit on any 2-CPU machine
 SelectType=select/cons_tres
@@ -129,8 +139,18 @@ StorageUser=slurm
 StoragePass=slurm
 StorageLoc=slurm_acct_db
 EOF
+# cgroup/v1 on the mounted hierarchy, only to track processes (no limits: jobs are sized by CPUs)
+cat >"$ETC/cgroup.conf.new" <<EOF
+# written by scripts/slurm-up.sh; edits are overwritten
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+CgroupAutomount=no
+ConstrainCores=no
+ConstrainRAMSpace=no
+ConstrainDevices=no
+EOF
 changed=0
-for f in slurm.conf slurmdbd.conf; do
+for f in slurm.conf slurmdbd.conf cgroup.conf; do
   if cmp -s "$ETC/$f.new" "$ETC/$f"; then rm "$ETC/$f.new"; else mv "$ETC/$f.new" "$ETC/$f"; changed=1; fi
 done
 chmod 600 "$ETC/slurmdbd.conf" # slurmdbd refuses a world-readable file holding a password

@@ -64,6 +64,13 @@ class Settings(BaseSettings):
     # The Unix user builds and phases run as (service/executors/job_user.py); unset: the service's own
     # user (weaker: a job can then read what the service can, docs/security.md). Needs a root scheduler.
     job_user: str | None = None
+    # One user per live job: how many of the pool <job_user>-0, -1, … (scripts/job-user.sh) jobs are
+    # leased from (service/executors/job_leases.py); unset: every one that exists; 0: none, every job
+    # runs as job_user itself (weaker: concurrent jobs share a uid, docs/security.md)
+    job_users: int | None = Field(default=None, ge=0)
+    # where the leases of the pool are kept: the pool's users are the host's, so every scheduler using
+    # them shares this folder (replicas on other hosts: a folder they all see)
+    job_lease_folder: Path = Path("/run/parity-job-users")
     # What one run attempt or build may write into its folder: bytes, or with a K/M/G/T suffix (powers
     # of 1024). Every job file is capped at this (RLIMIT_FSIZE); the reconciler fails a folder past it.
     run_disk_quota: str = "20G"

@@ -29,7 +29,7 @@ from service.core.settings import Settings, get_settings
 from service.environments import interpreters
 from service.environments.recipe import RESULT_NAME, build_environment
 from service.environments.registry import set_state
-from service.executors import job_user, launcher
+from service.executors import job_leases, job_user, launcher
 from service.executors.selection import pick_executor
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,9 @@ def launch_builds(session: Session, *, settings: Settings, executor: str | None 
                     settings=settings, name=f"parity-env-{env.id}", function=build_environment,
                     args=(str(folder), lines, pythons), env_names=pip_environment(),
                 )
+            except job_leases.NoFreeJobUser as exc:  # every job user serves a live job: build later
+                log.info("build %s waits: %s", env.id, exc)
+                continue
             except Exception as exc:  # sbatch refused: the build cannot start, say why
                 env.error_message = f"submitting the build failed: {exc}"[-4000:]
                 set_state(env, "failed")
@@ -147,6 +150,7 @@ def _take_back(env: Environment, settings: Settings) -> None:
         return
     if env.folder:
         job_user.take_back(Path(env.folder), run_as, root=settings.resolved_run_folder)
+        job_leases.release(settings, Path(env.folder))  # its user serves the next job (end_job killed the rest)
 
 
 def _over_quota(env: Environment, settings: Settings) -> str | None:

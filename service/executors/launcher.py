@@ -26,7 +26,7 @@ from submitit.core.core import Job
 
 from jobs.protocol import read_job_file_tail
 from service.core.settings import Settings, get_settings
-from service.executors import job_cgroup
+from service.executors import job_cgroup, job_leases
 from service.executors import job_user as jobuser
 from service.executors.job_home import make_private, private_environment
 from service.executors.local_jobs import IsolatedLocalExecutor, kill_group, local_process, start_time
@@ -138,8 +138,9 @@ def submit_phase(
     env_names: variables this job may inherit beyond the allow-list (a build needs pip's).
     nodes: Slurm nodes the ranks are spread over, tasks / nodes per node (the local executor runs
     every rank on this host whatever it says).
-    With PARITY_JOB_USER the job runs as that user and may write only folder's parent (the attempt
-    or build folder, handed over here, taken back by the caller when the phase ends); `gate` (the
+    With PARITY_JOB_USER the job runs as a user of its own (job_leases) and may write only folder's
+    parent (the attempt or build folder, handed over here, taken back by the caller when the phase
+    ends, which then gives the user back: job_leases.release); `gate` (the
     run's folder) lets it pass through to that folder while it lives (service/executors/job_user.py);
     also_writable: other folders the same job writes (the resume a "process" isolation job forks).
     Every job's processes may write at most PARITY_RUN_DISK_QUOTA per file (RLIMIT_FSIZE); the
@@ -148,6 +149,20 @@ def submit_phase(
     if nodes < 1 or tasks % nodes:
         raise ValueError(f"nodes: {nodes} does not divide tasks ({tasks})")
     run_as = hand_over(settings, folder, gate=gate, also_writable=also_writable)
+    try:
+        return _submit(executor=executor, folder=folder, python=python, tasks=tasks, settings=settings, name=name,
+                       function=function, args=args, env_names=env_names, nodes=nodes, run_as=run_as, nice=nice)
+    except Exception:  # nothing runs: the folders and the user go back at once
+        for granted in (folder.parent, *also_writable):
+            jobuser.take_back(granted, run_as, root=settings.resolved_run_folder)
+        job_leases.release(settings, folder.parent)
+        raise
+
+
+def _submit(
+    *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str, function: Any,
+    args: tuple[Any, ...], env_names: frozenset[str], nodes: int, run_as: jobuser.JobUser | None, nice: int = 0,
+) -> PhaseJob:
     private = private_environment(folder.parent)
     fsize = settings.run_disk_quota_bytes
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
@@ -202,12 +217,15 @@ def submit_phase(
 
 def hand_over(
     settings: Settings, folder: Path, *, gate: Path | None = None, also_writable: tuple[Path, ...] = (),
+    worker: Path | None = None,
 ) -> jobuser.JobUser | None:
-    """With PARITY_JOB_USER: give the job user folder (a submitit folder) and its attempt folder, the
+    """With PARITY_JOB_USER: give the job's user folder (a submitit folder) and its attempt folder, the
     run's gate and the other folders the job writes; the caller takes them back when the phase ends.
     The granted folder gets fresh private folders (make_private) for the job's HOME, TMPDIR and caches.
-    Cold jobs get this at submission, warm attempts before their order is placed. Returns the user."""
-    run_as = jobuser.job_user(settings.job_user)
+    Cold jobs get this at submission, with a user leased to them alone (job_leases.lease; NoFreeJobUser
+    when the pool is all leased); a warm attempt before its order is placed, as the user of the `worker`
+    (folder) that runs it. Returns the user."""
+    run_as = job_leases.lease(settings, folder.parent) if worker is None else job_leases.user_of(settings, worker)
     root = settings.resolved_run_folder
     jobuser.prepare_tree(root, folder.parent, run_as)
     if gate is not None:
@@ -317,20 +335,25 @@ def cancel(job: PhaseJob) -> None:
 
 
 def end_job(job: PhaseJob, settings: Settings) -> int:
-    """A local job has ended (or was stopped): kill what it left running, its daemons included, and reap.
+    """A job has ended (or was stopped): kill what it left running, its daemons included, and reap.
 
-    Everything the job started is in its cgroup (job_cgroup.py), however it detached; the cgroup is
-    killed whole and removed before the caller takes its folder back. Returns how many processes were
-    left. Slurm jobs end with their allocation (proctrack/cgroup on the cluster, docs/security.md).
+    A local job: everything it started is in its cgroup (job_cgroup.py), however it detached; the cgroup
+    is killed whole and removed. Any job with a user of its own (job_leases): every process of that uid
+    on this host is killed, which is what ends a `setsid` daemon a Slurm job left (proctrack/linuxproc
+    tracks none that detached; SLURM.md). Both before the caller takes the job's folder back. Returns
+    how many processes were left.
     """
+    left = job_leases.stop(settings, Path(job.folder).parent)
     if job.executor != "local":
-        return 0
+        if left:
+            log.info("%s job %s left %d processes running; killed", job.executor, job.job_id, left)
+        return left
     try:
         root = job_cgroup.jobs_root(settings.job_cgroup)
     except job_cgroup.CgroupError as exc:
         log.warning("not ending local job %s: %s", job.job_id, exc)
-        return 0
-    left = job_cgroup.kill(job_cgroup.cgroup_of(root, Path(job.folder))) if root is not None else 0
+        return left
+    left += job_cgroup.kill(job_cgroup.cgroup_of(root, Path(job.folder))) if root is not None else 0
     if left:
         log.info("local job %s left %d processes running; killed", job.job_id, left)
     local = _LOCAL_JOBS.get(job.job_id)

@@ -25,7 +25,7 @@ from typing import Any
 from jobs.pool_folder import PoolFolder, read_pool_file, write_atomic
 from service.core.pool_config import PoolEntry
 from service.core.settings import Settings
-from service.executors import job_user, launcher
+from service.executors import job_leases, job_user, launcher
 
 log = logging.getLogger(__name__)
 WARM_PREFIX = "pool:"
@@ -159,6 +159,9 @@ def start_worker(settings: Settings, executor: str, *, env_id: int, env_name: st
     name = f"e{env_id}-t{entry.tasks}-{uuid.uuid4().hex[:10]}"
     files = PoolFolder(pool_root(settings) / name)
     job_user.prepare_tree(settings.resolved_run_folder, files.submitit, job_user.job_user(settings.job_user))
+    # the worker's own user, for its whole life (every attempt it serves writes as it): leased before its
+    # record exists, so a full pool of users leaves nothing behind (NoFreeJobUser)
+    job_leases.lease(settings, files.folder)
     record: dict[str, Any] = {"env_id": env_id, "env_name": env_name, "tasks": entry.tasks, "executor": executor,
                               "job_id": None, "started": None, "created": time.time(), "hang_s": entry.hang_s,
                               "idle_s": entry.idle_s}
@@ -262,6 +265,15 @@ def release(worker: Worker, order_id: str) -> None:
     worker.files.clear_order(order_id, worker.tasks)
 
 
+def end_worker(settings: Settings, worker: Worker) -> None:
+    """A retired worker's job has ended: kill what it (or an attempt it served) left running, and give
+    its user back to the pool (its folder stays the worker's until it is deleted, root's to delete)."""
+    if not job_leases.leased(settings, worker.files.folder):
+        return
+    launcher.end_job(worker.job(), settings)
+    job_leases.release(settings, worker.files.folder)
+
+
 def sweep_retired(settings: Settings) -> int:
     """Delete the folders of retired workers whose job has ended a while ago; how many."""
     gone = 0
@@ -272,6 +284,8 @@ def sweep_retired(settings: Settings) -> int:
     for worker in retired:
         status = statuses.get(worker.job())
         ended = status is None or status.kind in ("done", "failed", "infra")
+        if ended:
+            end_worker(settings, worker)
         if ended and time.time() - worker.files.retired.stat().st_mtime > RETIRED_KEEP_S:
             shutil.rmtree(worker.files.folder, ignore_errors=True)
             worker.files.record.unlink(missing_ok=True)

@@ -33,7 +33,7 @@ from models.base import utcnow
 from service.core.phase_state import PhaseState
 from service.core.pool_config import PoolEntry, entry_for
 from service.core.settings import Settings
-from service.executors import job_home, launcher, pool
+from service.executors import job_home, job_leases, launcher, pool
 
 log = logging.getLogger(__name__)
 # a key whose worker died before it ever went idle sends its attempts cold for this long
@@ -88,7 +88,8 @@ class TickWaits:
 
 def route(
     session: Session, phase: Phase, run: Run, *, settings: Settings, executor: str, entry_name: str,
-    args: tuple[Any, ...], tasks: int, nodes: int, job_folder: Path, hand_over: Callable[[], object] = lambda: None,
+    args: tuple[Any, ...], tasks: int, nodes: int, job_folder: Path,
+    hand_over: Callable[[Path], object] = lambda worker: None,
     waits: TickWaits | None = None,
 ) -> launcher.PhaseJob | str | None:
     """A warm placement of this attempt (its job handle), WAIT (leave it pending), or None (go cold).
@@ -124,7 +125,7 @@ def route(
         order_args = [*args]
         order_args[3] = [job_master_port(str(phase.id), i) for i in range(2)] if entry_name == "attempt" \
             else job_master_port(str(phase.id))
-        hand_over()  # with PARITY_JOB_USER the worker writes this attempt's folders as the job user
+        hand_over(v.worker.files.folder)  # with PARITY_JOB_USER the worker writes them as its own user
         if pool.place(v.worker, order_id, entry_name, order_args, launcher.task_log_files(attempt_job),
                       env=job_home.private_environment(job_folder.parent)):
             log.info("run %s: %s attempt %d to warm worker %s", run.id, phase.name, phase.attempt, v.worker.name)
@@ -216,7 +217,12 @@ def _grow(session: Session, settings: Settings, executor: str, entries: tuple[Po
         mine = [v for v in live if v.worker.key == (env_id, tasks)]
         free = sum(v.state in ("starting", "idle") and not v.expiring for v in mine)
         for _ in range(max(0, min(entry.size - len(mine), waiting - free))):
-            pool.start_worker(settings, executor, env_id=env_id, env_name=env.name, python=env.python, entry=entry)
+            try:
+                pool.start_worker(settings, executor, env_id=env_id, env_name=env.name, python=env.python,
+                                  entry=entry)
+            except job_leases.NoFreeJobUser as exc:  # every job user serves a live job: start it later
+                log.info("pool: no worker started now: %s", exc)
+                return started
             started += 1
     return started
 

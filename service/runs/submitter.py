@@ -29,7 +29,7 @@ from service.core.checks import BACKGROUND_LABELS, is_background
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
 from service.core.run_state import IN_FLIGHT, RunState, transition
 from service.core.settings import Settings
-from service.executors import job_home, job_user, launcher, pool, slurm_jobs
+from service.executors import job_home, job_leases, job_user, launcher, pool, slurm_jobs
 from service.oncall import suite_alerts
 from service.oncall.notification_events import infra_error_streak
 from service.runs import pool_dispatch
@@ -178,8 +178,8 @@ def launch(
         gate, forked = _job_writes(settings, run, payload)
         warm = pool_dispatch.route(session, phase, run, settings=settings, executor=executor, entry_name=payload.entry,
                                    args=payload.args, tasks=payload.tasks, nodes=payload.nodes, job_folder=folder,
-                                   hand_over=lambda: launcher.hand_over(settings, folder, gate=gate,
-                                                                        also_writable=forked),
+                                   hand_over=lambda worker: launcher.hand_over(
+                                       settings, folder, gate=gate, also_writable=forked, worker=worker),
                                    waits=waits)
         if warm == pool_dispatch.WAIT:  # route recorded it (and its key) in waits
             return
@@ -189,6 +189,11 @@ def launch(
                        f"warm: {phase.job_name} ({warm.executor} job {warm.job_id})")
             return
         job = _submit(session, phase, run, folder, settings)
+    except job_leases.NoFreeJobUser as exc:  # every job user serves a live job: wait for one, like a busy pool
+        log.info("phase %s of run %s waits: %s", phase.name, run.id, exc)
+        if waits is not None:
+            waits.phases.add(phase.id)
+        return
     except Exception as exc:  # sbatch refused, Slurm unreachable, the executor broke: not the code under test
         reason = " ".join(str(exc).split())[-1500:] or type(exc).__name__
         log.warning("submitting phase %s of run %s failed: %s", phase.name, run.id, reason)
@@ -240,11 +245,21 @@ def release_folders(settings: Settings, phase: Phase, *, job_continues: bool = F
 
     job_continues: the same job goes on with the next phase (isolation "process"): its submitit
     folder stays the job's, and the run's folder stays open to it. Otherwise whatever the job left
-    running (a daemon) is killed first (a local job's cgroup: launcher.end_job).
+    running (a daemon) is killed first (a local job's cgroup, every process of the job's own user:
+    launcher.end_job), and once its folders are taken back that user serves the next job (job_leases).
     """
-    if not job_continues and phase.executor == "local" and phase.job_id and not pool.is_warm(phase.job_name):
-        launcher.end_job(launcher.PhaseJob(executor="local", folder=str(launcher_folder(phase)), job_id=phase.job_id,
-                                           tasks=1), settings)
+    ends = not job_continues and not pool.is_warm(phase.job_name)
+    if ends and phase.job_id:
+        launcher.end_job(launcher.PhaseJob(executor=phase.executor, folder=str(launcher_folder(phase)),
+                                           job_id=phase.job_id, tasks=1), settings)
+    try:
+        _take_back_folders(settings, phase, job_continues=job_continues)
+    finally:
+        if ends:
+            job_leases.release(settings, launcher_folder(phase).parent)
+
+
+def _take_back_folders(settings: Settings, phase: Phase, *, job_continues: bool) -> None:
     try:
         run_as = job_user.job_user(settings.job_user)
     except job_user.JobUserError as exc:  # nothing was handed over under a user that does not resolve

@@ -39,7 +39,7 @@ from service.core.folder_files import UnsafeFile, read_tail
 from service.core.phase_state import PHASE_ACTIVE
 from service.core.settings import Settings, get_settings
 from service.environments.registry import request_build
-from service.executors import job_user
+from service.executors import job_leases, job_user
 from service.runs.reconciler import reconcile
 from service.runs.records import create_run
 from service.runs.submitter import claim_queued, launch, next_pending
@@ -219,7 +219,9 @@ def _show(stage: str, report: dict[str, Any]) -> str:
 def _assert_contained(scene: Scene, stage: str, report: dict[str, Any]) -> None:
     """Every attack of one stage failed, each for the reason its defence gives."""
     shown = _show(stage, report)
-    assert report["uid"] == pwd.getpwnam(JOB_USER).pw_uid, f"the job did not run as {JOB_USER}\n{shown}"
+    # a user of its own, from the pool PARITY_JOB_USER names (service/executors/job_leases.py)
+    ran_as = pwd.getpwuid(report["uid"]).pw_name
+    assert ran_as.startswith(f"{JOB_USER}-"), f"the job did not run as a user of the pool {JOB_USER}-N\n{shown}"
     denied = "Permission denied"
     # the service's settings file (0600, the service's): unreadable to the job user
     assert not report["read_secret_file"]["ok"] and denied in report["read_secret_file"]["detail"], shown
@@ -266,6 +268,8 @@ def _exercise(scene: Scene, executor: str) -> None:
     assert not scene.marker.exists(), "the scheduler unpickled a file a job wrote"
     assert attempt.stat().st_uid == os.geteuid(), "the attempt folder was not taken back"
     assert (attempt.parent.parent.stat().st_mode & 0o777) == job_user.GATE_CLOSED_MODE
+    # the build's and the phases' users are back in the pool (the lease folder is the host's, shared)
+    assert not [u for u, folder in job_leases.holders(scene.settings).items() if folder.startswith(f"{scene.runs}/")]
 
 
 @pytest.mark.slow  # a real build and a real run, ~40 s: the full suite (CI) runs it

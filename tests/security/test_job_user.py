@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from jobs.spec import RunSpec
 from models import Environment
 from service.core.settings import Settings, get_settings, parse_size
-from service.executors import job_home, job_user, launcher
+from service.executors import job_home, job_leases, job_user, launcher
 from service.executors.launcher import PhaseJob
 from service.executors.local_jobs import start_time
 from service.runs import disk_quota
@@ -208,14 +208,17 @@ def test_a_job_that_goes_on_keeps_its_private_home_until_it_ends(user: job_user.
 
     settings = Settings(run_folder=root, job_user=JOB_USER, executor="local")
     attempt = root / "run-4" / "train_and_save" / "attempt-1"
-    launcher.hand_over(settings, attempt / "submitit", gate=root / "run-4")
+    leased = launcher.hand_over(settings, attempt / "submitit", gate=root / "run-4")  # the job's own user
+    assert leased is not None and leased.name.startswith(f"{user.name}-")  # one of the pool (job_leases)
     private = attempt / job_home.PRIVATE
-    assert private.stat().st_uid == (private / "tmp").stat().st_uid == user.uid
+    assert private.stat().st_uid == (private / "tmp").stat().st_uid == leased.uid
     phase = Phase(run_id=4, name="train_and_save", attempt=1, folder=str(attempt), executor="local")
     release_folders(settings, phase, job_continues=True)
     assert attempt.stat().st_uid == os.geteuid()
-    assert (private / "tmp").stat().st_uid == user.uid and (attempt / "submitit").stat().st_uid == user.uid
+    assert (private / "tmp").stat().st_uid == leased.uid and (attempt / "submitit").stat().st_uid == leased.uid
+    assert job_leases.leased(settings, attempt)  # the job goes on: its user stays its own
     release_folders(settings, phase)
+    assert not job_leases.leased(settings, attempt)  # the job ended: its user is back in the pool
     assert (private / "tmp").stat().st_uid == os.geteuid()
 
 

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -30,6 +31,7 @@ import psutil
 import pytest
 
 from jobs.pool_folder import PoolFolder, read_pool_file
+from jobs.protocol import RunPlan
 from models import Phase
 from service.core.db import session_scope
 from service.runs.records import cancel_run
@@ -67,11 +69,16 @@ def _live(runs: Path) -> list[PoolFolder]:
 
 
 def _busy_with(runs: Path, run_id: int) -> tuple[PoolFolder, Phase] | None:
-    """The worker whose order is this run's attempt, once every task has taken it up, and that attempt.
+    """The worker whose order is this run's attempt, once every task has taken it up and before the
+    attempt has written its documents, and that attempt.
 
     Which phase it is depends on the machine's speed (a fast train_and_save can end between two polls),
     so the caller asserts on the attempt returned here, not on a phase named in advance."""
-    attempts = [p for p in phases(run_id) if p.job_name and p.state in ("submitted", "running")]
+    plan = RunPlan.of(run_row(run_id).spec)
+    # an attempt whose ranks all wrote their documents is done, whatever its row and the beats still say
+    # (the reconciler has not seen them yet, the child is exiting): a fault now would strike nothing
+    attempts = [p for p in phases(run_id) if p.job_name and p.state in ("submitted", "running")
+                and not plan.finished(Path(p.folder or "."), p.name)]
     for w in _live(runs):
         order = w.read_order()
         beats = w.beats(2)
@@ -152,10 +159,12 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
             assert list(differences(comparable(warm_docs[phase]), comparable(cold.document(phase)))) == [], phase
         first_worker = {w.name for w in _live(runs)}
         assert len(first_worker) == 1
-        if as_job_user:  # the worker's tasks are the job user's, and its record is not theirs to rewrite
+        if as_job_user:  # the worker's tasks run as a job user of its own, and its record is not theirs to rewrite
             (worker_files,) = _live(runs)
             beat = read_pool_file(worker_files.heartbeat(0))
-            assert beat is not None and psutil.Process(int(beat["pid"])).uids().real == pwd.getpwnam(JOB_USER).pw_uid
+            assert beat is not None
+            worker_user = pwd.getpwuid(psutil.Process(int(beat["pid"])).uids().real).pw_name
+            assert worker_user.startswith(f"{JOB_USER}-"), worker_user  # leased from the pool (job_leases)
             assert worker_files.record.stat().st_uid == os.geteuid()
 
         # cancel while warm: the run ends cancelled, the same worker goes back to idle and serves again
@@ -174,13 +183,17 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
 
         # a worker task SIGKILLed mid-run, then a worker allocation ended: each an infrastructure retry
         for fault in ("task killed", "allocation ended") if full else ("allocation ended",):
-            run_id = queue(LONG, environment="pooled")
-            worker, hit = wait_for(partial(_busy_with, runs, run_id), 300, "a busy worker", 0.1, alive)
-            if fault == "task killed":
-                _kill_task(worker)
-            else:
-                _end_allocation(worker, executor)
-            wait_for(partial(_finished, run_id), 600, f"the run after {fault}", alive=alive)
+            for _ in range(3):  # a fault that landed after the last document was written struck nothing: again
+                run_id = queue(LONG, environment="pooled")
+                worker, hit = wait_for(partial(_busy_with, runs, run_id), 300, "a busy worker", 0.1, alive)
+                struck_at = time.time()
+                if fault == "task killed":
+                    _kill_task(worker)
+                else:
+                    _end_allocation(worker, executor)
+                wait_for(partial(_finished, run_id), 600, f"the run after {fault}", alive=alive)
+                if not _struck_nothing(run_id, struck_at):
+                    break
             row, attempts = run_row(run_id), phases(run_id)
             assert row.verdict == "pass", (fault, row.state, row.error_message)
             # One order runs both phases, and the worker may already be in resume while train_and_save's
@@ -193,6 +206,11 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
 
         # idle: the pool shrinks to zero, its worker jobs gone
         wait_for(lambda: not _live(runs), IDLE_S + 90, "the idle pool to shrink to zero", alive=alive)
+        if as_job_user:  # every job gone, every job user given back, nothing left running as one
+            wait_for(lambda: not _leases(runs), 120, "every job user to be given back", alive=alive)
+            uid = pwd.getpwnam(worker_user).pw_uid
+            assert not [p.pid for p in psutil.process_iter(["uids", "status"]) if p.info["uids"]
+                        and p.info["uids"].real == uid and p.info["status"] != psutil.STATUS_ZOMBIE]
         if executor == "slurm":
             ids = {str((read_pool_file(w.record) or {}).get("job_id")) for w in _workers(runs)}
             wait_for(lambda: not ids & set(_squeue()), 120, "the pool jobs to leave the queue")
@@ -205,6 +223,25 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
 
 def _finished(run_id: int) -> object:
     return run_row(run_id).finished_at
+
+
+def _struck_nothing(run_id: int, struck_at: float) -> bool:
+    """Whether every attempt of the run succeeded at once and wrote its last document before `struck_at`:
+    the fault came between that write and the worker's return to idle, with nothing left to strike (the
+    service rightly keeps complete documents: one such run once failed this walk in CI)."""
+    plan, attempts = RunPlan.of(run_row(run_id).spec), phases(run_id)
+    if any(p.state != "succeeded" for p in attempts):
+        return False
+    written = [path.stat().st_mtime for p in attempts for path in plan.result_paths(Path(p.folder or "."), p.name)]
+    return bool(written) and max(written) < struck_at
+
+
+def _leases(runs: Path) -> list[str]:
+    """The pool users leased to folders under `runs` (the lease folder is the host's, shared)."""
+    from service.core.settings import Settings
+    from service.executors.job_leases import holders
+
+    return [user for user, folder in holders(Settings(job_user=JOB_USER)).items() if folder.startswith(f"{runs}/")]
 
 
 def _squeue() -> list[str]:
