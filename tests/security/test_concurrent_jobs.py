@@ -183,7 +183,7 @@ def _proctrack() -> str:
 def _daemon_job(settings: Settings, base: Path, executor: str) -> tuple[launcher.PhaseJob, Path]:
     import cloudpickle
 
-    from tests.security.test_job_isolation import leave_a_daemon
+    from tests.plugins.daemons import leave_a_daemon
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cloudpickle.register_pickle_by_value(sys.modules[leave_a_daemon.__module__])

@@ -29,6 +29,7 @@ from models import Environment
 from service.core.db import session_scope
 from service.core.settings import Settings, get_settings
 from service.environments.registry import request_build
+from tests.plugins.daemons import leave_a_daemon
 from tests.plugins.hostile_package import build_to_end
 
 pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: real builds or many real runs
@@ -157,15 +158,6 @@ def test_a_build_cannot_poison_the_next_builds_pip(scene: Path) -> None:
     assert "fake-megatron-core" not in " ".join(victim.freeze or [])
 
 
-def leave_a_daemon(pid_file: str) -> int:
-    """A job that starts a `setsid` daemon (out of its process group and session) and returns at once."""
-    import subprocess
-    import sys
-
-    daemon = subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid() if os.getsid(0) != os.getpid() "
-                               "else None; time.sleep(600)"], start_new_session=True)
-    Path(pid_file).write_text(str(daemon.pid))
-    return daemon.pid
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,17 @@
+"""Job payloads that misbehave on purpose: what a hostile phase leaves running. A module of its own so a
+test can pickle it by value (cloudpickle) for a job user that cannot import the checkout's tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def leave_a_daemon(pid_file: str) -> int:
+    """A job that starts a `setsid` daemon (out of its process group and session) and returns at once."""
+    import subprocess
+    import sys
+
+    daemon = subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid() if os.getsid(0) != os.getpid() "
+                               "else None; time.sleep(600)"], start_new_session=True)
+    Path(pid_file).write_text(str(daemon.pid))
+    return daemon.pid
