@@ -21,8 +21,10 @@ say() {
   SECTION=$1 SECTION_T0=$now
   printf '\n== [%s +%ds] %s\n' "$(date +%H:%M:%S)" $(( now - T0 )) "$*"
 }
-# pytest's own options for every tier: a per-test ceiling comes from pyproject.toml (pytest-timeout)
-PYTEST=(.venv/bin/python -m pytest -q)
+# pytest's own options for every tier: a per-test ceiling comes from pyproject.toml (pytest-timeout); two
+# xdist workers, one of which takes every test that runs jobs, Slurm or a browser in order (the xdist
+# group "jobs", tests/conftest.py) while the other takes those that need only Postgres
+PYTEST=(.venv/bin/python -m pytest -q -n 2 --dist loadgroup)
 
 TIER=pr
 case "${1:-}" in
