@@ -161,7 +161,7 @@ def start_worker(settings: Settings, executor: str, *, env_id: int, env_name: st
     job_user.prepare_tree(settings.resolved_run_folder, files.submitit, job_user.job_user(settings.job_user))
     record: dict[str, Any] = {"env_id": env_id, "env_name": env_name, "tasks": entry.tasks, "executor": executor,
                               "job_id": None, "started": None, "created": time.time(), "hang_s": entry.hang_s,
-                              "idle_s": entry.idle_s}
+                              "idle_s": entry.idle_s, "on_demand": entry.on_demand}
     write_atomic(files.record, record)
     job = launcher.submit_phase(
         executor=executor, folder=files.submitit, python=python, tasks=entry.tasks, settings=settings,

@@ -37,6 +37,7 @@ from tests.run_local import PHASES, LocalReference
 from tests.security.test_hostile_builds import JOB_USER, _require_job_user
 from tests.service.scheduler_harness import (
     GOOD,
+    live_workers,
     phases,
     queue,
     register_environment,
@@ -62,17 +63,13 @@ def _workers(runs: Path) -> list[PoolFolder]:
     return [PoolFolder(p) for p in sorted(root.iterdir()) if PoolFolder(p).record.exists()] if root.is_dir() else []
 
 
-def _live(runs: Path) -> list[PoolFolder]:
-    return [w for w in _workers(runs) if not w.retired.exists()]
-
-
 def _busy_with(runs: Path, run_id: int) -> tuple[PoolFolder, Phase] | None:
     """The worker whose order is this run's attempt, once every task has taken it up, and that attempt.
 
     Which phase it is depends on the machine's speed (a fast train_and_save can end between two polls),
     so the caller asserts on the attempt returned here, not on a phase named in advance."""
     attempts = [p for p in phases(run_id) if p.job_name and p.state in ("submitted", "running")]
-    for w in _live(runs):
+    for w in live_workers(runs):
         order = w.read_order()
         beats = w.beats(2)
         if not order or not all(b and b.get("state") == "busy" for b in beats):
@@ -150,10 +147,10 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
         warm_docs = _documents(warm)
         for phase in PHASES:
             assert list(_differences(comparable(warm_docs[phase]), comparable(cold.document(phase)))) == [], phase
-        first_worker = {w.name for w in _live(runs)}
+        first_worker = {w.name for w in live_workers(runs)}
         assert len(first_worker) == 1
         if as_job_user:  # the worker's tasks are the job user's, and its record is not theirs to rewrite
-            (worker_files,) = _live(runs)
+            (worker_files,) = live_workers(runs)
             beat = read_pool_file(worker_files.heartbeat(0))
             assert beat is not None and psutil.Process(int(beat["pid"])).uids().real == pwd.getpwnam(JOB_USER).pw_uid
             assert worker_files.record.stat().st_uid == os.geteuid()
@@ -192,7 +189,7 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
             assert worker.retired.exists(), fault  # never handed another order
 
         # idle: the pool shrinks to zero, its worker jobs gone
-        wait_for(lambda: not _live(runs), IDLE_S + 90, "the idle pool to shrink to zero", alive=alive)
+        wait_for(lambda: not live_workers(runs), IDLE_S + 90, "the idle pool to shrink to zero", alive=alive)
         if executor == "slurm":
             ids = {str((read_pool_file(w.record) or {}).get("job_id")) for w in _workers(runs)}
             wait_for(lambda: not ids & set(_squeue()), 120, "the pool jobs to leave the queue")
