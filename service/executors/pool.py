@@ -191,6 +191,12 @@ def find_order(settings: Settings, order_id: str) -> Worker | None:
     return None
 
 
+def done_reports(settings: Settings) -> list[Path]:
+    """The done reports the workers holding an order will write (what the scheduler's wait watches)."""
+    return [w.files.done(rank) for w in list_workers(settings) if w.files.read_order() is not None
+            for rank in range(w.tasks)]
+
+
 def warm_name(worker: Worker, order_id: str) -> str:
     """The job name a warm phase is recorded under."""
     return f"{WARM_PREFIX}{worker.name}:{order_id}"
