@@ -176,6 +176,7 @@ def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str
         return done  # no pool configured and no worker left to stop: not even the lock's round trip
     if not session.scalar(text("select pg_try_advisory_xact_lock(:k)"), {"k": POOL_LOCK}):
         return done  # another replica maintains the pool right now
+    demand = _demand(session, settings, entries) if entries or settings.suite_warm else Demand()
     views = pool.observe(settings)
     for v in views:
         if v.state == "busy" and v.order and v.worker.files.finished(v.order, v.worker.tasks):
@@ -190,12 +191,11 @@ def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str
             _start_failures[v.worker.key] = time.monotonic()
             pool.retire(v.worker, "never became ready", hard=True)
             done["retired"] += 1
-        elif v.state == "idle" and (v.expiring or v.idle_s > float(v.worker.record.get("idle_s", 300))
-                                    or (_entry_of(entries, v) is None and not v.worker.record.get("on_demand"))):
+        elif v.state == "idle" and _let_go(v, entries, demand):
             pool.retire(v.worker, "expiring" if v.expiring else "idle", hard=False)
             done["retired"] += 1
-    if entries or settings.suite_warm:
-        done["started"] = _grow(session, settings, executor, entries)
+    if demand.waiting:
+        done["started"] = _grow(settings, executor, demand)
     done["swept"] = pool.sweep_retired(settings)
     return done
 
@@ -209,8 +209,29 @@ def _entry_of(entries: tuple[PoolEntry, ...], v: pool.WorkerView) -> PoolEntry |
     return entry_for(entries, str(v.worker.record.get("env_name")), v.worker.tasks)
 
 
-def _grow(session: Session, settings: Settings, executor: str, entries: tuple[PoolEntry, ...]) -> int:
-    """Start workers for the pending attempts of each pooled key (configured, or a suite's), up to its size."""
+def _let_go(v: pool.WorkerView, entries: tuple[PoolEntry, ...], demand: Demand) -> bool:
+    """Whether an idle worker goes: expiring, idle past its time, or its PARITY_POOL entry gone. A suite's
+    on-demand worker stays while attempts of its key wait (a resharded resume's 1-rank worker, started when
+    that resume turned pending, waits out the local executor's slot for it rather than importing twice)."""
+    if v.expiring:
+        return True
+    idle_past = v.idle_s > float(v.worker.record.get("idle_s", 300))
+    if v.worker.record.get("on_demand"):
+        return idle_past and v.worker.key not in demand.waiting
+    return idle_past or _entry_of(entries, v) is None
+
+
+@dataclass
+class Demand:
+    """The pending attempts of each pooled key (environment id, tasks), its environment and its entry."""
+
+    waiting: Counter[tuple[int, int]] = field(default_factory=Counter)
+    envs: dict[int, Environment] = field(default_factory=dict)
+    entries: dict[tuple[int, int], PoolEntry] = field(default_factory=dict)
+
+
+def _demand(session: Session, settings: Settings, entries: tuple[PoolEntry, ...]) -> Demand:
+    """What the pending attempts of pooled keys (configured, or a suite's) ask of the pool."""
     now = utcnow()
     rows = session.execute(
         select(Phase.name, Run.spec, Run.labels, Environment).join(Run, Run.id == Phase.run_id)
@@ -218,25 +239,26 @@ def _grow(session: Session, settings: Settings, executor: str, entries: tuple[Po
         .where(Phase.state == PhaseState.PENDING.value, or_(Phase.not_before.is_(None), Phase.not_before <= now),
                true() if entries else Run.labels.has_key(SUITE_LABEL))  # only suites can be pooled then
     ).tuples().all()
-    demand: Counter[tuple[int, int]] = Counter()
-    envs: dict[int, Environment] = {}
-    wanted: dict[tuple[int, int], PoolEntry] = {}
+    demand = Demand()
     for name, spec, labels, env in rows:
         plan = RunPlan.of(spec)
         tasks = plan.tasks(cast(PhaseName, name))
         entry = entry_for(entries, env.name, tasks) or suite_entry(settings, env.name, tasks, labels)
         if plan.nodes != 1 or entry is None:
             continue
-        demand[(env.id, tasks)] += 1
-        envs[env.id] = env
-        wanted.setdefault((env.id, tasks), entry)
-    if not demand:
-        return 0
+        demand.waiting[(env.id, tasks)] += 1
+        demand.envs[env.id] = env
+        demand.entries.setdefault((env.id, tasks), entry)
+    return demand
+
+
+def _grow(settings: Settings, executor: str, demand: Demand) -> int:
+    """Start workers for the pending attempts of each pooled key, up to its entry's size."""
     live = [v for v in pool.observe(settings) if v.state in ("starting", "idle", "busy")
             and v.worker.record.get("executor") == executor]
     started = 0
-    for (env_id, tasks), waiting in sorted(demand.items()):
-        env, entry = envs[env_id], wanted[(env_id, tasks)]
+    for (env_id, tasks), waiting in sorted(demand.waiting.items()):
+        env, entry = demand.envs[env_id], demand.entries[(env_id, tasks)]
         if env.state != "ready":
             continue
         if time.monotonic() - _start_failures.get((env_id, tasks), float("-inf")) < START_FAILURE_COOLDOWN_S:
