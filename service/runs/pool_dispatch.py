@@ -29,7 +29,7 @@ from sqlalchemy import or_, select, text, true
 from sqlalchemy.orm import Session
 
 from jobs.contract import PhaseName
-from jobs.protocol import RunPlan
+from jobs.protocol import PHASES, RunPlan
 from jobs.rank.dist import job_master_port
 from models import Environment, Phase, Run
 from models.base import utcnow
@@ -194,7 +194,7 @@ def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str
         elif v.state == "idle" and _let_go(v, entries, demand):
             pool.retire(v.worker, "expiring" if v.expiring else "idle", hard=False)
             done["retired"] += 1
-    if demand.waiting:
+    if demand.entries:
         done["started"] = _grow(settings, executor, demand)
     done["swept"] = pool.sweep_retired(settings)
     return done
@@ -217,38 +217,61 @@ def _let_go(v: pool.WorkerView, entries: tuple[PoolEntry, ...], demand: Demand) 
         return True
     idle_past = v.idle_s > float(v.worker.record.get("idle_s", 300))
     if v.worker.record.get("on_demand"):
-        return idle_past and v.worker.key not in demand.waiting
+        return idle_past and not demand.wants(v.worker.key)
     return idle_past or _entry_of(entries, v) is None
 
 
 @dataclass
 class Demand:
-    """The pending attempts of each pooled key (environment id, tasks), its environment and its entry."""
+    """The pending attempts of each pooled key (environment id, tasks), its environment and its entry; and
+    the keys a suite's checks will need next (`soon`: a resharded resume, its own job at another size)."""
 
     waiting: Counter[tuple[int, int]] = field(default_factory=Counter)
+    soon: set[tuple[int, int]] = field(default_factory=set)
     envs: dict[int, Environment] = field(default_factory=dict)
     entries: dict[tuple[int, int], PoolEntry] = field(default_factory=dict)
 
+    def add(self, env: Environment, tasks: int, entry: PoolEntry, *, pending: bool) -> None:
+        key = (env.id, tasks)
+        if pending:
+            self.waiting[key] += 1
+        else:
+            self.soon.add(key)
+        self.envs[env.id] = env
+        self.entries.setdefault(key, entry)
+
+    def wants(self, key: tuple[int, int]) -> bool:
+        return key in self.waiting or key in self.soon
+
 
 def _demand(session: Session, settings: Settings, entries: tuple[PoolEntry, ...]) -> Demand:
-    """What the pending attempts of pooled keys (configured, or a suite's) ask of the pool."""
+    """What the pending attempts of pooled keys (configured, or a suite's) ask of the pool, and what a suite's
+    train_and_save attempts (pending or in flight) will ask next: their resume when it is a job of its own at
+    another world size, so that worker imports while the suite's other checks run, not after the save."""
     now = utcnow()
+    pending = Phase.state == PhaseState.PENDING.value
     rows = session.execute(
-        select(Phase.name, Run.spec, Run.labels, Environment).join(Run, Run.id == Phase.run_id)
+        select(Phase.name, pending, Run.spec, Run.labels, Environment).join(Run, Run.id == Phase.run_id)
         .join(Environment, Environment.id == Run.environment_id)
-        .where(Phase.state == PhaseState.PENDING.value, or_(Phase.not_before.is_(None), Phase.not_before <= now),
+        .where(or_(pending & or_(Phase.not_before.is_(None), Phase.not_before <= now),
+                   Phase.state.in_([PhaseState.SUBMITTED.value, PhaseState.RUNNING.value])
+                   & (Phase.name == PHASES[0]) & Run.labels.has_key(SUITE_LABEL)),
                true() if entries else Run.labels.has_key(SUITE_LABEL))  # only suites can be pooled then
     ).tuples().all()
     demand = Demand()
-    for name, spec, labels, env in rows:
+    for name, waiting, spec, labels, env in rows:
         plan = RunPlan.of(spec)
+        if plan.nodes != 1:
+            continue
         tasks = plan.tasks(cast(PhaseName, name))
         entry = entry_for(entries, env.name, tasks) or suite_entry(settings, env.name, tasks, labels)
-        if plan.nodes != 1 or entry is None:
-            continue
-        demand.waiting[(env.id, tasks)] += 1
-        demand.envs[env.id] = env
-        demand.entries.setdefault((env.id, tasks), entry)
+        if waiting and entry is not None:
+            demand.add(env, tasks, entry, pending=True)
+        later = plan.tasks(PHASES[1])
+        if name == PHASES[0] and not plan.forks_resume(name) and later != tasks:
+            entry = entry_for(entries, env.name, later) or suite_entry(settings, env.name, later, labels)
+            if entry is not None and entry.on_demand:
+                demand.add(env, later, entry, pending=False)
     return demand
 
 
@@ -257,8 +280,9 @@ def _grow(settings: Settings, executor: str, demand: Demand) -> int:
     live = [v for v in pool.observe(settings) if v.state in ("starting", "idle", "busy")
             and v.worker.record.get("executor") == executor]
     started = 0
-    for (env_id, tasks), waiting in sorted(demand.waiting.items()):
+    for env_id, tasks in sorted(demand.entries):
         env, entry = demand.envs[env_id], demand.entries[(env_id, tasks)]
+        waiting = demand.waiting[(env_id, tasks)] or 1  # a key wanted soon: one worker
         if env.state != "ready":
             continue
         if time.monotonic() - _start_failures.get((env_id, tasks), float("-inf")) < START_FAILURE_COOLDOWN_S:
