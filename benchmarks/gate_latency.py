@@ -13,7 +13,8 @@ the service's default environment (no upload, no build). The shared 3.12 torch b
 before the clock starts (`parity pythons prepare 3.12`, cached beside the wheels).
 
 Prints, per repetition, from the service's own timestamps: upload (submit -> environment
-registered), environment (-> built), queue (-> the first check's first phase submitted), each check
+registered), environment (-> built), queue (-> the first check's first phase submitted; warm, that is
+the suite's workers importing torch and Megatron-Core), each check
 (its first submission -> its verdict, with its start offset), verdict (the last check's verdict ->
 `parity submit` exits), and the total; then the median total and the load average before and after.
 """
@@ -73,7 +74,10 @@ def stages(client: httpx.Client, branch: str, t0: float, t_exit: float) -> dict[
     runs = [client.get(f"/api/v1/runs/{r['id']}").json() for r in sorted(items, key=lambda r: r["id"])]
     env = client.get(f"/api/v1/environments/{runs[0]['environment']}").json()
     registered, built = _at(env["created_at"]), _at(env["built_at"])
-    fresh = registered is not None and registered >= t0  # a build this submission asked for
+    # a build this submission asked for (or the default environment, made on first use) starts at its
+    # registration; an environment that was there already costs nothing here
+    start = registered if registered is not None and registered >= t0 else t0
+    ready = built if built is not None and built >= start else start
     checks = {}
     for run in runs:
         submitted = min(t for t in (_at(p["submitted_at"]) for p in run["phases"] or []) if t is not None)
@@ -84,10 +88,9 @@ def stages(client: httpx.Client, branch: str, t0: float, t_exit: float) -> dict[
         }
     first = min(t0 + c["start_s"] for c in checks.values())
     last = max(_at(r["finished_at"]) or t_exit for r in runs)
-    ready = built if fresh and built is not None else t0
     return {
-        "upload_s": round((registered if fresh and registered else t0) - t0, 1),
-        "environment_s": round(ready - (registered if fresh and registered else t0), 1),
+        "upload_s": round(start - t0, 1),
+        "environment_s": round(ready - start, 1),
         "queue_s": round(first - ready, 1),
         "checks": checks,
         "verdict_s": round(t_exit - last, 1),
