@@ -25,6 +25,8 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -161,6 +163,16 @@ def main() -> int:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=60)
+        # the embedded Postgres outlives the service's processes: a fast shutdown, then its data, the builds
+        # and the runs go (the service's logs stay in `work`)
+        postmaster = work / "data" / "pgdata" / "postmaster.pid"
+        if postmaster.exists():
+            os.kill(int(postmaster.read_text().split()[0]), signal.SIGINT)
+            deadline = time.monotonic() + 60
+            while postmaster.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        shutil.rmtree(work / "data", ignore_errors=True)
+        print(f"service logs: {work}", file=sys.stderr)
 
 
 if __name__ == "__main__":
