@@ -28,6 +28,9 @@ class PoolEntry:
     size: int = 1
     idle_s: float = 300.0
     hang_s: float = 30.0
+    # started for a suite run's checks, with no PARITY_POOL entry (service/runs/pool_dispatch.suite_entry):
+    # its workers are let go only for idleness, and serve no run outside a suite
+    on_demand: bool = False
 
 
 class PoolConfigError(ValueError):

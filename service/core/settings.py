@@ -160,6 +160,13 @@ class Settings(BaseSettings):
     local_max_running: int = Field(default_factory=lambda: max(1, (os.cpu_count() or 2) // 2), ge=1)
     # warm workers per environment (service/core/pool_config.py has the grammar); empty: every attempt cold
     pool: str = ""
+    # a suite run's checks share warm workers started on demand for its environment, whatever PARITY_POOL
+    # says (service/runs/pool_dispatch.py): the imports are paid once per suite, not once per check.
+    # suite_workers: the most such workers per environment and world size (checks run that many at once);
+    # suite_worker_idle_s: how long one waits for its suite's next check before it is let go
+    suite_warm: bool = True
+    suite_workers: int = Field(default_factory=lambda: max(1, (os.cpu_count() or 2) // 2), ge=1, le=64)
+    suite_worker_idle_s: int = Field(default=20, ge=0, le=3600)
 
     @field_validator("pool")
     @classmethod

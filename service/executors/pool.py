@@ -164,7 +164,7 @@ def start_worker(settings: Settings, executor: str, *, env_id: int, env_name: st
     job_leases.lease(settings, files.folder)
     record: dict[str, Any] = {"env_id": env_id, "env_name": env_name, "tasks": entry.tasks, "executor": executor,
                               "job_id": None, "started": None, "created": time.time(), "hang_s": entry.hang_s,
-                              "idle_s": entry.idle_s}
+                              "idle_s": entry.idle_s, "on_demand": entry.on_demand}
     write_atomic(files.record, record)
     job = launcher.submit_phase(
         executor=executor, folder=files.submitit, python=python, tasks=entry.tasks, settings=settings,
@@ -192,6 +192,12 @@ def find_order(settings: Settings, order_id: str) -> Worker | None:
         if order is not None and order.get("id") == order_id:
             return worker
     return None
+
+
+def done_reports(settings: Settings) -> list[Path]:
+    """The done reports the workers holding an order will write (what the scheduler's wait watches)."""
+    return [w.files.done(rank) for w in list_workers(settings) if w.files.read_order() is not None
+            for rank in range(w.tasks)]
 
 
 def warm_name(worker: Worker, order_id: str) -> str:

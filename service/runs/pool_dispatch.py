@@ -3,7 +3,10 @@
 `route` is asked by the submitter before a cold submission: an attempt whose environment and world
 size have a PARITY_POOL entry goes to an idle worker of that key (an order in the worker's folder),
 or waits pending while a worker of that key is starting or busy; it goes cold when no entry covers
-it, when it spans nodes, or when that key's workers keep failing to start. `maintain` runs once per
+it, when it spans nodes, or when that key's workers keep failing to start. A check of a suite run
+needs no entry (PARITY_SUITE_WARM): its environment gets workers on demand (`suite_entry`), so the
+suite pays the imports once and a fresh environment is warm for the rest of its suite; they are let
+go once idle for PARITY_SUITE_WORKER_IDLE_S. `maintain` runs once per
 scheduler tick: it takes back finished orders, retires dead, hung, expiring and idle workers (so an
 idle pool shrinks to zero), and starts workers for the attempts waiting, up to each entry's size.
 
@@ -22,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import or_, select, text
+from sqlalchemy import or_, select, text, true
 from sqlalchemy.orm import Session
 
 from jobs.contract import PhaseName
-from jobs.protocol import RunPlan
+from jobs.protocol import PHASES, RunPlan
 from jobs.rank.dist import job_master_port
 from models import Environment, Phase, Run
 from models.base import utcnow
@@ -48,9 +51,23 @@ def order_id_of(phase: Phase) -> str:
     return f"phase-{phase.id}"
 
 
-def _entry(settings: Settings, env: Environment, tasks: int) -> PoolEntry | None:
+# the label every check of a suite run carries (service/suites/runs.py)
+SUITE_LABEL = "suite_run"
+
+
+def suite_entry(settings: Settings, env_name: str, tasks: int, labels: dict[str, str] | None) -> PoolEntry | None:
+    """The on-demand pool of a suite run's checks (None for a run outside a suite, or with the feature off)."""
+    if not settings.suite_warm or SUITE_LABEL not in (labels or {}):
+        return None
+    return PoolEntry(env=env_name, tasks=tasks, size=settings.suite_workers, idle_s=float(settings.suite_worker_idle_s),
+                     on_demand=True)
+
+
+def _entry(settings: Settings, env: Environment, tasks: int, labels: dict[str, str] | None) -> PoolEntry | None:
+    """PARITY_POOL's entry for this environment and size, else a suite check's on-demand one."""
     entries = settings.pool_entries()
-    return entry_for(entries, env.name, tasks) if entries else None
+    configured = entry_for(entries, env.name, tasks) if entries else None
+    return configured or suite_entry(settings, env.name, tasks, labels)
 
 
 # how many attempts' pool keys a scheduler remembers across ticks (cleared past that)
@@ -74,6 +91,8 @@ class TickWaits:
     keys: dict[int, tuple[int, int]] = field(default_factory=dict)
     phases: set[int] = field(default_factory=set)
     full_keys: set[tuple[int, int]] = field(default_factory=set)
+    # the full keys pooled only for suite checks (no PARITY_POOL entry): a run outside a suite goes cold there
+    suite_keys: set[tuple[int, int]] = field(default_factory=set)
 
     def skip(self) -> set[int]:
         """Phase ids the next launch of this tick need not look at."""
@@ -99,12 +118,15 @@ def route(
     if nodes != 1:
         return None
     key = (run.environment_id, tasks)
-    full = waits is not None and key in waits.full_keys  # known pooled, and no idle worker this tick
+    # known pooled for this run, and no idle worker this tick
+    full = waits is not None and key in waits.full_keys and (
+        key not in waits.suite_keys or SUITE_LABEL in (run.labels or {}))
+    entry: PoolEntry | None = None
     if not full:
         env = session.get(Environment, run.environment_id)
         if env is None:
             return None
-        entry = _entry(settings, env, tasks)
+        entry = _entry(settings, env, tasks, run.labels)
         if entry is None:
             return None
     order_id = order_id_of(phase)
@@ -134,6 +156,8 @@ def route(
         return None
     if waits is not None:
         waits.full_keys.add(key)
+        if entry is not None and entry.on_demand:
+            waits.suite_keys.add(key)
         waits.waited(phase.id, key)
     return WAIT
 
@@ -149,10 +173,11 @@ def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str
     """Take back finished orders, retire what must go, start what the waiting attempts need."""
     done = {"released": 0, "retired": 0, "started": 0, "swept": 0}
     entries = settings.pool_entries()
-    if not entries and not pool.pool_root(settings).is_dir():
+    if not entries and not settings.suite_warm and not pool.pool_root(settings).is_dir():
         return done  # no pool configured and no worker left to stop: not even the lock's round trip
     if not session.scalar(text("select pg_try_advisory_xact_lock(:k)"), {"k": POOL_LOCK}):
         return done  # another replica maintains the pool right now
+    demand = _demand(session, settings, entries) if entries or settings.suite_warm else Demand()
     views = pool.observe(settings)
     for v in views:
         if v.state == "busy" and v.order and v.worker.files.finished(v.order, v.worker.tasks):
@@ -167,12 +192,11 @@ def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str
             _start_failures[v.worker.key] = time.monotonic()
             pool.retire(v.worker, "never became ready", hard=True)
             done["retired"] += 1
-        elif v.state == "idle" and (v.expiring or v.idle_s > float(v.worker.record.get("idle_s", 300))
-                                    or _entry_of(entries, v) is None):
+        elif v.state == "idle" and _let_go(v, entries, demand):
             pool.retire(v.worker, "expiring" if v.expiring else "idle", hard=False)
             done["retired"] += 1
-    if entries:
-        done["started"] = _grow(session, settings, executor, entries)
+    if demand.entries:
+        done["started"] = _grow(settings, executor, demand)
     done["swept"] = pool.sweep_retired(settings)
     return done
 
@@ -186,31 +210,81 @@ def _entry_of(entries: tuple[PoolEntry, ...], v: pool.WorkerView) -> PoolEntry |
     return entry_for(entries, str(v.worker.record.get("env_name")), v.worker.tasks)
 
 
-def _grow(session: Session, settings: Settings, executor: str, entries: tuple[PoolEntry, ...]) -> int:
-    """Start workers for the pending attempts of each pooled key, up to its size."""
+def _let_go(v: pool.WorkerView, entries: tuple[PoolEntry, ...], demand: Demand) -> bool:
+    """Whether an idle worker goes: expiring, idle past its time, or its PARITY_POOL entry gone. A suite's
+    on-demand worker stays while attempts of its key wait (a resharded resume's 1-rank worker, started when
+    that resume turned pending, waits out the local executor's slot for it rather than importing twice)."""
+    if v.expiring:
+        return True
+    idle_past = v.idle_s > float(v.worker.record.get("idle_s", 300))
+    if v.worker.record.get("on_demand"):
+        return idle_past and not demand.wants(v.worker.key)
+    return idle_past or _entry_of(entries, v) is None
+
+
+@dataclass
+class Demand:
+    """The pending attempts of each pooled key (environment id, tasks), its environment and its entry; and
+    the keys a suite's checks will need next (`soon`: a resharded resume, its own job at another size)."""
+
+    waiting: Counter[tuple[int, int]] = field(default_factory=Counter)
+    soon: set[tuple[int, int]] = field(default_factory=set)
+    envs: dict[int, Environment] = field(default_factory=dict)
+    entries: dict[tuple[int, int], PoolEntry] = field(default_factory=dict)
+
+    def add(self, env: Environment, tasks: int, entry: PoolEntry, *, pending: bool) -> None:
+        key = (env.id, tasks)
+        if pending:
+            self.waiting[key] += 1
+        else:
+            self.soon.add(key)
+        self.envs[env.id] = env
+        self.entries.setdefault(key, entry)
+
+    def wants(self, key: tuple[int, int]) -> bool:
+        return key in self.waiting or key in self.soon
+
+
+def _demand(session: Session, settings: Settings, entries: tuple[PoolEntry, ...]) -> Demand:
+    """What the pending attempts of pooled keys (configured, or a suite's) ask of the pool, and what a suite's
+    train_and_save attempts (pending or in flight) will ask next: their resume when it is a job of its own at
+    another world size, so that worker imports while the suite's other checks run, not after the save."""
     now = utcnow()
+    pending = Phase.state == PhaseState.PENDING.value
     rows = session.execute(
-        select(Phase.name, Run.spec, Environment).join(Run, Run.id == Phase.run_id)
+        select(Phase.name, pending, Run.spec, Run.labels, Environment).join(Run, Run.id == Phase.run_id)
         .join(Environment, Environment.id == Run.environment_id)
-        .where(Phase.state == PhaseState.PENDING.value, or_(Phase.not_before.is_(None), Phase.not_before <= now))
+        .where(or_(pending & or_(Phase.not_before.is_(None), Phase.not_before <= now),
+                   Phase.state.in_([PhaseState.SUBMITTED.value, PhaseState.RUNNING.value])
+                   & (Phase.name == PHASES[0]) & Run.labels.has_key(SUITE_LABEL)),
+               true() if entries else Run.labels.has_key(SUITE_LABEL))  # only suites can be pooled then
     ).tuples().all()
-    demand: Counter[tuple[int, int]] = Counter()
-    envs: dict[int, Environment] = {}
-    for name, spec, env in rows:
+    demand = Demand()
+    for name, waiting, spec, labels, env in rows:
         plan = RunPlan.of(spec)
         if plan.nodes != 1:
             continue
-        demand[(env.id, plan.tasks(cast(PhaseName, name)))] += 1
-        envs[env.id] = env
-    if not demand:
-        return 0
+        tasks = plan.tasks(cast(PhaseName, name))
+        entry = entry_for(entries, env.name, tasks) or suite_entry(settings, env.name, tasks, labels)
+        if waiting and entry is not None:
+            demand.add(env, tasks, entry, pending=True)
+        later = plan.tasks(PHASES[1])
+        if name == PHASES[0] and not plan.forks_resume(name) and later != tasks:
+            entry = entry_for(entries, env.name, later) or suite_entry(settings, env.name, later, labels)
+            if entry is not None and entry.on_demand:
+                demand.add(env, later, entry, pending=False)
+    return demand
+
+
+def _grow(settings: Settings, executor: str, demand: Demand) -> int:
+    """Start workers for the pending attempts of each pooled key, up to its entry's size."""
     live = [v for v in pool.observe(settings) if v.state in ("starting", "idle", "busy")
             and v.worker.record.get("executor") == executor]
     started = 0
-    for (env_id, tasks), waiting in sorted(demand.items()):
-        env = envs[env_id]
-        entry = entry_for(entries, env.name, tasks)
-        if entry is None or env.state != "ready":
+    for env_id, tasks in sorted(demand.entries):
+        env, entry = demand.envs[env_id], demand.entries[(env_id, tasks)]
+        waiting = demand.waiting[(env_id, tasks)] or 1  # a key wanted soon: one worker
+        if env.state != "ready":
             continue
         if time.monotonic() - _start_failures.get((env_id, tasks), float("-inf")) < START_FAILURE_COOLDOWN_S:
             continue

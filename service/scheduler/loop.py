@@ -29,6 +29,7 @@ from service.bisects import search as bisects
 from service.core.db import get_engine, session_scope
 from service.core.settings import Settings
 from service.environments import build_steps as builds
+from service.executors import pool
 from service.executors.selection import pick_executor
 from service.oncall.delivery import DeliveryWorker
 from service.runs import pool_dispatch, retention
@@ -134,8 +135,10 @@ def _database_url() -> str:
 
 
 def _watch(settings: Settings) -> list[Path]:
+    # a warm order's done reports too: the order is taken back (and the suite's next check placed) at
+    # once, not a poll interval after the attempt's last document
     with session_scope() as session:
-        return watched_files(session, settings=settings)
+        return watched_files(session, settings=settings) + pool.done_reports(settings)
 
 
 def run_forever(settings: Settings, stop: threading.Event | None = None, executor: str | None = None) -> None:

@@ -15,12 +15,20 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
+from jobs.pool_folder import PoolFolder
 from models import Phase, PhaseEvent, Run
 from service.core.check_spec import run_spec_of
 from service.core.db import session_scope
 from service.core.settings import get_settings
-from service.environments.registry import create_environment, ensure_default_environment, get_environment
+from service.environments.registry import (
+    DEFAULT_ENVIRONMENT,
+    create_environment,
+    ensure_default_environment,
+    get_environment,
+)
 from service.runs.records import create_run
+from service.suites.definitions import apply_suite
+from service.suites.runs import create_suite_run
 
 PARITY = [sys.executable, "-m", "service.cli.main"]
 GOOD = ["realign-param-index", "restore-adam-step"]
@@ -113,6 +121,24 @@ def queue(spec: dict[str, Any], labels: dict[str, str] | None = None, environmen
             env = ensure_default_environment(session, settings=get_settings())
         run, _ = create_run(session, spec=run_spec_of(spec), environment=env, labels=labels or {}, requester="t")
         return run.id
+
+
+def queue_suite(name: str, checks: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Apply a suite of these checks and queue one suite run of it on the default environment (committed);
+    {check name: run id}."""
+    with session_scope() as session:
+        apply_suite(session, name=name, checks=[{"name": n, "spec": spec} for n, spec in checks.items()])
+    with session_scope() as session:
+        suite_run, _ = create_suite_run(session, suite_name=name, version=None, environment=DEFAULT_ENVIRONMENT,
+                                        labels={}, requester="t", settings=get_settings())
+        return {str(r["name"]): int(r["run_id"]) for r in suite_run.runs}
+
+
+def live_workers(runs: Path) -> list[PoolFolder]:
+    """The warm-pool workers under a run folder not (yet) retired."""
+    root = runs / "pool"
+    folders = [PoolFolder(p) for p in sorted(root.iterdir())] if root.is_dir() else []
+    return [w for w in folders if w.record.exists() and not w.retired.exists()]
 
 
 def run_row(run_id: int) -> Run:

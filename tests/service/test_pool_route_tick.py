@@ -1,6 +1,7 @@
 """One tick's launch pass with a warm pool: a key whose workers are all busy answers WAIT for the rest
 of the tick without looking again, an order a dead scheduler placed is still adopted on a full key,
-and the next tick places the waiting attempt on a worker that turned idle meanwhile.
+and the next tick places the waiting attempt on a worker that turned idle meanwhile; a suite's checks wait
+for its on-demand worker with no PARITY_POOL entry, and hold no run outside the suite behind them.
 
 Real Postgres rows and real worker folders (written as a worker writes them); nothing is submitted.
 """
@@ -120,3 +121,34 @@ def test_attempts_waiting_on_a_full_key_do_not_hide_the_rest_of_the_queue(settin
         while (nxt := next_pending(session, waits.skip() | rest)) is not None and len(rest) < 5:
             rest.add(nxt.id)
     assert cold_phase in rest  # reached in this tick, not after the pool drains
+
+
+def _route(settings: Settings, run_id: int, waits: pool_dispatch.TickWaits, folder: Path) -> object:
+    with session_scope() as session:
+        phase = session.get(Phase, phases(run_id)[0].id)
+        run = session.get(Run, run_id)
+        assert phase is not None and run is not None
+        return pool_dispatch.route(session, phase, run, settings=settings, executor="slurm", entry_name="attempt",
+                                   args=(None,) * 6, tasks=2, nodes=1, job_folder=folder, waits=waits)
+
+
+def test_a_suites_checks_wait_for_its_worker_without_any_pool_entry_and_other_runs_go_cold(
+    committed_db: str, tmp_path: Path
+) -> None:
+    settings = Settings(database_url=committed_db, run_folder=tmp_path / "runs", executor="slurm")  # no PARITY_POOL
+    register_environment("pooled", sys.executable)
+    checks = [queue(SPEC, labels={"suite_run": "s1", "suite_check": f"c{i}"}, environment="pooled") for i in (1, 2)]
+    plain = queue(SPEC, environment="pooled")
+    with session_scope() as session:
+        claim_queued(session, settings=settings, executor="slurm")
+        env_id = session.get(Run, plain).environment_id  # type: ignore[union-attr]
+    _worker(settings, "suite-worker", env_id, "busy", "phase-999")
+    waits = pool_dispatch.TickWaits()
+    assert _route(settings, checks[0], waits, tmp_path) == pool_dispatch.WAIT
+    assert waits.full_keys == waits.suite_keys == {(env_id, 2)}
+    # the key is full for the suite's checks only: a run outside the suite is not held behind them
+    assert _route(settings, plain, waits, tmp_path) is None
+    assert _route(settings, checks[1], waits, tmp_path) == pool_dispatch.WAIT
+    # with PARITY_SUITE_WARM off a suite's check goes cold like any other run
+    off = Settings(database_url=committed_db, run_folder=tmp_path / "runs", executor="slurm", suite_warm=False)
+    assert _route(off, checks[0], pool_dispatch.TickWaits(), tmp_path) is None

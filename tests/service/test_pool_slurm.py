@@ -40,6 +40,7 @@ from tests.plugins.job_user import JOB_USER, require_job_user
 from tests.plugins.run_local import PHASES, LocalReference
 from tests.plugins.scheduler_harness import (
     GOOD,
+    live_workers,
     phases,
     queue,
     register_environment,
@@ -64,10 +65,6 @@ def _workers(runs: Path) -> list[PoolFolder]:
     return [PoolFolder(p) for p in sorted(root.iterdir()) if PoolFolder(p).record.exists()] if root.is_dir() else []
 
 
-def _live(runs: Path) -> list[PoolFolder]:
-    return [w for w in _workers(runs) if not w.retired.exists()]
-
-
 def _busy_with(runs: Path, run_id: int) -> tuple[PoolFolder, Phase] | None:
     """The worker whose order is this run's attempt, once every task has taken it up and before the
     attempt has written its documents, and that attempt.
@@ -79,7 +76,7 @@ def _busy_with(runs: Path, run_id: int) -> tuple[PoolFolder, Phase] | None:
     # (the reconciler has not seen them yet, the child is exiting): a fault now would strike nothing
     attempts = [p for p in phases(run_id) if p.job_name and p.state in ("submitted", "running")
                 and not plan.finished(Path(p.folder or "."), p.name)]
-    for w in _live(runs):
+    for w in live_workers(runs):
         order = w.read_order()
         beats = w.beats(2)
         if not order or not all(b and b.get("state") == "busy" for b in beats):
@@ -157,10 +154,10 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
         warm_docs = _documents(warm)
         for phase in PHASES:
             assert list(differences(comparable(warm_docs[phase]), comparable(cold.document(phase)))) == [], phase
-        first_worker = {w.name for w in _live(runs)}
+        first_worker = {w.name for w in live_workers(runs)}
         assert len(first_worker) == 1
         if as_job_user:  # the worker's tasks run as a job user of its own, and its record is not theirs to rewrite
-            (worker_files,) = _live(runs)
+            (worker_files,) = live_workers(runs)
             beat = read_pool_file(worker_files.heartbeat(0))
             assert beat is not None
             worker_user = pwd.getpwuid(psutil.Process(int(beat["pid"])).uids().real).pw_name
@@ -205,7 +202,7 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
             assert worker.retired.exists(), fault  # never handed another order
 
         # idle: the pool shrinks to zero, its worker jobs gone
-        wait_for(lambda: not _live(runs), IDLE_S + 90, "the idle pool to shrink to zero", alive=alive)
+        wait_for(lambda: not live_workers(runs), IDLE_S + 90, "the idle pool to shrink to zero", alive=alive)
         if as_job_user:  # every job gone, every job user given back, nothing left running as one
             wait_for(lambda: not _leases(runs), 120, "every job user to be given back", alive=alive)
             uid = pwd.getpwnam(worker_user).pw_uid

@@ -16,7 +16,18 @@ import pytest
 from jobs.spec import RunSpec
 from tests.plugins.documents import comparable, differences
 from tests.plugins.run_local import PHASES, LocalReference
-from tests.plugins.scheduler_harness import GOOD, phases, queue, run_row, service_env, start, stop, wait_for
+from tests.plugins.scheduler_harness import (
+    GOOD,
+    live_workers,
+    phases,
+    queue,
+    queue_suite,
+    run_row,
+    service_env,
+    start,
+    stop,
+    wait_for,
+)
 from tests.plugins.tiers import tiered
 
 pytestmark = [pytest.mark.megatron, pytest.mark.postgres, pytest.mark.timeout(900)]
@@ -52,3 +63,60 @@ def test_run_local_and_the_scheduler_write_the_same_phase_documents(
     for phase in PHASES:
         found = list(differences(comparable(served[phase]), comparable(local.document(phase))))
         assert found == [], f"{case}: {phase} documents differ (scheduler | run-local)"
+
+
+# A 2-check suite of the same world size: with PARITY_SUITE_WARM (the default) and no PARITY_POOL, one worker
+# started on demand for its environment serves every phase of both checks; off, each phase is its own job.
+# Either way each check writes run-local's documents of its spec.
+SUITE = {"process": CASES["process"], "job": CASES["job"]}
+
+
+# the PR tier walks the warm suite; the cold path is every other scheduler test's
+@pytest.mark.parametrize("warm", [pytest.param(True, id="suite-warm"),
+                                  pytest.param(False, id="suite-cold", marks=pytest.mark.nightly)])
+def test_a_suites_checks_write_the_cold_documents_warm_or_not(
+    warm: bool, committed_db: str, tmp_path: Path, run_local_reference: Callable[[dict[str, Any]], LocalReference]
+) -> None:
+    run_ids = queue_suite("equality", SUITE)
+    runs = tmp_path / "runs"
+    env = service_env(tmp_path, PARITY_EXECUTOR="local", PARITY_SUITE_WARM=str(warm).lower(),
+                      PARITY_SUITE_WORKER_IDLE_S="3")
+    scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
+    try:
+        local = {name: run_local_reference(spec) for name, spec in SUITE.items()}
+        wait_for(lambda: all(run_row(i).finished_at for i in run_ids.values()), 900, "the suite's checks",
+                 alive=[scheduler])
+        # done with its suite, the on-demand worker is let go once idle
+        wait_for(lambda: not live_workers(runs), 120, "the suite's worker to be let go", alive=[scheduler])
+    finally:
+        stop(scheduler)
+    job_names = set()
+    for name, run_id in run_ids.items():
+        run, served = run_row(run_id), [p for p in phases(run_id) if p.state == "succeeded"]
+        assert run.verdict == local[name].verdict == "pass", (name, run.verdict, run.error_message)
+        job_names |= {p.job_name or "" for p in served}
+        for phase in PHASES:
+            document = next(p.info for p in served if p.name == phase)
+            assert list(differences(comparable(document), comparable(local[name].document(phase)))) == [], \
+                (name, phase)
+    if warm:  # every phase of both checks on one worker, the only one started
+        assert all(n.startswith("pool:") for n in job_names), job_names
+        workers = {n.split(":")[1] for n in job_names}
+        assert len(workers) == 1 == len(list((runs / "pool").glob("*.worker.json"))), job_names
+    else:
+        assert not any(n.startswith("pool:") for n in job_names) and not (runs / "pool").exists(), job_names
+
+
+def _differences(a: Any, b: Any, where: str = "") -> Any:
+    """Each place two documents differ: (path, scheduler's value, run-local's value)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if key not in a or key not in b:
+                yield f"{where}/{key}", a.get(key, "<absent>"), b.get(key, "<absent>")
+            else:
+                yield from _differences(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            yield from _differences(x, y, f"{where}[{index}]")
+    elif a != b:
+        yield where, a, b
