@@ -105,18 +105,3 @@ def test_a_suites_checks_write_the_cold_documents_warm_or_not(
         assert len(workers) == 1 == len(list((runs / "pool").glob("*.worker.json"))), job_names
     else:
         assert not any(n.startswith("pool:") for n in job_names) and not (runs / "pool").exists(), job_names
-
-
-def _differences(a: Any, b: Any, where: str = "") -> Any:
-    """Each place two documents differ: (path, scheduler's value, run-local's value)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
-                yield f"{where}/{key}", a.get(key, "<absent>"), b.get(key, "<absent>")
-            else:
-                yield from _differences(a[key], b[key], f"{where}/{key}")
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for index, (x, y) in enumerate(zip(a, b, strict=True)):
-            yield from _differences(x, y, f"{where}[{index}]")
-    elif a != b:
-        yield where, a, b
