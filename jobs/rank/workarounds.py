@@ -152,9 +152,10 @@ def load_absent_step(optimizer: Any) -> dict[str, Any]:
     fully_reshardable and dp_zero_gather_scatter write every state tensor but `step` ("handled
     separately": load_state_dict sets it from the param groups), yet on the torch-Adam path
     `_set_main_param_and_optimizer_states` copies every tensor of the primed state, `step` included,
-    and raises KeyError: 'step' (optimizer-step-key-missing). The wrapper passes `step` as absent
-    (None, which that copy skips) only when the source lacks it and the destination holds it; any
-    other missing key still raises. The returned report counts the params it let through while the
+    and raises KeyError: 'step' (optimizer-step-key-missing). Only when the source lacks `step` and the
+    destination holds it, the wrapper takes `step` out of the destination for that one copy and puts the
+    same tensor back (so no build's copy loop sees it: main's would skip a None, 0.16.1's would copy it);
+    any other missing key still raises. The returned report counts the params it let through while the
     load runs; none means the workaround was not needed.
     """
     report: dict[str, Any] = {"name": LOAD_ABSENT_STEP, "params": 0, "optimizers": 0}
@@ -167,10 +168,14 @@ def load_absent_step(optimizer: Any) -> dict[str, Any]:
         def without_step(model_param: Any, tensors: dict[str, Any], _opt: Any = opt, _orig: Any = original) -> Any:
             g, k = _opt.model_param_group_index_map[model_param]
             state = _opt.optimizer.state.get(_opt.optimizer.param_groups[g]["params"][k], {})
-            if "step" not in tensors and isinstance(state.get("step"), torch.Tensor):
-                tensors = {**tensors, "step": None}
-                report["params"] += 1
-            return _orig(model_param, tensors)
+            if "step" in tensors or not isinstance(state.get("step"), torch.Tensor):
+                return _orig(model_param, tensors)
+            report["params"] += 1
+            step = state.pop("step")
+            try:
+                return _orig(model_param, tensors)
+            finally:
+                state["step"] = step
 
         opt._set_main_param_and_optimizer_states = without_step
     return report

@@ -37,13 +37,19 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "dense": {"config": "dense-bf16", "dp": 2},
     "dense_fixed": {"config": "dense-bf16", "dp": 2, "workarounds": ("restore-adam-step",)},
     "layerwise": {"config": "layerwise-empty-rank", "dp": 2},
+    # the gate's dp2-fully-reshardable check, and the same without the workaround for its KeyError 'step'
+    "fully_reshardable_good": {"config": "moe-fp32-router", "dp": 2, "sharding": "fully_reshardable",
+                               "workarounds": (*FIX, "load-absent-step")},
+    "fully_reshardable_bad": {"config": "moe-fp32-router", "dp": 2, "sharding": "fully_reshardable",
+                              "workarounds": FIX},
 }
 
 
 # The PR tier runs each detector's known-bad and known-good side once, in "process" isolation, and "job"
 # isolation once (the known-bad run, which must agree with "process"); every other scenario and mode is
 # nightly (scripts/test.sh --nightly).
-PR_SLICE = ("known_bad", "known_good_dp2", "silent", "dense", "dense_fixed", "layerwise")
+PR_SLICE = ("known_bad", "known_good_dp2", "silent", "dense", "dense_fixed", "layerwise", "fully_reshardable_good",
+            "fully_reshardable_bad")
 JOB_SLICE = ("known_bad",)
 
 
@@ -125,7 +131,8 @@ def test_known_bad_fails_with_misalignment_and_evidence(results: Results) -> Non
 @pytest.mark.parametrize(("results", "name"), [
     pytest.param(mode, name, marks=() if in_tier(mode, name) else pytest.mark.nightly,
                  id=f"{mode}-{name}")
-    for name in ["known_good_dp2", "known_good_dp1", "gates_good", "silent_good", "dense_fixed"]
+    for name in ["known_good_dp2", "known_good_dp1", "gates_good", "silent_good", "dense_fixed",
+                 "fully_reshardable_good"]
     for mode in ISOLATION_MODES
 ], indirect=["results"])
 def test_workarounds_make_resume_bit_identical(results: Results, name: str) -> None:
@@ -212,3 +219,15 @@ def test_phase_documents_carry_environment(results: Results) -> None:
     save = results["known_good_dp2"]["phases"]["train_and_save"]["info"]
     assert save["checkpoint"]["bytes"] > 0 and save["save_seconds"] > 0
     assert save["peak_memory"]["max_rss_bytes"] > 0
+
+
+@_modes("fully_reshardable_bad", "fully_reshardable_good")
+def test_fully_reshardable_loads_only_with_its_narrow_workaround(results: Results) -> None:
+    """The gate's fully_reshardable check on this build: the torch-Adam load copies a `step` the format never
+    saved (KeyError), named as such; load-absent-step lets exactly that key through and says so."""
+    bad = results["fully_reshardable_bad"]
+    assert bad["verdict"] == "fail", (bad["signatures"], bad["errors"])
+    assert {"checkpoint-load-crash", "optimizer-step-key-missing"} <= set(bad["signatures"])
+    good = results["fully_reshardable_good"]
+    assert good["verdict"] == "pass" and "optimizer-step-key-missing" in good["worked_around"], good["signatures"]
+
