@@ -31,7 +31,9 @@ os.environ.setdefault("PARITY_NOTIFY_ALLOW_PRIVATE", "1")
 
 # Fixtures that reach the Postgres server: a test using any of them is marked `postgres`
 # (`pytest -m "not postgres"` runs what needs nothing at all).
-HEAVY_MARKS = ("megatron", "slurm", "browser", "slow", "job_user")
+HEAVY_MARKS = ("megatron", "slurm", "browser", "slow", "job_user", "engine")
+# the session's run-local references are made once per worker: every reader on the one "jobs" worker
+HEAVY_FIXTURES = frozenset({"run_local_reference"})
 POSTGRES_FIXTURES = frozenset({"database_url", "settings_env", "db_session", "committed_db", "client", "live_api"})
 
 
@@ -52,7 +54,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # Under pytest-xdist (--dist loadgroup: scripts/test.sh) everything that runs real jobs, Slurm or a
         # browser stays on one worker, in order, sharing its session's run-local references; the other
         # worker takes the tests that need only Postgres.
-        if any(item.get_closest_marker(m) for m in HEAVY_MARKS):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if any(item.get_closest_marker(m) for m in HEAVY_MARKS) or HEAVY_FIXTURES & fixtures:
             item.add_marker(pytest.mark.xdist_group("jobs"))
     # The nightly tier carries what the PR tier covers with a representative slice (each nightly test
     # names its slice): `-m nightly` (scripts/test.sh --nightly) runs it, any other run leaves it out.
