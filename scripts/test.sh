@@ -21,10 +21,12 @@ say() {
   SECTION=$1 SECTION_T0=$now
   printf '\n== [%s +%ds] %s\n' "$(date +%H:%M:%S)" $(( now - T0 )) "$*"
 }
-# pytest's own options for every tier: a per-test ceiling comes from pyproject.toml (pytest-timeout); two
-# xdist workers, one of which takes every test that runs jobs, Slurm or a browser in order (the xdist
-# group "jobs", tests/conftest.py) while the other takes those that need only Postgres
-PYTEST=(.venv/bin/python -m pytest -q -n 2 --dist loadgroup)
+# pytest's own options for every tier: a per-test ceiling comes from pyproject.toml (pytest-timeout)
+PYTEST=(.venv/bin/python -m pytest -q)
+# What runs real jobs, Slurm, a browser, a build or the job user: run in order on one process (they share
+# the session's run-local references and the one Slurm node); the rest needs only Postgres and runs on
+# two xdist workers beside nothing else.
+HEAVY="megatron or slurm or browser or slow or job_user or engine"
 
 TIER=pr
 case "${1:-}" in
@@ -39,7 +41,7 @@ if [[ $TIER == fast ]]; then
   scripts/postgres-up.sh
   say "pytest (fast lane)"
   status=0
-  "${PYTEST[@]}" -m "not megatron and not slurm and not browser and not slow and not job_user" "$@" || status=$?
+  "${PYTEST[@]}" -n 2 -m "not ($HEAVY)" "$@" || status=$?
   say "done"
   exit $status
 fi
@@ -65,12 +67,17 @@ if ! command -v ip >/dev/null || ! command -v nsenter >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq --no-install-recommends iproute2 util-linux >/dev/null
 fi
-MARKS=()
-[[ $TIER == nightly ]] && MARKS=(-m nightly)
-say "pytest ($TIER tier)"
 # Here nothing may be skipped for want of infrastructure: missing Slurm or Chromium is a failure.
 export PARITY_REQUIRE_SLURM=1 PARITY_REQUIRE_BROWSER=1 PARITY_REQUIRE_JOB_USER=1
 status=0
-"${PYTEST[@]}" "${MARKS[@]}" "$@" || status=$?
+if [[ $TIER == nightly ]]; then
+  say "pytest (nightly tier)"
+  "${PYTEST[@]}" -m nightly "$@" || status=$?
+else
+  say "pytest (PR tier: Postgres-only tests, two workers)"
+  "${PYTEST[@]}" -n 2 -m "not ($HEAVY)" "$@" || status=$?
+  say "pytest (PR tier: jobs, Slurm, browser, builds)"
+  "${PYTEST[@]}" -m "$HEAVY" "$@" || status=$?
+fi
 say "done"
 exit $status

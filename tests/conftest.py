@@ -31,34 +31,27 @@ os.environ.setdefault("PARITY_NOTIFY_ALLOW_PRIVATE", "1")
 
 # Fixtures that reach the Postgres server: a test using any of them is marked `postgres`
 # (`pytest -m "not postgres"` runs what needs nothing at all).
-HEAVY_MARKS = ("megatron", "slurm", "browser", "slow", "job_user", "engine")
-# the session's run-local references are made once per worker: every reader on the one "jobs" worker
-HEAVY_FIXTURES = frozenset({"run_local_reference"})
 POSTGRES_FIXTURES = frozenset({"database_url", "settings_env", "db_session", "committed_db", "client", "live_api"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups set here
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that uses the database as `postgres` and every test of a module that runs jobs as the
-    job user (it imports tests.plugins.job_user) as `job_user`; leave out `nightly` unless -m names it."""
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark each test as it is collected (before any -m selection or other plugin's modifyitems reads the
+    marks): `postgres` when it uses a database fixture, `job_user` when its module runs jobs as the job
+    user (it imports tests.plugins.job_user); without the engine installed, an `engine` test is skipped."""
     from tests.plugins import job_user
 
-    for item in items:
-        if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.postgres)
-        if ENGINE_MISSING and item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.skip(reason="needs torch and Megatron-Core: scripts/setup.sh, not --no-engine"))
-        module = getattr(item, "module", None)
-        if module is not None and getattr(module, "require_job_user", None) is job_user.require_job_user:
-            item.add_marker(pytest.mark.job_user)
-        # Under pytest-xdist (--dist loadgroup: scripts/test.sh) everything that runs real jobs, Slurm or a
-        # browser stays on one worker, in order, sharing its session's run-local references; the other
-        # worker takes the tests that need only Postgres.
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if any(item.get_closest_marker(m) for m in HEAVY_MARKS) or HEAVY_FIXTURES & fixtures:
-            item.add_marker(pytest.mark.xdist_group("jobs"))
-    # The nightly tier carries what the PR tier covers with a representative slice (each nightly test
-    # names its slice): `-m nightly` (scripts/test.sh --nightly) runs it, any other run leaves it out.
+    if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.postgres)
+    module = getattr(item, "module", None)
+    if module is not None and getattr(module, "require_job_user", None) is job_user.require_job_user:
+        item.add_marker(pytest.mark.job_user)
+    if ENGINE_MISSING and item.get_closest_marker("engine"):
+        item.add_marker(pytest.mark.skip(reason="needs torch and Megatron-Core: scripts/setup.sh, not --no-engine"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The nightly tier carries what the PR tier covers with a representative slice (each nightly test names
+    its slice): `-m nightly` (scripts/test.sh --nightly) runs it, any other run leaves it out."""
     if "nightly" not in (config.getoption("markexpr") or ""):
         nightly = [item for item in items if item.get_closest_marker("nightly")]
         if nightly:
