@@ -80,6 +80,7 @@ def test_expert_bias_zeroed_on_load_is_caught_alone(tmp_path: Path) -> None:
     assert row["first_divergent_step"] == 3  # routed differently from the first resumed step
 
 
+@pytest.mark.nightly  # the PR tier runs the aux-free and fp16 faults of this module
 def test_shared_expert_known_good_and_a_skipped_shared_weight(tmp_path: Path) -> None:
     run_one(None, 1, tmp_path / "good", base="moe-shared-expert")
     good = _result(tmp_path / "good")
@@ -123,6 +124,7 @@ def test_loss_scaler_not_restored_is_caught_alone(tmp_path: Path) -> None:
     assert row["first_divergent_step"] is None
 
 
+@pytest.mark.nightly  # the PR tier runs the aux-free and fp16 faults of this module
 def test_async_save_known_good_and_late_staging_caught(tmp_path: Path) -> None:
     run_one(None, 2, tmp_path / "good", base="dense-bf16+async")
     good = _result(tmp_path / "good")
@@ -137,6 +139,7 @@ def test_async_save_known_good_and_late_staging_caught(tmp_path: Path) -> None:
     assert row["first_divergent_step"] == 4
 
 
+@pytest.mark.nightly  # the PR tier runs the aux-free and fp16 faults of this module
 def test_fully_parallel_save_load_known_good_and_a_lost_exchange(tmp_path: Path) -> None:
     run_one(None, 2, tmp_path / "good", base="dense-bf16+fully-parallel")
     _bit_exact(_result(tmp_path / "good"))
@@ -176,6 +179,7 @@ def test_mtp_known_good_is_bit_exact_and_the_head_trains_on_its_own_loss(mtp: Pa
         assert final["model"][f"{MTP}eh_proj.weight"] != head[f"{MTP}eh_proj.weight"]
 
 
+@pytest.mark.nightly  # the PR tier runs the aux-free and fp16 faults of this module
 def test_mtp_head_skipped_on_load_is_caught_alone_naming_the_head(tmp_path: Path) -> None:
     row = run_one(MUTANTS["mtp-head-skipped-on-load"], 2, tmp_path)
     assert row["outcome"] == "caught" and row["signatures"] == ["model-weights-mismatch"], row

@@ -39,9 +39,9 @@ LAYOUT = {
 }
 
 
-# The PR tier runs each layout family once with the workarounds (every rank reports its layout) and EP's
-# known-bad side (two optimizers probed); the other known-bad runs are nightly.
-PR_SLICE = ("ep2_bad", "ep2_good", "tp2_good", "pp2_good")
+# The PR tier runs each layout family once with the workarounds (every rank reports its layout); the
+# known-bad runs are nightly (Bug A's known-bad side runs in the PR tier in test_parity_megatron).
+PR_SLICE = ("ep2_good", "tp2_good", "pp2_good")
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +114,7 @@ def test_every_rank_of_the_layout_ran_and_reports_it(results: LazyRuns[Any]) -> 
     assert [s["loss"] for s in stages[0]["steps"]] == [s["loss"] for s in stages[1]["steps"]]
 
 
+@pytest.mark.nightly  # reads ep2_bad, a nightly scenario
 def test_ep2_probes_cover_the_expert_optimizer(results: LazyRuns[Any]) -> None:
     # dense and expert params sit in two DistributedOptimizers of a ChainedOptimizer: both probed, named
     for name in ("ep2_bad", "ep2_good"):

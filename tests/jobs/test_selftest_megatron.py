@@ -85,6 +85,7 @@ def _result(folder: Path, dp: int, index: int) -> dict[str, Any]:
     return json.loads((folder / f"dp{dp}" / f"{index:02d}" / "result.json").read_text())
 
 
+@pytest.mark.nightly  # each detector's PR-tier runs are in the feature, parity and reshard modules
 def test_fast_selftest_catches_everything_and_flags_nothing_benign(fast: dict) -> None:
     assert fast["ok"], format_matrix(fast)
     assert fast["missed"] == 0 and fast["false_alarms"] == 0 and fast["caught"] == 2
@@ -93,6 +94,7 @@ def test_fast_selftest_catches_everything_and_flags_nothing_benign(fast: dict) -
     assert outcomes[("combined", 1)] == outcomes[("combined", 2)] == "caught"
 
 
+@pytest.mark.nightly  # each detector's PR-tier runs are in the feature, parity and reshard modules
 @pytest.mark.parametrize("dp", [1, 2])
 def test_every_state_signature_fires_with_names(fast: dict, dp: int) -> None:
     r = _result(fast["folder"], dp, 1)  # the combined run
@@ -112,6 +114,7 @@ def test_every_state_signature_fires_with_names(fast: dict, dp: int) -> None:
     assert ("layerwise-metadata-mismatch" in r["signatures"]) == (dp == 2)
 
 
+@pytest.mark.nightly  # each detector's PR-tier runs are in the feature, parity and reshard modules
 @pytest.mark.parametrize("dp", [1, 2])
 def test_known_good_with_dropout_is_bit_identical_and_says_what_the_workaround_hid(fast: dict, dp: int) -> None:
     r = _result(fast["folder"], dp, 0)

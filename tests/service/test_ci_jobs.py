@@ -38,6 +38,7 @@ def _statuses(forge, path: str) -> list[dict]:
     return out
 
 
+@pytest.mark.nightly  # the PR tier's submit --suite --wheel path is test_gate_on_main
 def test_the_documented_ci_jobs_gate_a_pull_request_on_its_own_build(
     committed_db: str, tmp_path: Path, base_client: ClientVenv
 ) -> None:

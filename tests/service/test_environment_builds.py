@@ -32,6 +32,7 @@ def _env(name: str) -> Environment:
         return env
 
 
+@pytest.mark.nightly  # the PR tier's real build is test_gate_on_main's (the main snapshot's wheel)
 @pytest.mark.slurm
 def test_run_on_a_service_built_environment_matches_run_local_on_that_build(
     committed_db: str, slurm: str, tmp_path: Path

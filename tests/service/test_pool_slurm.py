@@ -124,7 +124,7 @@ def _documents(run_id: int) -> dict[str, dict]:
 # cancel and the killed task, walked on Slurm in CI, walk locally too in the nightly full walk.
 @pytest.mark.parametrize(("executor", "walk"), [
     pytest.param("slurm", "full", marks=pytest.mark.nightly),
-    ("local", "job-user"),
+    pytest.param("local", "job-user", marks=pytest.mark.nightly),  # the PR tier: test_protocol_equality's warm suite
     pytest.param("local", "full", marks=pytest.mark.nightly),
 ])
 def test_warm_pool_matches_cold_and_survives_its_faults(
