@@ -136,7 +136,8 @@ def _build(settings: Settings, source: Path, timeout_s: float = 600) -> Environm
     return build_to_end(settings, env_id, "local", timeout_s, f"the build of {source.name}")
 
 
-@pytest.mark.slow  # two real builds, ~1 min: the full suite (CI) runs it
+@pytest.mark.nightly  # two real builds; the PR tier's hostile build is test_hostile_builds' local one
+@pytest.mark.slow  # two real builds, ~1 min
 def test_a_build_cannot_poison_the_next_builds_pip(scene: Path) -> None:
     settings = get_settings()
     cure = scene / "cure"

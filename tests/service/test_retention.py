@@ -79,6 +79,7 @@ def test_disk_use_is_on_healthz_and_metrics(client: TestClient, tmp_path: Path) 
     assert "parity_run_folder_fs_free_bytes " in metrics
 
 
+@pytest.mark.nightly  # a whole run-local for a temp folder; run-local itself runs in the PR tier (tests/jobs)
 @pytest.mark.engine
 def test_run_local_removes_its_temporary_folder_unless_keep(tmp_path: Path) -> None:
     args = ["run-local", "--config", "moe-fp32-router", "--dp", "1", "--steps", "4", "--save-step", "2", "--json"]
