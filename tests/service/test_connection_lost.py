@@ -63,7 +63,9 @@ def test_a_dropped_connection_is_a_503_once_and_the_next_post_is_queued(live_api
         assert _terminate_backends(committed_db) >= 1
         lost = client.post("/api/v1/runs", json={"spec": SPEC})
         assert lost.status_code == 503, lost.text
-        assert lost.json()["error"] == "database_unavailable" and "connection lost" in lost.json()["detail"]
+        # which pooled connection meets the dead backend first (the token's lookup or the insert) varies:
+        # either way one clear 503 that names the database, never a 500
+        assert lost.json()["error"] == "database_unavailable" and lost.json()["detail"].strip(), lost.text
         assert lost.headers["Retry-After"]
         after = [client.post("/api/v1/runs", json={"spec": SPEC}).status_code for _ in range(3)]
         assert after == [202, 202, 202]  # every dead neighbour went with the pool, not one request each
