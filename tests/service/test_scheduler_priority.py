@@ -48,6 +48,15 @@ def _cancel_all() -> None:
             cancel_run(session, run_id=run_id)
 
 
+def _cancel_all_then_stop(scheduler: subprocess.Popen[bytes]) -> None:
+    """Cancel every unfinished run, let the scheduler end their jobs, then stop it."""
+    _cancel_all()
+    try:
+        wait_for(_nothing_in_flight, 120, "the cancelled runs' jobs to end", alive=[scheduler])
+    finally:
+        stop(scheduler)
+
+
 def _nothing_in_flight() -> bool:
     with session_scope() as session:
         return not session.scalar(select(func.count()).select_from(Phase).where(
@@ -79,11 +88,7 @@ def test_a_check_submitted_at_start_up_starts_before_the_self_test_batch(committ
                 IS_BACKGROUND, Phase.id < user_phase.id))
         assert (earlier or 0) <= 1
     finally:
-        _cancel_all()
-        try:
-            wait_for(_nothing_in_flight, 120, "the cancelled runs' jobs to end", alive=[scheduler])
-        finally:
-            stop(scheduler)
+        _cancel_all_then_stop(scheduler)
 
 
 def _nice(job_id: str) -> int:
@@ -108,8 +113,4 @@ def test_on_slurm_background_jobs_are_submitted_nice_and_user_jobs_not(
         assert _nice(str(jobs[background])) == 500
         assert _nice(str(jobs[user])) == 0
     finally:
-        _cancel_all()
-        try:
-            wait_for(_nothing_in_flight, 120, "the cancelled runs' jobs to end", alive=[scheduler])
-        finally:
-            stop(scheduler)
+        _cancel_all_then_stop(scheduler)
