@@ -17,7 +17,6 @@ import math
 from typing import Any
 
 from jobs.contract import (
-    SIGNATURE_IDS,
     ErrorRecord,
     ParityResult,
     PhaseDocument,
@@ -30,12 +29,13 @@ from jobs.contract import (
     required_probes,
 )
 from jobs.errors import with_rank_errors
+from jobs.signature_names import FINAL_STATE_MISMATCH, LOSS_DIVERGENCE_UNEXPLAINED, SIGNATURE_IDS, UNSUPPORTED_BY_BUILD
 from jobs.spec import RunSpec, SpecError
 from jobs.tolerance import ToleranceProfile
 from jobs.verdict import final_state
 from jobs.verdict.evidence import collect_evidence, probe_findings
 from jobs.verdict.profile import judged_profile, reshard_fields
-from jobs.verdict.signatures import SIGNATURES, UNSUPPORTED, classify_error
+from jobs.verdict.signatures import SIGNATURES, classify_error
 from jobs.verdict_names import PASS, Verdict
 
 
@@ -192,7 +192,7 @@ def _error_verdict(
     for err in errors:
         names += [n for n in classify_error(err) if n not in names]
     names.sort(key=lambda n: SIGNATURES[n].kind != "crash")  # where it crashed first, then why
-    if UNSUPPORTED in names:
+    if UNSUPPORTED_BY_BUILD in names:
         return "error", names, causes
     explained = [n for n in names if SIGNATURES[n].kind == "cause"] + causes
     names += [n for n in causes if n not in names]
@@ -255,11 +255,11 @@ def evaluate(
         final = final_state.findings(profile, baseline_doc, resumed_doc)
         if final and not causes:
             # Restored state matched, yet the runs ended apart: the resumed loop itself differs.
-            causes.append("final-state-mismatch")
+            causes.append(FINAL_STATE_MISMATCH)
             evidence.update(final)
         if not lane["tolerance"]["pass"] and not causes:
-            causes.append("loss-divergence-unexplained")
-            evidence["loss-divergence-unexplained"] = {
+            causes.append(LOSS_DIVERGENCE_UNEXPLAINED)
+            evidence[LOSS_DIVERGENCE_UNEXPLAINED] = {
                 "failing_steps": lane["tolerance"]["failing_steps"],
                 "metrics": sorted({m for r in rows for m in r.get("differing_metrics", [])}),
             }
