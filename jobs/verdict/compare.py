@@ -36,7 +36,8 @@ from jobs.verdict import final_state
 from jobs.verdict.evidence import collect_evidence, probe_findings
 from jobs.verdict.profile import judged_profile, reshard_fields
 from jobs.verdict.signatures import SIGNATURES, classify_error
-from jobs.verdict_names import PASS, Verdict
+from jobs.verdict_label import verdict_label
+from jobs.verdict_names import Verdict
 
 
 def same_value(a: float | None, b: float | None) -> bool:
@@ -199,24 +200,6 @@ def _error_verdict(
     return ("fail" if explained else "error"), names, []
 
 
-def verdict_label(
-    verdict: str | None, by: dict[str, Any] | list[Any] | None, profile: ToleranceProfile | None = None
-) -> str | None:
-    """The one label of a verdict, everywhere (CLI, JUnit, lists, badges, grids, notifications): a pass
-    that needed a workaround to hide a finding is `pass (worked around: <workarounds>)`, never a plain
-    pass; a run judged by a non-exact profile names it and its bounds.
-
-    `by` is `worked_around_by` ({workaround: [signatures]}); a bare list of hidden signatures (older
-    summaries) gives `pass (worked around)`."""
-    label = verdict
-    if verdict == PASS and by:
-        hidden_by = f": {', '.join(sorted(by))}" if isinstance(by, dict) else ""
-        label = f"{PASS} (worked around{hidden_by})"
-    if label is not None and profile is not None and not profile.exact:
-        label = f"{label} [{profile.bound_label()}]"
-    return label
-
-
 def evaluate(
     spec_dict: dict[str, Any], baseline_doc: PhaseDocument | None, resumed_doc: PhaseDocument | None
 ) -> ParityResult:
@@ -276,7 +259,8 @@ def evaluate(
         spec.to_dict(),
         errors=errors,
         signatures=signatures,
-        verdict_label=str(verdict_label(verdict, by or worked_around, profile)),
+        verdict_label=str(verdict_label(verdict, by or worked_around,
+                                        profile.bound_label() if profile is not None and not profile.exact else None)),
         advisories=advisories,
         worked_around=worked_around,
         worked_around_by=by,

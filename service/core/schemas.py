@@ -96,7 +96,7 @@ class RunOut(BaseModel):
     check_name: str = Field(description="Readable form of the check")
     track: str = Field(description="Where the check's history accumulates: the branch label, else the environment")
     compared_track: str | None = Field(description="Whose history the verdict was compared with (own or base track)")
-    regression_text: str | None = Field(default=None, description="e.g. 'regresses against main'")
+    regression_text: str | None = Field(default=None, description="e.g. 'regression against main'")
     known_failures: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Known upstream bugs that explain a known-failure verdict: id, signature, link")
