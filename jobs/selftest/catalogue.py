@@ -31,7 +31,7 @@ from jobs.signature_names import (
     SCHEDULER_STATE_MISMATCH,
     UNSUPPORTED_BY_BUILD,
 )
-from jobs.verdict_names import PASS
+from jobs.verdict_names import ERROR, FAIL, PASS
 
 BASE_SPEC: dict[str, Any] = {
     "config": "dense-bf16-dropout",
@@ -76,7 +76,7 @@ class Mutant:
     kind: str
     description: str
     expect: tuple[str, ...] = ()  # signatures that must be reported; () for a benign change
-    verdict: str = "fail"
+    verdict: str = FAIL
     forbid: tuple[str, ...] = ()  # signatures that must not be reported
     spec: tuple[tuple[str, Any], ...] = ()  # overrides of the base spec
     patches: str = ""  # the dotted name of what the injection wraps
@@ -185,7 +185,7 @@ MUTANTS: dict[str, Mutant] = {
                evidence=((FINAL_STATE_MISMATCH, r"^main$"),)),
         Mutant("build-lacks-sharding-type", "unsupported option",
                "the build raises 'Unknown sharding_type' as 0.13/0.14 do, on a config with Bug A",
-               (UNSUPPORTED_BY_BUILD,), verdict="error", forbid=(OPTIMIZER_INDEX_MISALIGNMENT,),
+               (UNSUPPORTED_BY_BUILD,), verdict=ERROR, forbid=(OPTIMIZER_INDEX_MISALIGNMENT,),
                spec=(("workarounds", []),), patches=f"{_DO}.sharded_state_dict",
                bases=("moe-fp32-router", "dense-bf16")),
         Mutant("expert-bias-zeroed-on-load", "expert bias (aux-loss-free routing)",
@@ -231,21 +231,21 @@ MUTANTS: dict[str, Mutant] = {
                note="at DP 1 the wrapper loads directly (no exchange): measured pass, so it runs from DP 2"),
         Mutant("benign-state-in-new-storage", "benign",
                "after the load every optimizer state tensor is replaced by a copy (same values): fools a "
-               "detector that compares storage or data_ptr", verdict="pass", patches=f"{_DO}.load_state_dict"),
+               "detector that compares storage or data_ptr", verdict=PASS, patches=f"{_DO}.load_state_dict"),
         Mutant("benign-load-priming-noise", "benign",
                "the load-priming dummy optimizer state is random instead of zero: the load overwrites every "
-               "value, so a detector must compare restored values, not 'was it initialised'", verdict="pass",
+               "value, so a detector must compare restored values, not 'was it initialised'", verdict=PASS,
                patches=f"{_DO}._init_optimizer_states_with_dummy_values"),
         Mutant("benign-stale-grads-after-load", "benign",
                "the grad buffers hold junk after the load: every step zeroes them before backward, so a "
-               "detector that fingerprints every tensor the optimizer touches would cry wolf", verdict="pass",
+               "detector that fingerprints every tensor the optimizer touches would cry wolf", verdict=PASS,
                patches=f"{_DO}.load_state_dict"),
         Mutant("benign-rng-drawn-before-load", "benign",
                "random numbers are drawn before the load (the RNG restore must make it harmless)",
-               verdict="pass", patches=f"{_DO}.load_state_dict"),
+               verdict=PASS, patches=f"{_DO}.load_state_dict"),
         Mutant("benign-gradient-noise", "benign",
                "every step's gradients get a tiny seeded perturbation, different in each run (GPU noise): "
-               "passes under the `default` profile, fails under `exact`", verdict="pass",
+               "passes under the `default` profile, fails under `exact`", verdict=PASS,
                spec=(("tolerance", "default"),),
                patches="megatron.core.optimizer.optimizer.MixedPrecisionOptimizer.prepare_grads"),
     )

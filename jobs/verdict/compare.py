@@ -37,7 +37,7 @@ from jobs.verdict.evidence import collect_evidence, probe_findings
 from jobs.verdict.profile import judged_profile, reshard_fields
 from jobs.verdict.signatures import SIGNATURES, classify_error
 from jobs.verdict_label import verdict_label
-from jobs.verdict_names import Verdict
+from jobs.verdict_names import ERROR, FAIL, PASS, Verdict
 
 
 def same_value(a: float | None, b: float | None) -> bool:
@@ -194,10 +194,10 @@ def _error_verdict(
         names += [n for n in classify_error(err) if n not in names]
     names.sort(key=lambda n: SIGNATURES[n].kind != "crash")  # where it crashed first, then why
     if UNSUPPORTED_BY_BUILD in names:
-        return "error", names, causes
+        return ERROR, names, causes
     explained = [n for n in names if SIGNATURES[n].kind == "cause"] + causes
     names += [n for n in causes if n not in names]
-    return ("fail" if explained else "error"), names, []
+    return (FAIL if explained else ERROR), names, []
 
 
 def evaluate(
@@ -207,7 +207,7 @@ def evaluate(
     try:
         spec = RunSpec.from_dict(spec_dict)
     except SpecError as exc:
-        return parity_result("error", spec_dict, errors=[error_record("SpecError", str(exc), stage="spec")])
+        return parity_result(ERROR, spec_dict, errors=[error_record("SpecError", str(exc), stage="spec")])
     profile, not_judged = judged_profile(spec)
     rows = step_rows(spec, baseline_doc, resumed_doc, profile)
     lane = lanes(spec, rows, profile)
@@ -227,7 +227,7 @@ def evaluate(
     lane["final_state"] = final_state.lane(profile, resumed_doc)
     verdict: Verdict
     if baseline_doc is None or (resumed_doc is None and not errors):
-        verdict, signatures = "error", causes
+        verdict, signatures = ERROR, causes
         errors = errors or [error_record("MissingResult", "a phase produced no document", stage="launch")]
     elif errors:
         verdict, signatures, unexplained = _error_verdict(errors, causes)
@@ -246,10 +246,10 @@ def evaluate(
                 "failing_steps": lane["tolerance"]["failing_steps"],
                 "metrics": sorted({m for r in rows for m in r.get("differing_metrics", [])}),
             }
-        verdict = "fail" if causes or not lane["tolerance"]["pass"] else "pass"
+        verdict = FAIL if causes or not lane["tolerance"]["pass"] else PASS
         signatures = causes
     if missing:  # evidence the spec requires is absent: whatever the rest says, the run is not judged
-        verdict, errors = "error", [*missing, *errors]
+        verdict, errors = ERROR, [*missing, *errors]
     worked_around: list[SignatureId] = [n for n in SIGNATURE_IDS if n in hidden]
     by: dict[str, list[SignatureId]] = {}
     for name in worked_around:
