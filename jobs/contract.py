@@ -15,6 +15,7 @@ from typing import Any, Literal, NotRequired, get_args
 # typing.TypedDict on Python < 3.12 cannot be validated by pydantic; typing_extensions' can.
 from typing_extensions import TypedDict
 
+from jobs.signature_names import SignatureId
 from jobs.verdict_names import Verdict
 
 # Schema versions. Documents written before versions existed are version 1 (no schema_version key).
@@ -35,35 +36,6 @@ Stage = Literal[
 ]
 STAGES: tuple[Stage, ...] = get_args(Stage)
 
-SignatureId = Literal[
-    "optimizer-index-misalignment",
-    "optimizer-index-unexplained",
-    "optimizer-state-mismatch",
-    "adam-step-not-restored",
-    "adam-step-unexplained",
-    "lr-schedule-mismatch",
-    "layerwise-metadata-mismatch",
-    "loss-divergence-unexplained",
-    "bucket-offset-unaligned",
-    "checkpoint-format-unsupported",
-    "optimizer-step-key-missing",
-    "fp32-view-inplace-load",
-    "checkpoint-save-crash",
-    "checkpoint-load-crash",
-    "model-weights-mismatch",
-    "main-params-mismatch",
-    "optimizer-moments-mismatch",
-    "param-group-scalars-mismatch",
-    "scheduler-state-mismatch",
-    "iteration-mismatch",
-    "rng-state-mismatch",
-    "loss-scaler-mismatch",
-    "save-mutates-live-state",
-    "final-state-mismatch",
-    "unsupported-by-build",
-    "probe-not-applicable",
-]
-SIGNATURE_IDS: tuple[SignatureId, ...] = get_args(SignatureId)
 SignatureKind = Literal["cause", "latent", "crash"]
 
 WorkaroundName = Literal["realign-param-index", "restore-adam-step", "load-no-grad", "load-absent-step"]

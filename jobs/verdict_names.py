@@ -26,7 +26,3 @@ FAILED: Final = (FAIL, ERROR)  # "not the same run": what breaks a history, open
 GOOD: Final = (PASS, KNOWN_FAILURE)  # what CI lets through (exit 0, a green cell) unless --strict
 BROKEN: Final = (FAIL, KNOWN_FAILURE)  # a bisect's "bad": the check ran and the build got it wrong
 NOT_PASSED: Final = (FAIL, ERROR, KNOWN_FAILURE)  # something to triage or shrink
-
-# the one signature the client reads: an option the build does not have (a release-table cell says
-# "unsupported"); jobs/verdict/signatures.py types it as a SignatureId
-UNSUPPORTED_BY_BUILD: Final = "unsupported-by-build"

@@ -23,6 +23,7 @@ from typing import Any
 
 from jobs.contract import STATE_FINAL, ParityResult
 from jobs.launch.local import run_parity
+from jobs.signature_names import FINAL_STATE_MISMATCH, LOSS_DIVERGENCE_UNEXPLAINED
 from jobs.spec import RunSpec
 from jobs.tolerance import (
     CALIBRATION_FACTOR,
@@ -38,7 +39,7 @@ from jobs.verdict.state_diff import snapshot_diffs
 DEFAULT_SEEDS = (1234, 1235, 1236)
 DEFAULT_WORKAROUNDS = ("realign-param-index", "restore-adam-step")
 # what a clean run may show: its drift (judged by the bound being measured), and not being judged yet
-DRIFT_SIGNATURES = {"final-state-mismatch", "loss-divergence-unexplained"}
+DRIFT_SIGNATURES = {FINAL_STATE_MISMATCH, LOSS_DIVERGENCE_UNEXPLAINED}
 Runner = Callable[[RunSpec, Path], ParityResult]
 
 

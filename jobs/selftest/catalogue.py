@@ -13,7 +13,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.verdict_names import PASS
+from jobs.signature_names import (
+    ADAM_STEP_NOT_RESTORED,
+    ADAM_STEP_UNEXPLAINED,
+    FINAL_STATE_MISMATCH,
+    ITERATION_MISMATCH,
+    LOSS_SCALER_MISMATCH,
+    MAIN_PARAMS_MISMATCH,
+    MODEL_WEIGHTS_MISMATCH,
+    OPTIMIZER_INDEX_MISALIGNMENT,
+    OPTIMIZER_INDEX_UNEXPLAINED,
+    OPTIMIZER_MOMENTS_MISMATCH,
+    OPTIMIZER_STATE_MISMATCH,
+    PARAM_GROUP_SCALARS_MISMATCH,
+    RNG_STATE_MISMATCH,
+    SAVE_MUTATES_LIVE_STATE,
+    SCHEDULER_STATE_MISMATCH,
+    UNSUPPORTED_BY_BUILD,
+)
+from jobs.verdict_names import ERROR, FAIL, PASS
 
 BASE_SPEC: dict[str, Any] = {
     "config": "dense-bf16-dropout",
@@ -58,7 +76,7 @@ class Mutant:
     kind: str
     description: str
     expect: tuple[str, ...] = ()  # signatures that must be reported; () for a benign change
-    verdict: str = "fail"
+    verdict: str = FAIL
     forbid: tuple[str, ...] = ()  # signatures that must not be reported
     spec: tuple[tuple[str, Any], ...] = ()  # overrides of the base spec
     patches: str = ""  # the dotted name of what the injection wraps
@@ -88,146 +106,146 @@ MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
         Mutant("model-weight-skipped", "model weights",
-               "the model load keeps the fresh build's value of one weight", ("model-weights-mismatch",),
+               "the model load keeps the fresh build's value of one weight", (MODEL_WEIGHTS_MISMATCH,),
                patches=f"{_F16}.load_state_dict",
-               evidence=(("model-weights-mismatch", r"word_embeddings\.weight$"),)),
+               evidence=((MODEL_WEIGHTS_MISMATCH, r"word_embeddings\.weight$"),)),
         Mutant("main-params-from-model", "main params",
                "after the optimizer load, FP32 main params are re-derived from the bf16 model weights",
-               ("main-params-mismatch",), patches=f"{_DO}.load_state_dict",
-               evidence=(("main-params-mismatch", r"\.weight$"),)),
+               (MAIN_PARAMS_MISMATCH,), patches=f"{_DO}.load_state_dict",
+               evidence=((MAIN_PARAMS_MISMATCH, r"\.weight$"),)),
         Mutant("exp-avg-sq-reset", "moments", "after the optimizer load every exp_avg_sq is zero",
-               ("optimizer-moments-mismatch",), patches=f"{_DO}.load_state_dict",
-               evidence=(("optimizer-moments-mismatch", r"/exp_avg_sq$"),)),
+               (OPTIMIZER_MOMENTS_MISMATCH,), patches=f"{_DO}.load_state_dict",
+               evidence=((OPTIMIZER_MOMENTS_MISMATCH, r"/exp_avg_sq$"),)),
         Mutant("adam-step-saved-off-by-one", "step", "the checkpoint records Adam step N-1",
-               ("adam-step-not-restored",), patches=f"{_DO}.state_dict",
-               evidence=(("adam-step-not-restored", r"\.weight$"),),
+               (ADAM_STEP_NOT_RESTORED,), patches=f"{_DO}.state_dict",
+               evidence=((ADAM_STEP_NOT_RESTORED, r"\.weight$"),),
                note="on 0.16.1 every dp_reshardable load leaves step 1 anyway, so the recorded step "
                "only matters through restore-adam-step (the workaround re-applies it)"),
         Mutant("index-map-swap-beside-bug-a", "index map",
                "model_param_group_index_map swaps two equal-size params of one group on a build where Bug A "
                "also fires and realign-param-index is requested",
-               ("optimizer-index-unexplained",), patches=f"{_DO}.__init__", bases=("moe-fp32-router",),
-               evidence=(("optimizer-index-unexplained", r"\."),),
+               (OPTIMIZER_INDEX_UNEXPLAINED,), patches=f"{_DO}.__init__", bases=("moe-fp32-router",),
+               evidence=((OPTIMIZER_INDEX_UNEXPLAINED, r"\."),),
                note="the workaround corrects only the entries at Bug A's predicted slots: the swapped ones are "
                "left as built and named, so the known bug's workaround never hides a new index-map bug"),
         Mutant("exp-avg-sq-lossy-on-load", "moments",
                "after the optimizer load every exp_avg_sq has passed through bf16 (a lossy restore of one moment)",
-               ("optimizer-moments-mismatch",), patches=f"{_DO}.load_state_dict",
-               evidence=(("optimizer-moments-mismatch", r"exp_avg_sq"),),
+               (OPTIMIZER_MOMENTS_MISMATCH,), patches=f"{_DO}.load_state_dict",
+               evidence=((OPTIMIZER_MOMENTS_MISMATCH, r"exp_avg_sq"),),
                note="small enough to hide inside a loss tolerance; the restored state is compared exactly, at "
                "one DP size and across a reshard"),
         Mutant("adam-step-loaded-elsewhere", "step",
                "after the optimizer load every Adam step is 100 past the loaded value",
-               ("adam-step-unexplained",), patches=f"{_DO}.load_state_dict",
-               evidence=(("adam-step-unexplained", r"^step$"),),
+               (ADAM_STEP_UNEXPLAINED,), patches=f"{_DO}.load_state_dict",
+               evidence=((ADAM_STEP_UNEXPLAINED, r"^step$"),),
                note="restore-adam-step corrects only the priming value or a shared step tensor (the known "
                "torch-Adam bugs); any other value is left as loaded and named"),
         Mutant("scheduler-one-step-behind", "scheduler", "the scheduler loads num_steps N-1",
-               ("scheduler-state-mismatch",), patches="megatron.core.optimizer_param_scheduler."
+               (SCHEDULER_STATE_MISMATCH,), patches="megatron.core.optimizer_param_scheduler."
                "OptimizerParamScheduler.load_state_dict",
-               evidence=(("scheduler-state-mismatch", r"^num_steps$"),)),
+               evidence=((SCHEDULER_STATE_MISMATCH, r"^num_steps$"),)),
         Mutant("iteration-one-behind", "iteration", "the checkpoint records iteration N-1",
-               ("iteration-mismatch",), patches="jobs.rank.checkpoint.build_save_state",
-               evidence=(("iteration-mismatch", r"^iteration$"),), sibling="common-state-iteration-stale"),
+               (ITERATION_MISMATCH,), patches="jobs.rank.checkpoint.build_save_state",
+               evidence=((ITERATION_MISMATCH, r"^iteration$"),), sibling="common-state-iteration-stale"),
         Mutant("common-state-iteration-stale", "iteration",
                "dist_checkpointing's common-state reader (common.pt) hands back iteration N-1",
-               ("iteration-mismatch",), patches="megatron.core.dist_checkpointing.strategies.common."
+               (ITERATION_MISMATCH,), patches="megatron.core.dist_checkpointing.strategies.common."
                "TorchCommonLoadStrategy.load_common",
-               evidence=(("iteration-mismatch", r"^iteration$"),)),
+               evidence=((ITERATION_MISMATCH, r"^iteration$"),)),
         Mutant("rng-tracker-not-restored", "rng", "Megatron's RNG tracker ignores set_states on load",
-               ("rng-state-mismatch",), patches="megatron.core.tensor_parallel.random."
+               (RNG_STATE_MISMATCH,), patches="megatron.core.tensor_parallel.random."
                "CudaRNGStatesTracker.set_states",
-               evidence=(("rng-state-mismatch", r"^tracker/"),),
+               evidence=((RNG_STATE_MISMATCH, r"^tracker/"),),
                note="megatron-core has no RNG checkpointing of its own: the call comes from the harness's "
                "restore, as from Megatron-LM's trainer"),
         Mutant("save-rounds-main-params", "save side effect",
                "building the optimizer checkpoint rounds the live FP32 main params to bf16 in place",
-               ("save-mutates-live-state",), patches=f"{_DO}.sharded_state_dict",
-               evidence=(("save-mutates-live-state", r"^main$"),)),
+               (SAVE_MUTATES_LIVE_STATE,), patches=f"{_DO}.sharded_state_dict",
+               evidence=((SAVE_MUTATES_LIVE_STATE, r"^main$"),)),
         Mutant("index-map-swap", "index map",
                "model_param_group_index_map swaps two equal-size params of one group (silent Bug A)",
-               ("optimizer-index-misalignment", "optimizer-state-mismatch"), patches=f"{_DO}.__init__",
+               (OPTIMIZER_INDEX_MISALIGNMENT, OPTIMIZER_STATE_MISMATCH), patches=f"{_DO}.__init__",
                bases=("dense-bf16",),
                note="not on moe-fp32-router: realign-param-index, which that config needs for Bug A, rebuilds "
                "the map and undoes the swap (measured: pass (worked around)); without it Bug A's save "
                "assertion fires first"),
         Mutant("moments-lost-on-last-rank", "partial restore",
-               "only the last rank leaves exp_avg at zero after the load", ("optimizer-moments-mismatch",),
-               patches=f"{_DO}.load_state_dict", evidence=(("optimizer-moments-mismatch", r"/exp_avg$"),)),
+               "only the last rank leaves exp_avg at zero after the load", (OPTIMIZER_MOMENTS_MISMATCH,),
+               patches=f"{_DO}.load_state_dict", evidence=((OPTIMIZER_MOMENTS_MISMATCH, r"/exp_avg$"),)),
         Mutant("group-lr-skewed-on-last-rank", "param groups (Bug C)",
                "only the last rank's param groups load a different lr (the scheduler later rewrites it)",
-               ("param-group-scalars-mismatch",), patches=f"{_DO}.load_state_dict",
-               evidence=(("param-group-scalars-mismatch", r"\.lr$"),)),
+               (PARAM_GROUP_SCALARS_MISMATCH,), patches=f"{_DO}.load_state_dict",
+               evidence=((PARAM_GROUP_SCALARS_MISMATCH, r"\.lr$"),)),
         Mutant("adam-eps-not-restored", "param groups", "param groups come back with eps 1e-6",
-               ("param-group-scalars-mismatch",), patches=f"{_DO}.load_state_dict",
-               evidence=(("param-group-scalars-mismatch", r"\.eps$"),)),
+               (PARAM_GROUP_SCALARS_MISMATCH,), patches=f"{_DO}.load_state_dict",
+               evidence=((PARAM_GROUP_SCALARS_MISMATCH, r"\.eps$"),)),
         Mutant("clip-grad-changed-on-resume", "resumed loop",
                "the resumed run clips gradients at 1e-3: state restores exactly, the loop differs",
-               ("final-state-mismatch",), patches=f"{_DO}.load_state_dict",
-               evidence=(("final-state-mismatch", r"^main$"),)),
+               (FINAL_STATE_MISMATCH,), patches=f"{_DO}.load_state_dict",
+               evidence=((FINAL_STATE_MISMATCH, r"^main$"),)),
         Mutant("build-lacks-sharding-type", "unsupported option",
                "the build raises 'Unknown sharding_type' as 0.13/0.14 do, on a config with Bug A",
-               ("unsupported-by-build",), verdict="error", forbid=("optimizer-index-misalignment",),
+               (UNSUPPORTED_BY_BUILD,), verdict=ERROR, forbid=(OPTIMIZER_INDEX_MISALIGNMENT,),
                spec=(("workarounds", []),), patches=f"{_DO}.sharded_state_dict",
                bases=("moe-fp32-router", "dense-bf16")),
         Mutant("expert-bias-zeroed-on-load", "expert bias (aux-loss-free routing)",
                "after the model load every router's expert_bias is zero (the fresh build's value)",
-               ("model-weights-mismatch",), patches=f"{_F16}.load_state_dict",
-               evidence=(("model-weights-mismatch", r"router\.expert_bias$"),), bases=("moe-aux-free",)),
+               (MODEL_WEIGHTS_MISMATCH,), patches=f"{_F16}.load_state_dict",
+               evidence=((MODEL_WEIGHTS_MISMATCH, r"router\.expert_bias$"),), bases=("moe-aux-free",)),
         Mutant("loss-scaler-not-restored", "fp16 loss scaler",
                "the dynamic loss scaler ignores its checkpointed state (scale, growth, hysteresis) on load",
-               ("loss-scaler-mismatch",), patches="megatron.core.optimizer.grad_scaler."
+               (LOSS_SCALER_MISMATCH,), patches="megatron.core.optimizer.grad_scaler."
                "DynamicGradScaler.load_state_dict",
-               evidence=(("loss-scaler-mismatch", r"\.scale$"),), bases=("dense-fp16",)),
+               evidence=((LOSS_SCALER_MISMATCH, r"\.scale$"),), bases=("dense-fp16",)),
         Mutant("shared-expert-weight-skipped", "shared experts",
                "the model load keeps the fresh build's value of the first shared-expert weight",
-               ("model-weights-mismatch",), patches=f"{_F16}.load_state_dict",
-               evidence=(("model-weights-mismatch", r"shared_experts\.linear_fc\d\.weight$"),),
+               (MODEL_WEIGHTS_MISMATCH,), patches=f"{_F16}.load_state_dict",
+               evidence=((MODEL_WEIGHTS_MISMATCH, r"shared_experts\.linear_fc\d\.weight$"),),
                bases=("moe-shared-expert",)),
         Mutant("mtp-head-skipped-on-load", "multi-token prediction",
                "the model load leaves every MTP parameter (module.mtp.*) at the fresh build's value",
-               ("model-weights-mismatch",), patches=f"{_F16}.load_state_dict",
-               evidence=(("model-weights-mismatch", r"\.mtp\.layers\.0\..*weight$"),),
+               (MODEL_WEIGHTS_MISMATCH,), patches=f"{_F16}.load_state_dict",
+               evidence=((MODEL_WEIGHTS_MISMATCH, r"\.mtp\.layers\.0\..*weight$"),),
                bases=("gpt-mtp", "gpt-mtp-fp32-proj")),
         Mutant("mtp-moments-swapped", "multi-token prediction",
                "after the optimizer load each MTP layer's enorm and hnorm hold each other's Adam moments "
                "(restored onto the wrong params; equal shapes, so nothing raises)",
-               ("optimizer-moments-mismatch",), patches=f"{_DO}.load_state_dict",
-               evidence=(("optimizer-moments-mismatch", r"\.mtp\.layers\.0\.[eh]norm\.weight/exp_avg(_sq)?$"),),
+               (OPTIMIZER_MOMENTS_MISMATCH,), patches=f"{_DO}.load_state_dict",
+               evidence=((OPTIMIZER_MOMENTS_MISMATCH, r"\.mtp\.layers\.0\.[eh]norm\.weight/exp_avg(_sq)?$"),),
                bases=("gpt-mtp", "gpt-mtp-fp32-proj")),
         Mutant("async-save-stages-late", "async save",
                "the async request is staged and forked only when the trainer next polls, after step N+1: "
-               "the step-N checkpoint holds step N+1's optimizer state", ("main-params-mismatch",
-                                                                          "optimizer-moments-mismatch"),
+               "the step-N checkpoint holds step N+1's optimizer state", (MAIN_PARAMS_MISMATCH,
+                                                                          OPTIMIZER_MOMENTS_MISMATCH),
                patches="megatron.core.dist_checkpointing.strategies.async_utils.TemporalAsyncCaller."
-               "schedule_async_call", evidence=(("main-params-mismatch", r"\.weight$"),
-                                                ("optimizer-moments-mismatch", r"/exp_avg$")),
+               "schedule_async_call", evidence=((MAIN_PARAMS_MISMATCH, r"\.weight$"),
+                                                (OPTIMIZER_MOMENTS_MISMATCH, r"/exp_avg$")),
                bases=("dense-bf16+async",)),
         Mutant("fully-parallel-exchange-lost-on-last-rank", "fully-parallel load",
                "the fully-parallel load's exchange gives the last rank zeros for the embedding",
-               ("model-weights-mismatch",),
+               (MODEL_WEIGHTS_MISMATCH,),
                patches="megatron.core.dist_checkpointing.strategies.fully_parallel."
                "FullyParallelLoadStrategyWrapper.fill_in_deferred_sharded_tensors",
-               evidence=(("model-weights-mismatch", r"word_embeddings\.weight$"),),
+               evidence=((MODEL_WEIGHTS_MISMATCH, r"word_embeddings\.weight$"),),
                bases=("dense-bf16+fully-parallel",), min_dp=2,
                note="at DP 1 the wrapper loads directly (no exchange): measured pass, so it runs from DP 2"),
         Mutant("benign-state-in-new-storage", "benign",
                "after the load every optimizer state tensor is replaced by a copy (same values): fools a "
-               "detector that compares storage or data_ptr", verdict="pass", patches=f"{_DO}.load_state_dict"),
+               "detector that compares storage or data_ptr", verdict=PASS, patches=f"{_DO}.load_state_dict"),
         Mutant("benign-load-priming-noise", "benign",
                "the load-priming dummy optimizer state is random instead of zero: the load overwrites every "
-               "value, so a detector must compare restored values, not 'was it initialised'", verdict="pass",
+               "value, so a detector must compare restored values, not 'was it initialised'", verdict=PASS,
                patches=f"{_DO}._init_optimizer_states_with_dummy_values"),
         Mutant("benign-stale-grads-after-load", "benign",
                "the grad buffers hold junk after the load: every step zeroes them before backward, so a "
-               "detector that fingerprints every tensor the optimizer touches would cry wolf", verdict="pass",
+               "detector that fingerprints every tensor the optimizer touches would cry wolf", verdict=PASS,
                patches=f"{_DO}.load_state_dict"),
         Mutant("benign-rng-drawn-before-load", "benign",
                "random numbers are drawn before the load (the RNG restore must make it harmless)",
-               verdict="pass", patches=f"{_DO}.load_state_dict"),
+               verdict=PASS, patches=f"{_DO}.load_state_dict"),
         Mutant("benign-gradient-noise", "benign",
                "every step's gradients get a tiny seeded perturbation, different in each run (GPU noise): "
-               "passes under the `default` profile, fails under `exact`", verdict="pass",
+               "passes under the `default` profile, fails under `exact`", verdict=PASS,
                spec=(("tolerance", "default"),),
                patches="megatron.core.optimizer.optimizer.MixedPrecisionOptimizer.prepare_grads"),
     )

@@ -19,6 +19,19 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs.signature_names import (
+    ADAM_STEP_NOT_RESTORED,
+    ADAM_STEP_UNEXPLAINED,
+    LR_SCHEDULE_MISMATCH,
+    MAIN_PARAMS_MISMATCH,
+    MODEL_WEIGHTS_MISMATCH,
+    OPTIMIZER_INDEX_MISALIGNMENT,
+    OPTIMIZER_INDEX_UNEXPLAINED,
+    OPTIMIZER_MOMENTS_MISMATCH,
+    PARAM_GROUP_SCALARS_MISMATCH,
+    SCHEDULER_STATE_MISMATCH,
+)
+
 NAME = "megatron-lm-main-d98e8a6.tar.gz"
 
 
@@ -63,7 +76,7 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         '                        local_param_group_map[param] = (\n'
         '                            group_index, sum(len(r["params"]) for r in group_ranges) - 1\n'
         '                        )\n',
-        ("optimizer-index-unexplained", "optimizer-index-misalignment"),
+        (OPTIMIZER_INDEX_UNEXPLAINED, OPTIMIZER_INDEX_MISALIGNMENT),
     ),
     PullRequest(
         "exp-avg-sq-not-restored",
@@ -75,7 +88,7 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         "                if key == 'exp_avg_sq':\n"
         "                    continue\n"
         "                if not isinstance(tensors[key], torch.Tensor):\n",
-        ("optimizer-moments-mismatch",),
+        (OPTIMIZER_MOMENTS_MISMATCH,),
     ),
     PullRequest(
         "main-params-from-param-buffer",
@@ -90,7 +103,7 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         "            self._copy_model_params_to_main_params()\n"
         "\n"
         "    def _get_main_param_and_optimizer_states(self, model_param):\n",
-        ("main-params-mismatch",),
+        (MAIN_PARAMS_MISMATCH,),
     ),
     PullRequest(
         "adam-step-off-by-one",
@@ -98,7 +111,7 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         "megatron/core/optimizer/distrib_optimizer.py",
         "            step = torch.tensor(steps[0], dtype=torch.float)\n",
         "            step = torch.tensor(steps[0] - 1, dtype=torch.float)\n",
-        ("adam-step-unexplained", "adam-step-not-restored", "param-group-scalars-mismatch"),
+        (ADAM_STEP_UNEXPLAINED, ADAM_STEP_NOT_RESTORED, PARAM_GROUP_SCALARS_MISMATCH),
     ),
     PullRequest(
         "lossy-checkpoint-load",
@@ -114,7 +127,7 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         "        loaded_state_dict,\n"
         "    )\n"
         "    merge(common_state_dict, loaded_state_dict)\n",
-        ("main-params-mismatch", "optimizer-moments-mismatch", "model-weights-mismatch"),
+        (MAIN_PARAMS_MISMATCH, OPTIMIZER_MOMENTS_MISMATCH, MODEL_WEIGHTS_MISMATCH),
     ),
     PullRequest(
         "scheduler-off-by-one",
@@ -122,7 +135,7 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         "megatron/core/optimizer_param_scheduler.py",
         "        self.step(increment=num_steps)\n",
         "        self.step(increment=max(0, num_steps - 1))\n",
-        ("scheduler-state-mismatch", "lr-schedule-mismatch"),
+        (SCHEDULER_STATE_MISMATCH, LR_SCHEDULE_MISMATCH),
     ),
 )
 

@@ -17,7 +17,6 @@ import math
 from typing import Any
 
 from jobs.contract import (
-    SIGNATURE_IDS,
     ErrorRecord,
     ParityResult,
     PhaseDocument,
@@ -30,13 +29,15 @@ from jobs.contract import (
     required_probes,
 )
 from jobs.errors import with_rank_errors
+from jobs.signature_names import FINAL_STATE_MISMATCH, LOSS_DIVERGENCE_UNEXPLAINED, SIGNATURE_IDS, UNSUPPORTED_BY_BUILD
 from jobs.spec import RunSpec, SpecError
 from jobs.tolerance import ToleranceProfile
 from jobs.verdict import final_state
 from jobs.verdict.evidence import collect_evidence, probe_findings
 from jobs.verdict.profile import judged_profile, reshard_fields
-from jobs.verdict.signatures import SIGNATURES, UNSUPPORTED, classify_error
-from jobs.verdict_names import PASS, Verdict
+from jobs.verdict.signatures import SIGNATURES, classify_error
+from jobs.verdict_label import verdict_label
+from jobs.verdict_names import ERROR, FAIL, PASS, Verdict
 
 
 def same_value(a: float | None, b: float | None) -> bool:
@@ -192,29 +193,11 @@ def _error_verdict(
     for err in errors:
         names += [n for n in classify_error(err) if n not in names]
     names.sort(key=lambda n: SIGNATURES[n].kind != "crash")  # where it crashed first, then why
-    if UNSUPPORTED in names:
-        return "error", names, causes
+    if UNSUPPORTED_BY_BUILD in names:
+        return ERROR, names, causes
     explained = [n for n in names if SIGNATURES[n].kind == "cause"] + causes
     names += [n for n in causes if n not in names]
-    return ("fail" if explained else "error"), names, []
-
-
-def verdict_label(
-    verdict: str | None, by: dict[str, Any] | list[Any] | None, profile: ToleranceProfile | None = None
-) -> str | None:
-    """The one label of a verdict, everywhere (CLI, JUnit, lists, badges, grids, notifications): a pass
-    that needed a workaround to hide a finding is `pass (worked around: <workarounds>)`, never a plain
-    pass; a run judged by a non-exact profile names it and its bounds.
-
-    `by` is `worked_around_by` ({workaround: [signatures]}); a bare list of hidden signatures (older
-    summaries) gives `pass (worked around)`."""
-    label = verdict
-    if verdict == PASS and by:
-        hidden_by = f": {', '.join(sorted(by))}" if isinstance(by, dict) else ""
-        label = f"{PASS} (worked around{hidden_by})"
-    if label is not None and profile is not None and not profile.exact:
-        label = f"{label} [{profile.bound_label()}]"
-    return label
+    return (FAIL if explained else ERROR), names, []
 
 
 def evaluate(
@@ -224,7 +207,7 @@ def evaluate(
     try:
         spec = RunSpec.from_dict(spec_dict)
     except SpecError as exc:
-        return parity_result("error", spec_dict, errors=[error_record("SpecError", str(exc), stage="spec")])
+        return parity_result(ERROR, spec_dict, errors=[error_record("SpecError", str(exc), stage="spec")])
     profile, not_judged = judged_profile(spec)
     rows = step_rows(spec, baseline_doc, resumed_doc, profile)
     lane = lanes(spec, rows, profile)
@@ -244,7 +227,7 @@ def evaluate(
     lane["final_state"] = final_state.lane(profile, resumed_doc)
     verdict: Verdict
     if baseline_doc is None or (resumed_doc is None and not errors):
-        verdict, signatures = "error", causes
+        verdict, signatures = ERROR, causes
         errors = errors or [error_record("MissingResult", "a phase produced no document", stage="launch")]
     elif errors:
         verdict, signatures, unexplained = _error_verdict(errors, causes)
@@ -255,18 +238,18 @@ def evaluate(
         final = final_state.findings(profile, baseline_doc, resumed_doc)
         if final and not causes:
             # Restored state matched, yet the runs ended apart: the resumed loop itself differs.
-            causes.append("final-state-mismatch")
+            causes.append(FINAL_STATE_MISMATCH)
             evidence.update(final)
         if not lane["tolerance"]["pass"] and not causes:
-            causes.append("loss-divergence-unexplained")
-            evidence["loss-divergence-unexplained"] = {
+            causes.append(LOSS_DIVERGENCE_UNEXPLAINED)
+            evidence[LOSS_DIVERGENCE_UNEXPLAINED] = {
                 "failing_steps": lane["tolerance"]["failing_steps"],
                 "metrics": sorted({m for r in rows for m in r.get("differing_metrics", [])}),
             }
-        verdict = "fail" if causes or not lane["tolerance"]["pass"] else "pass"
+        verdict = FAIL if causes or not lane["tolerance"]["pass"] else PASS
         signatures = causes
     if missing:  # evidence the spec requires is absent: whatever the rest says, the run is not judged
-        verdict, errors = "error", [*missing, *errors]
+        verdict, errors = ERROR, [*missing, *errors]
     worked_around: list[SignatureId] = [n for n in SIGNATURE_IDS if n in hidden]
     by: dict[str, list[SignatureId]] = {}
     for name in worked_around:
@@ -276,7 +259,8 @@ def evaluate(
         spec.to_dict(),
         errors=errors,
         signatures=signatures,
-        verdict_label=str(verdict_label(verdict, by or worked_around, profile)),
+        verdict_label=str(verdict_label(verdict, by or worked_around,
+                                        profile.bound_label() if profile is not None and not profile.exact else None)),
         advisories=advisories,
         worked_around=worked_around,
         worked_around_by=by,

@@ -26,6 +26,19 @@ from jobs.contract import (
     PhaseProbes,
     ProbeFindingRow,
 )
+from jobs.signature_names import (
+    ADAM_STEP_NOT_RESTORED,
+    ADAM_STEP_UNEXPLAINED,
+    BUCKET_OFFSET_UNALIGNED,
+    FP32_VIEW_INPLACE_LOAD,
+    LAYERWISE_METADATA_MISMATCH,
+    LR_SCHEDULE_MISMATCH,
+    OPTIMIZER_INDEX_MISALIGNMENT,
+    OPTIMIZER_INDEX_UNEXPLAINED,
+    OPTIMIZER_STATE_MISMATCH,
+    OPTIMIZER_STEP_KEY_MISSING,
+    PROBE_NOT_APPLICABLE,
+)
 from jobs.spec import RunSpec
 from jobs.verdict.state_diff import (
     groups_after_optimizer_load,
@@ -141,12 +154,12 @@ def _legacy_restore(at_save: dict[str, Any], after_load: dict[str, Any]) -> dict
     restore_diffs = _per_rank_diffs(at_save.get("owned"), after_load.get("owned"))
     state_diffs = [d for d in restore_diffs if d["key"] != "step"]
     if state_diffs:
-        ev["optimizer-state-mismatch"] = {
+        ev[OPTIMIZER_STATE_MISMATCH] = {
             "after_load_differs_from_save": {"count": len(state_diffs), "items": state_diffs[:MAX_ITEMS]}
         }
     step_diffs = [d for d in restore_diffs if d["key"] == "step"]
     if step_diffs:
-        ev["adam-step-not-restored"] = {"params_affected": len(step_diffs), "items": step_diffs[:3]}
+        ev[ADAM_STEP_NOT_RESTORED] = {"params_affected": len(step_diffs), "items": step_diffs[:3]}
     return ev
 
 
@@ -197,13 +210,13 @@ def collect_evidence(
     if misaligned is None and baseline is None:
         misaligned, worked_around = index_map_findings(resumed)
     if misaligned:
-        ev["optimizer-index-misalignment"] = misaligned
+        ev[OPTIMIZER_INDEX_MISALIGNMENT] = misaligned
     unexplained = unexplained_index_entries(baseline) or unexplained_index_entries(resumed)
     if unexplained:
-        ev["optimizer-index-unexplained"] = unexplained
+        ev[OPTIMIZER_INDEX_UNEXPLAINED] = unexplained
     if worked_around:
         raw_map = _probes(baseline or resumed).get(INDEX_MAP)
-        hidden["optimizer-index-misalignment"] = {
+        hidden[OPTIMIZER_INDEX_MISALIGNMENT] = {
             "by": REALIGN,
             "evidence": {"misaligned_total": raw_map["misaligned_total"] if raw_map else None},
         }
@@ -213,12 +226,12 @@ def collect_evidence(
     for name, found in hidden_by_restore.items():
         hidden[name] = {"by": RESTORE_STEP, "evidence": found}
     if slot_diffs:
-        restored.setdefault("optimizer-state-mismatch", {})["checkpoint_slot_differs_from_owner"] = {
+        restored.setdefault(OPTIMIZER_STATE_MISMATCH, {})["checkpoint_slot_differs_from_owner"] = {
             "count": len(slot_diffs),
             "items": slot_diffs[:MAX_ITEMS],
         }
-    if "adam-step-not-restored" in restored:
-        restored["adam-step-not-restored"] = _step_details(spec, resumed, restored["adam-step-not-restored"])
+    if ADAM_STEP_NOT_RESTORED in restored:
+        restored[ADAM_STEP_NOT_RESTORED] = _step_details(spec, resumed, restored[ADAM_STEP_NOT_RESTORED])
     ev.update(restored)
     ev.update(mutation_findings(_probes(baseline).get(STATE_AT_SAVE), _probes(baseline).get(STATE_AFTER_SAVE)))
     bug_c = groups_after_optimizer_load(
@@ -227,7 +240,7 @@ def collect_evidence(
     for name, found in bug_c.items():
         ev[name] = {**ev[name], "after_optimizer_load": found} if name in ev else found
     if lane["lr_mismatched_steps"]:
-        ev["lr-schedule-mismatch"] = {
+        ev[LR_SCHEDULE_MISMATCH] = {
             "steps": lane["lr_mismatched_steps"][:MAX_ITEMS],
             "first_step": lane["lr_mismatched_steps"][0],
         }
@@ -237,7 +250,7 @@ def collect_evidence(
             "disagreements": groups["disagreements"][:MAX_ITEMS],
             "empty_rank_groups": groups["empty_rank_groups"],
         }
-        ev["layerwise-metadata-mismatch"] = {**legacy, **ev.get("layerwise-metadata-mismatch", {})}
+        ev[LAYERWISE_METADATA_MISMATCH] = {**legacy, **ev.get(LAYERWISE_METADATA_MISMATCH, {})}
     buckets = _probes(baseline).get(BUCKETS) or _probes(resumed).get(BUCKETS)
     if buckets and buckets["unaligned_total"]:
         issues = [
@@ -246,10 +259,10 @@ def collect_evidence(
             for b in rep["buffers"]
             for i in b["issues"]
         ]
-        ev["bucket-offset-unaligned"] = {"count": len(issues), "items": issues[:MAX_ITEMS]}
+        ev[BUCKET_OFFSET_UNALIGNED] = {"count": len(issues), "items": issues[:MAX_ITEMS]}
     skipped = not_applicable(baseline, resumed)
     if skipped:
-        ev["probe-not-applicable"] = {"probes": skipped}
+        ev[PROBE_NOT_APPLICABLE] = {"probes": skipped}
     step_report = _workaround_reports(resumed).get(RESTORE_STEP) or {}
     resumed_info: dict[str, Any] = resumed["info"] if resumed else {}
     shared = int(resumed_info.get("adam_step_shared_after_load") or 0)
@@ -258,11 +271,11 @@ def collect_evidence(
                  "meaning": "every param's Adam step is one tensor after the load; torch Adam advances it "
                             "once per param per step"}
         if step_report.get("needed") and not step_report.get("unexplained"):  # every step is a fresh tensor
-            hidden["adam-step-not-restored"] = {"by": RESTORE_STEP, "evidence": found}
+            hidden[ADAM_STEP_NOT_RESTORED] = {"by": RESTORE_STEP, "evidence": found}
         else:
-            ev["adam-step-not-restored"] = {**ev.get("adam-step-not-restored", {}), **found}
+            ev[ADAM_STEP_NOT_RESTORED] = {**ev.get(ADAM_STEP_NOT_RESTORED, {}), **found}
     if step_report.get("unexplained"):
-        ev["adam-step-unexplained"] = {
+        ev[ADAM_STEP_UNEXPLAINED] = {
             "section": "step",
             "step": spec.save_step + 1,
             "steps_after_load": step_report.get("before"),
@@ -272,14 +285,14 @@ def collect_evidence(
         }
     absent = _workaround_reports(resumed).get(LOAD_ABSENT_STEP) or {}
     if absent.get("needed"):
-        hidden["optimizer-step-key-missing"] = {"by": LOAD_ABSENT_STEP, "evidence": {"params": absent["params"]}}
+        hidden[OPTIMIZER_STEP_KEY_MISSING] = {"by": LOAD_ABSENT_STEP, "evidence": {"params": absent["params"]}}
     needed = [[_needed(_workaround_reports(d).get(name)) for d in (baseline, resumed)] for name in spec.workarounds]
     not_needed = [name for name, n in zip(spec.workarounds, needed, strict=True) if False in n and True not in n]
     if not_needed:
         ev["_not_needed"] = not_needed
     view = _fp32_view(resumed)
     if view:
-        hidden["fp32-view-inplace-load"] = {"by": LOAD_NO_GRAD if LOAD_NO_GRAD in spec.workarounds else REALIGN,
+        hidden[FP32_VIEW_INPLACE_LOAD] = {"by": LOAD_NO_GRAD if LOAD_NO_GRAD in spec.workarounds else REALIGN,
                                             "evidence": view}
     if hidden:
         ev["_worked_around"] = hidden

@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from jobs.contract import STATE_FINAL, STATE_FINAL_DELTAS, PhaseDocument
+from jobs.signature_names import FINAL_STATE_MISMATCH
 from jobs.tolerance import NUMERIC_STATE_SECTIONS, ToleranceProfile
 from jobs.verdict.state_diff import snapshot_diffs, summarise
 
@@ -60,7 +61,7 @@ def findings(
         return {}
     flat = [{"section": s, **d} for s, items in diffs.items() for d in items]
     if profile.exact:
-        return {"final-state-mismatch": summarise(flat, sections=sorted(diffs))}
+        return {FINAL_STATE_MISMATCH: summarise(flat, sections=sorted(diffs))}
     # what no tolerance covers: discrete sections, and a replica a rank holds differently from the others
     strict = [
         d for d in flat
@@ -79,7 +80,7 @@ def findings(
         return {}
     shown = strict or [d for d in flat if d["section"] in beyond]
     return {
-        "final-state-mismatch": summarise(
+        FINAL_STATE_MISMATCH: summarise(
             shown,
             sections=sorted({d["section"] for d in strict} | set(beyond)),
             profile=profile.name,

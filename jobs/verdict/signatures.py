@@ -12,8 +12,36 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jobs.contract import ErrorRecord, SignatureId, SignatureKind, Stage
-from jobs.verdict_names import UNSUPPORTED_BY_BUILD
+from jobs.contract import ErrorRecord, SignatureKind, Stage
+from jobs.signature_names import (
+    ADAM_STEP_NOT_RESTORED,
+    ADAM_STEP_UNEXPLAINED,
+    BUCKET_OFFSET_UNALIGNED,
+    CHECKPOINT_FORMAT_UNSUPPORTED,
+    CHECKPOINT_LOAD_CRASH,
+    CHECKPOINT_SAVE_CRASH,
+    FINAL_STATE_MISMATCH,
+    FP32_VIEW_INPLACE_LOAD,
+    ITERATION_MISMATCH,
+    LAYERWISE_METADATA_MISMATCH,
+    LOSS_DIVERGENCE_UNEXPLAINED,
+    LOSS_SCALER_MISMATCH,
+    LR_SCHEDULE_MISMATCH,
+    MAIN_PARAMS_MISMATCH,
+    MODEL_WEIGHTS_MISMATCH,
+    OPTIMIZER_INDEX_MISALIGNMENT,
+    OPTIMIZER_INDEX_UNEXPLAINED,
+    OPTIMIZER_MOMENTS_MISMATCH,
+    OPTIMIZER_STATE_MISMATCH,
+    OPTIMIZER_STEP_KEY_MISSING,
+    PARAM_GROUP_SCALARS_MISMATCH,
+    PROBE_NOT_APPLICABLE,
+    RNG_STATE_MISMATCH,
+    SAVE_MUTATES_LIVE_STATE,
+    SCHEDULER_STATE_MISMATCH,
+    UNSUPPORTED_BY_BUILD,
+    SignatureId,
+)
 
 ISSUE_2777 = "https://github.com/NVIDIA/Megatron-LM/issues/2777"
 PR_5835 = "https://github.com/NVIDIA/Megatron-LM/pull/5835"
@@ -26,7 +54,6 @@ LAYER_WISE = "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/opti
 
 
 ANY_STAGE: Literal["*"] = "*"
-UNSUPPORTED: SignatureId = UNSUPPORTED_BY_BUILD
 
 
 @dataclass(frozen=True)
@@ -66,7 +93,7 @@ class Signature:
 
 _TABLE = (
     Signature(
-        "optimizer-index-misalignment",
+        OPTIMIZER_INDEX_MISALIGNMENT,
         "cause",
         "Optimizer index map points at other params' shards",
         "DistributedOptimizer.model_param_group_index_map is in grad-buffer order while the group "
@@ -79,7 +106,7 @@ _TABLE = (
         r"sharded_param_state_dp_reshardable",
     ),
     Signature(
-        "optimizer-index-unexplained",
+        OPTIMIZER_INDEX_UNEXPLAINED,
         "cause",
         "Optimizer index map wrong where Bug A does not put it",
         "A DistributedOptimizer.model_param_group_index_map entry points at neither the param's own "
@@ -89,7 +116,7 @@ _TABLE = (
         (DISTRIB_OPTIMIZER,),
     ),
     Signature(
-        "optimizer-state-mismatch",
+        OPTIMIZER_STATE_MISMATCH,
         "cause",
         "Checkpoint records other params' optimizer state",
         "What the checkpoint records for a param (read through the index map, as the save does) "
@@ -97,7 +124,7 @@ _TABLE = (
         (ISSUE_2777, PR_5835),
     ),
     Signature(
-        "adam-step-not-restored",
+        ADAM_STEP_NOT_RESTORED,
         "cause",
         "Adam step not restored on load",
         "After a dp_reshardable load on the torch-Adam path (no TE/Apex) every Adam `step` is the "
@@ -106,7 +133,7 @@ _TABLE = (
         (DISTRIB_OPTIMIZER,),
     ),
     Signature(
-        "adam-step-unexplained",
+        ADAM_STEP_UNEXPLAINED,
         "cause",
         "Adam step after load is neither the checkpoint's nor the priming value",
         "restore-adam-step corrects only what the torch-Adam load predicts (every `step` left at the "
@@ -115,7 +142,7 @@ _TABLE = (
         (DISTRIB_OPTIMIZER,),
     ),
     Signature(
-        "lr-schedule-mismatch",
+        LR_SCHEDULE_MISMATCH,
         "cause",
         "Learning rate differs after resume",
         "The resumed run applies a different learning rate than the uninterrupted run at some "
@@ -123,7 +150,7 @@ _TABLE = (
         (),
     ),
     Signature(
-        "layerwise-metadata-mismatch",
+        LAYERWISE_METADATA_MISMATCH,
         "cause",
         "Param-group metadata disagrees across ranks",
         "After load, ranks disagree on a param group's lr, weight decay or Adam step (Bug C: a "
@@ -132,7 +159,7 @@ _TABLE = (
         (LAYER_WISE,),
     ),
     Signature(
-        "model-weights-mismatch",
+        MODEL_WEIGHTS_MISMATCH,
         "cause",
         "Model weights not restored",
         "Right after load, a weight or buffer as the model holds it differs (exact bytes) from the "
@@ -141,7 +168,7 @@ _TABLE = (
         (),
     ),
     Signature(
-        "main-params-mismatch",
+        MAIN_PARAMS_MISMATCH,
         "cause",
         "FP32 main params not restored",
         "Right after load, an optimizer main (FP32) param differs from the saved one, e.g. re-derived "
@@ -149,14 +176,14 @@ _TABLE = (
         (DISTRIB_OPTIMIZER,),
     ),
     Signature(
-        "optimizer-moments-mismatch",
+        OPTIMIZER_MOMENTS_MISMATCH,
         "cause",
         "Optimizer moments not restored",
         "Right after load, an optimizer state tensor (exp_avg, exp_avg_sq, ...) differs from the saved one.",
         (DISTRIB_OPTIMIZER,),
     ),
     Signature(
-        "param-group-scalars-mismatch",
+        PARAM_GROUP_SCALARS_MISMATCH,
         "cause",
         "Param-group scalars not restored",
         "A param group's lr, weight decay, betas, eps or step differs from the saved run's, right "
@@ -164,14 +191,14 @@ _TABLE = (
         (),
     ),
     Signature(
-        "scheduler-state-mismatch",
+        SCHEDULER_STATE_MISMATCH,
         "cause",
         "LR scheduler state not restored",
         "The scheduler's state (num_steps, max/min lr, warm-up, decay) differs from the saved one.",
         (),
     ),
     Signature(
-        "iteration-mismatch",
+        ITERATION_MISMATCH,
         "cause",
         "Restored iteration is not N",
         "The iteration restored from the checkpoint differs from the step it was saved at; the "
@@ -179,7 +206,7 @@ _TABLE = (
         (),
     ),
     Signature(
-        "rng-state-mismatch",
+        RNG_STATE_MISMATCH,
         "cause",
         "RNG state not restored",
         "The torch CPU, CUDA or Megatron RNG-tracker state after load differs from the saved one; "
@@ -187,7 +214,7 @@ _TABLE = (
         (),
     ),
     Signature(
-        "loss-scaler-mismatch",
+        LOSS_SCALER_MISMATCH,
         "cause",
         "fp16 loss scaler not restored",
         "The dynamic loss scaler's scale, growth or hysteresis tracker after load differs from the "
@@ -195,7 +222,7 @@ _TABLE = (
         (DISTRIB_OPTIMIZER,),
     ),
     Signature(
-        "save-mutates-live-state",
+        SAVE_MUTATES_LIVE_STATE,
         "cause",
         "Saving changed the live run",
         "The state right after writing the checkpoint differs from the state right before it: the "
@@ -203,7 +230,7 @@ _TABLE = (
         (),
     ),
     Signature(
-        "final-state-mismatch",
+        FINAL_STATE_MISMATCH,
         "cause",
         "State after the last step differs",
         "The restored state matched the saved one, yet the state after step M differs between the "
@@ -211,14 +238,14 @@ _TABLE = (
         (),
     ),
     Signature(
-        "loss-divergence-unexplained",
+        LOSS_DIVERGENCE_UNEXPLAINED,
         "cause",
         "Loss diverged with no known cause",
         "The resumed loss, grad norm or num-zeros left the tolerance band but no probe found a cause.",
         (),
     ),
     Signature(
-        "bucket-offset-unaligned",
+        BUCKET_OFFSET_UNALIGNED,
         "latent",
         "Bucket param offsets ignore 64-element padding",
         "_ParamAndGradBucket.param_to_index is cumulative numel without the distributed "
@@ -227,7 +254,7 @@ _TABLE = (
         (PARAM_AND_GRAD_BUFFER,),
     ),
     Signature(
-        "probe-not-applicable",
+        PROBE_NOT_APPLICABLE,
         "latent",
         "A probe could not run on this build",
         "A probe read a Megatron-Core attribute this build lays out differently (compat.guarded): "
@@ -235,7 +262,7 @@ _TABLE = (
         (),
     ),
     Signature(
-        "checkpoint-format-unsupported",
+        CHECKPOINT_FORMAT_UNSUPPORTED,
         "cause",
         "Checkpoint format cannot be saved",
         "This build cannot write the requested optimizer sharding (0.16.1: "
@@ -246,7 +273,7 @@ _TABLE = (
         r"flattened_range is not supported",
     ),
     Signature(
-        "optimizer-step-key-missing",
+        OPTIMIZER_STEP_KEY_MISSING,
         "cause",
         "Checkpoint load misses Adam 'step'",
         "fully_reshardable / dp_zero_gather_scatter (and fully_sharded_model_space up to 0.15.x: "
@@ -259,7 +286,7 @@ _TABLE = (
         r"'step'",
     ),
     Signature(
-        "fp32-view-inplace-load",
+        FP32_VIEW_INPLACE_LOAD,
         "cause",
         "Load writes in place into FP32 leaf-param views",
         "FP32 params' optimizer shards are views of leaf params that require grad, so the "
@@ -271,7 +298,7 @@ _TABLE = (
         r"view of a leaf Variable that requires grad",
     ),
     Signature(
-        UNSUPPORTED,
+        UNSUPPORTED_BY_BUILD,
         "crash",
         "Option not supported by this build",
         "The build under test does not offer a requested option (e.g. a sharding type added in a "
@@ -283,7 +310,7 @@ _TABLE = (
         r"Unknown sharding_type|UnsupportedByBuild|not supported by this build",
     ),
     Signature(
-        "checkpoint-save-crash",
+        CHECKPOINT_SAVE_CRASH,
         "crash",
         "Checkpoint save crashed",
         "The train_and_save phase raised while building or writing the step-N checkpoint.",
@@ -291,7 +318,7 @@ _TABLE = (
         "save",
     ),
     Signature(
-        "checkpoint-load-crash",
+        CHECKPOINT_LOAD_CRASH,
         "crash",
         "Checkpoint load crashed",
         "The resume phase raised while loading the step-N checkpoint.",

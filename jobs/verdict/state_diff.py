@@ -9,19 +9,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobs.signature_names import (
+    ADAM_STEP_NOT_RESTORED,
+    FINAL_STATE_MISMATCH,
+    ITERATION_MISMATCH,
+    LAYERWISE_METADATA_MISMATCH,
+    LOSS_SCALER_MISMATCH,
+    MAIN_PARAMS_MISMATCH,
+    MODEL_WEIGHTS_MISMATCH,
+    OPTIMIZER_MOMENTS_MISMATCH,
+    PARAM_GROUP_SCALARS_MISMATCH,
+    RNG_STATE_MISMATCH,
+    SAVE_MUTATES_LIVE_STATE,
+    SCHEDULER_STATE_MISMATCH,
+)
+
 MAX_ITEMS = 12
 
 # Which signature a difference between the saved and the restored state is, by section.
 RESTORE_SIGNATURES = {
-    "model": "model-weights-mismatch",
-    "main": "main-params-mismatch",
-    "moments": "optimizer-moments-mismatch",
-    "steps": "adam-step-not-restored",
-    "groups": "param-group-scalars-mismatch",
-    "scheduler": "scheduler-state-mismatch",
-    "iteration": "iteration-mismatch",
-    "rng": "rng-state-mismatch",
-    "scaler": "loss-scaler-mismatch",
+    "model": MODEL_WEIGHTS_MISMATCH,
+    "main": MAIN_PARAMS_MISMATCH,
+    "moments": OPTIMIZER_MOMENTS_MISMATCH,
+    "steps": ADAM_STEP_NOT_RESTORED,
+    "groups": PARAM_GROUP_SCALARS_MISMATCH,
+    "scheduler": SCHEDULER_STATE_MISMATCH,
+    "iteration": ITERATION_MISMATCH,
+    "rng": RNG_STATE_MISMATCH,
+    "scaler": LOSS_SCALER_MISMATCH,
 }
 SECTIONS = tuple(RESTORE_SIGNATURES)
 # Recorded but never compared: non-persistent buffers (Megatron does not checkpoint them; a step's
@@ -85,7 +100,7 @@ def mutation_findings(before: list[dict[str, Any]] | None, after: list[dict[str,
     if not diffs:
         return {}
     flat = [{"section": s, **d} for s, items in diffs.items() for d in items]
-    return {"save-mutates-live-state": summarise(flat, sections=sorted(diffs))}
+    return {SAVE_MUTATES_LIVE_STATE: summarise(flat, sections=sorted(diffs))}
 
 
 def final_findings(baseline: list[dict[str, Any]] | None, resumed: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -94,7 +109,7 @@ def final_findings(baseline: list[dict[str, Any]] | None, resumed: list[dict[str
     if not diffs:
         return {}
     flat = [{"section": s, **d} for s, items in diffs.items() for d in items]
-    return {"final-state-mismatch": summarise(flat, sections=sorted(diffs))}
+    return {FINAL_STATE_MISMATCH: summarise(flat, sections=sorted(diffs))}
 
 
 def group_disagreements(per_rank: list[dict[str, str]] | None) -> list[dict[str, Any]]:
@@ -125,10 +140,10 @@ def groups_after_optimizer_load(
         for d in section_diff(a, b, only_before_keys=True)
     ]
     if diffs:
-        ev["param-group-scalars-mismatch"] = summarise(diffs, section="groups", when="after optimizer.load_state_dict")
+        ev[PARAM_GROUP_SCALARS_MISMATCH] = summarise(diffs, section="groups", when="after optimizer.load_state_dict")
     disagreements = group_disagreements(after_optimizer_load)
     if disagreements:
-        ev["layerwise-metadata-mismatch"] = {
+        ev[LAYERWISE_METADATA_MISMATCH] = {
             "when": "after optimizer.load_state_dict, before the scheduler",
             "disagreements": disagreements[:MAX_ITEMS],
             "count": len(disagreements),

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, get_type_hints
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, computed_field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    computed_field,
+    create_model,
+    model_validator,
+)
 
+from jobs.contract import ProbeFindingRow, StepRow
 from jobs.verdict_names import RunVerdict
+from models import ProbeFinding, StepMetric
 from service.core.check_spec import CheckSpec
 from service.core.limits import MAX_LABELS
 
@@ -96,7 +107,7 @@ class RunOut(BaseModel):
     check_name: str = Field(description="Readable form of the check")
     track: str = Field(description="Where the check's history accumulates: the branch label, else the environment")
     compared_track: str | None = Field(description="Whose history the verdict was compared with (own or base track)")
-    regression_text: str | None = Field(default=None, description="e.g. 'regresses against main'")
+    regression_text: str | None = Field(default=None, description="e.g. 'regression against main'")
     known_failures: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Known upstream bugs that explain a known-failure verdict: id, signature, link")
@@ -146,37 +157,27 @@ class RunPage(BaseModel):
     next: str | None
 
 
-class StepMetricOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-    step: int
-    loss_baseline: float | None
-    loss_resumed: float | None
-    lr_baseline: float | None
-    lr_resumed: float | None
-    loss_abs_delta: float | None
-    loss_rel_delta: float | None
-    lr_abs_delta: float | None
-    lr_rel_delta: float | None
-    grad_norm_baseline: float | None
-    grad_norm_resumed: float | None
-    within_tolerance: bool | None
+def _stored(row: Any, table: Any, name: str, *, widen: frozenset[str] = frozenset()) -> type[BaseModel]:
+    """The API's model of one stored row of a job's result: the contract's TypedDict (jobs/contract.py),
+    field for field and type for type, less what the table does not keep. `widen` are Literal fields
+    read back as plain strings: older builds' rows may hold names the current contract no longer has."""
+    kept = {c.name for c in table.__table__.columns}
+    hints = get_type_hints(row)
+    fields: dict[str, Any] = {k: (str if k in widen else t, ...) for k, t in hints.items() if k in kept}
+    return create_model(name, __config__=ConfigDict(from_attributes=True), __doc__=row.__doc__, **fields)
 
 
-class ProbeFindingOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-    phase: str
-    probe: str
-    ok: bool
-    param_name: str | None
-    detail: dict[str, Any]
+# one step of the comparison, as the job's StepRow has it (the columns step_metrics keeps)
+StepMetricOut = _stored(StepRow, StepMetric, "StepMetricOut")
+# one probe finding, as the job's ProbeFindingRow has it
+ProbeFindingOut = _stored(ProbeFindingRow, ProbeFinding, "ProbeFindingOut", widen=frozenset({"phase", "probe"}))
 
 
 class RunMetrics(BaseModel):
     run_id: int
-    steps: list[StepMetricOut]
-    probes: list[ProbeFindingOut]
+    # made from the contract's TypedDicts at import (_stored): classes to pydantic, variables to mypy
+    steps: list[StepMetricOut]  # type: ignore[valid-type]
+    probes: list[ProbeFindingOut]  # type: ignore[valid-type]
 
 
 class EnvironmentIn(BaseModel):

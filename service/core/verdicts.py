@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jobs.verdict.compare import verdict_label
 from jobs.verdict.signatures import SIGNATURES
+from jobs.verdict_label import label, qualifiers, verdict_label
 from jobs.verdict_names import BROKEN, KNOWN_FAILURE, PASS
 
 ERROR_CHARS = 200
@@ -72,20 +72,14 @@ def _get(run: Any, name: str) -> Any:
 
 def _qualifiers(run: Any, summary: dict[str, Any]) -> list[str]:
     verdict = _get(run, "verdict")
-    out = []
-    by = summary.get("worked_around_by") or summary.get("worked_around")
-    if verdict == PASS and by:
-        out.append(f"worked around: {', '.join(sorted(by))}" if isinstance(by, dict) else "worked around")
-    if verdict == KNOWN_FAILURE:
-        known = [k.get("signature") for k in summary.get("known_failures") or [] if k.get("signature")]
-        out.append(f"known upstream bug: {', '.join(known)}" if known else "known upstream bug")
-    if verdict == PASS and _get(run, "first_divergent_step") is not None and _profile(summary) is not None:
-        out.append(f"within {_bound_name(_profile(summary) or {})}")
-    if _get(run, "regression"):
-        track, compared = _get(run, "track"), _get(run, "compared_track")
-        out.append(f"regression against {compared}" if compared and compared != track
-                   else f"regression on {track}" if track else "regression")
-    return out
+    profile = _profile(summary)
+    known = [k.get("signature") for k in summary.get("known_failures") or [] if k.get("signature")]
+    return qualifiers(
+        verdict, worked_around_by=summary.get("worked_around_by") or summary.get("worked_around"),
+        known_signatures=known if verdict == KNOWN_FAILURE else (),
+        within=_bound_name(profile) if profile is not None and _get(run, "first_divergent_step") is not None
+        else None,
+        regression=(_get(run, "track"), _get(run, "compared_track")) if _get(run, "regression") else None)
 
 
 def _step(run: Any, summary: dict[str, Any]) -> str:
@@ -145,8 +139,7 @@ def reading(run: Any) -> Reading:
     base = verdict or ("error" if state == "error" else state or "unknown")
     if verdict is None and state == "cancelled":
         base = "cancelled"
-    qualifiers = _qualifiers(run, summary)
-    label = f"{base} ({'; '.join(qualifiers)})" if qualifiers else str(base)
+    shown = label(str(base), _qualifiers(run, summary))
     slugs = tuple(_get(run, "signatures") or ())
     if slugs:
         cause = "; ".join(cause_sentence(s) for s in slugs)
@@ -154,4 +147,4 @@ def reading(run: Any) -> Reading:
         cause = clip(str(_get(run, "error_message")).strip().splitlines()[0], ERROR_CHARS)
     else:
         cause = ""
-    return Reading(label=label, cause=cause, step=_step(run, summary), bound=_bound(run, summary), slugs=slugs)
+    return Reading(label=shown, cause=cause, step=_step(run, summary), bound=_bound(run, summary), slugs=slugs)

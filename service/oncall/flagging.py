@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.verdict_label import regression_qualifier
 from jobs.verdict_names import FAILED, KNOWN_FAILURE
 from models import Regression, Run
 from service.core.checks import base_track_of
@@ -98,8 +99,4 @@ def fails_on_base_text(session: Session, run: Run) -> str:
 
 def regression_text(run: Run) -> str:
     """How a flagged run is described: a regression on its own track, or against its base track."""
-    if not run.regression:
-        return ""
-    if run.compared_track and run.compared_track != run.track:
-        return f"regresses against {run.compared_track}"
-    return f"regression on {run.track}"
+    return regression_qualifier(run.track, run.compared_track) if run.regression else ""

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from jobs.contract import ParityResult, PhaseDocument, Verdict, exception_record, parity_result
 from jobs.verdict.compare import evaluate
+from jobs.verdict_names import ERROR, FAIL, PASS
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
 from models.jsonsafe import decode_nonfinite
 from service.core.phase_state import PhaseState
@@ -28,7 +29,7 @@ from service.runs.row_guard import per_row
 
 log = logging.getLogger(__name__)
 METRIC_COLUMNS = frozenset(c.name for c in StepMetric.__table__.columns) - {"run_id"}
-VERDICT_STATE: dict[Verdict, RunState] = {"pass": RunState.PASSED, "fail": RunState.FAILED, "error": RunState.ERROR}
+VERDICT_STATE: dict[Verdict, RunState] = {PASS: RunState.PASSED, FAIL: RunState.FAILED, ERROR: RunState.ERROR}
 
 
 def latest_documents(session: Session, run_id: int) -> dict[str, PhaseDocument]:
@@ -58,7 +59,7 @@ def evaluate_run(session: Session, run: Run) -> None:
         result = validate_result(evaluate(run.spec, docs.get("train_and_save"), docs.get("resume")))
     except Exception as exc:  # a bug in comparison (or an invalid result) must not wedge the queue
         log.exception("evaluation of run %s failed", run.id)
-        result = parity_result("error", run.spec, errors=[exception_record(exc, "evaluate")])
+        result = parity_result(ERROR, run.spec, errors=[exception_record(exc, "evaluate")])
     # packages first: the known-failure rules match on the build this run used
     record_packages(session, run, docs)
     store_result(session, run, result)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator
 
 from service.core.checks import track_patterns
 from service.core.deps import AdminToken, ReadAccess, SessionDep, SettingsDep, SubmitToken
+from service.core.errors import InvalidSpec
 from service.core.limits import MAX_LABELS
 from service.core.links import BaseUrl
 from service.core.schemas import ERROR_RESPONSES, LabelKey, LabelValue
@@ -30,9 +31,17 @@ class SuiteIn(BaseModel):
 
     name: str = Field(max_length=100)
     description: str = Field(default="", max_length=2000)
-    checks: list[dict[str, Any]] = Field(
+    checks: list[definitions.SuiteCheck] = Field(
         min_length=1, max_length=definitions.MAX_CHECKS,
         description="[{name, spec, why?}]: a readable check name and the run spec it stands for")
+
+    @field_validator("checks", mode="wrap")
+    @classmethod
+    def _name_the_check(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except InvalidSpec as exc:  # a spec's own error (the CheckSpec raises it): say which check
+            raise definitions.locate_spec_error(value, exc) from None
 
 
 class SuiteRunIn(BaseModel):

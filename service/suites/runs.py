@@ -103,11 +103,11 @@ def overall(outcomes: list[str]) -> str:
     failures the base track shares pass)."""
     if "pending" in outcomes:
         return "pending"
-    if "fail" in outcomes:
-        return "fail"
-    if "error" in outcomes:
-        return "error"
-    return "pass"
+    if FAIL in outcomes:
+        return FAIL
+    if ERROR in outcomes:
+        return ERROR
+    return PASS
 
 
 def cause(run: dict[str, Any]) -> str:

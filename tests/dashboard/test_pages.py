@@ -31,6 +31,9 @@ def test_overview_lists_regressions_first(app_client, seeded):
     # a pass that needed a workaround is its own verdict and says what the workaround hid
     assert "pass (worked around: restore-adam-step)" in matrix
     assert "passes only with workaround restore-adam-step, which hides adam-step-not-restored" in matrix
+    # a regressed cell reads as the run's own label does (the API's verdict_label, the run page, JUnit)
+    shown = app_client.get(f"/api/v1/runs/{seeded.regressed}").json()["verdict_label"]
+    assert "(regression" in shown and f">{html.escape(shown)}</a>" in matrix
 
 
 def test_runs_list_filters(app_client, seeded):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from jobs.contract import SIGNATURE_IDS
 from jobs.launch.local import format_step_table
+from jobs.signature_names import SIGNATURE_IDS
 from jobs.verdict.compare import evaluate
 from jobs.verdict.signatures import SIGNATURES, classify_error, signature_table
 from tests.plugins.synthetic_documents import LOSS, LR, SPEC, baseline, optimizer_state, resumed

@@ -25,9 +25,43 @@ def _strings(node: ast.AST) -> list[str]:
     return []
 
 
+def _given(node: ast.AST | None) -> list[ast.Constant]:
+    """The verdict names a value is made of: "fail", FAIL if x else "pass", ("error", causes)."""
+    if isinstance(node, ast.Constant):
+        return [node] if node.value in NAMES else []
+    if isinstance(node, ast.IfExp):
+        return _given(node.body) + _given(node.orelse)
+    if isinstance(node, ast.Tuple) and node.elts:
+        return _given(node.elts[0])
+    return []
+
+
+def _gives_a_verdict(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return "Verdict" in (ast.unparse(fn.returns) if fn.returns else "") or any(
+        w in fn.name.lower() for w in ("verdict", "overall", "outcome"))
+
+
+def _given_verdicts(node: ast.AST) -> list[ast.Constant]:
+    """Verdict names handed on as a verdict: assigned to or passed as *verdict*, keys of a *verdict* mapping,
+    parity_result's first argument, or returned by a function that gives a verdict."""
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if any("verdict" in ast.unparse(t).lower() for t in targets):
+            if isinstance(node.value, ast.Dict):
+                return [k for k in node.value.keys if isinstance(k, ast.Constant) and k.value in NAMES]
+            return _given(node.value)
+    if isinstance(node, ast.keyword) and node.arg and "verdict" in node.arg:
+        return _given(node.value)
+    if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("parity_result") and node.args:
+        return _given(node.args[0])
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _gives_a_verdict(node):
+        return [c for r in ast.walk(node) if isinstance(r, ast.Return) for c in _given(r.value)]
+    return []
+
+
 def spelled_out(source: str) -> list[str]:
     """Where a module spells a verdict name: compared against something named *verdict*, in a literal
-    collection made only of verdict names, or known-failure anywhere but a docstring."""
+    collection made only of verdict names, handed on as a verdict, or known-failure anywhere but a docstring."""
     tree = ast.parse(source)
     docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                   if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
@@ -45,6 +79,7 @@ def spelled_out(source: str) -> list[str]:
                 out.append(f"{node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, ast.Constant) and node.value == KNOWN_FAILURE and id(node) not in docstrings:
             out.append(f"{node.lineno}: {node.value!r}")
+        out += [f"{c.lineno}: {c.value!r}" for c in _given_verdicts(node)]
     return sorted(set(out))
 
 
@@ -81,4 +116,13 @@ def test_the_scan_finds_a_spelled_out_name_and_passes_a_named_one() -> None:
                                 "3: r['verdict'] in {'fail'}", "4: 'known-failure'"]
     good = ('"""A known-failure docstring is prose."""\nif run.verdict == PASS: pass\n'
             'state = run.state in ("failed", "error")\nhelp = "a known-failure verdict exits 1"\n')
+    assert spelled_out(good) == []
+
+
+def test_the_scan_finds_a_verdict_handed_on_spelled_out() -> None:
+    bad = ('verdict = "fail" if x else PASS\nr = parity_result("error", spec)\nf(verdict="pass")\n'
+           'def overall(o):\n    return "error"\nV = {"fail": 1}\nverdict, why = "error", []\n')
+    assert spelled_out(bad) == ["1: 'fail'", "2: 'error'", "3: 'pass'", "5: 'error'", "7: 'error'"]
+    good = ('verdict = FAIL if lane["tolerance"]["pass"] else PASS\ndef status():\n    return "error"\n'
+            'doc = {"status": "error"}\n')
     assert spelled_out(good) == []

@@ -27,7 +27,7 @@ from service.environments.registry import (
     get_environment,
 )
 from service.runs.records import create_run
-from service.suites.definitions import apply_suite
+from service.suites.definitions import SuiteCheck, apply_suite
 from service.suites.runs import create_suite_run
 
 PARITY = [sys.executable, "-m", "service.cli.main"]
@@ -127,7 +127,8 @@ def queue_suite(name: str, checks: dict[str, dict[str, Any]]) -> dict[str, int]:
     """Apply a suite of these checks and queue one suite run of it on the default environment (committed);
     {check name: run id}."""
     with session_scope() as session:
-        apply_suite(session, name=name, checks=[{"name": n, "spec": spec} for n, spec in checks.items()])
+        apply_suite(session, name=name, checks=[SuiteCheck.model_validate({"name": n, "spec": spec})
+                                                for n, spec in checks.items()])
     with session_scope() as session:
         suite_run, _ = create_suite_run(session, suite_name=name, version=None, environment=DEFAULT_ENVIRONMENT,
                                         labels={}, requester="t", settings=get_settings())

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import re
+import time
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
 
+from models import ApiToken
 from service.cli.server.serve import server_options
 from service.core.settings import get_settings
+from service.web.dashboard.auth import make_cookie
 from tests.plugins.server import configure, serve
 
 PROXY = "10.1.2.3"  # the configured reverse proxy; the attacker connects from 127.0.0.1
@@ -78,3 +84,40 @@ def test_login_failure_keeps_next_encoded(client: TestClient, next_url: str) -> 
     query = parse_qs(urlsplit(resp.headers["location"]).query)
     assert query["next"] == [next_url]  # one parameter, intact: nothing leaked into the login page's own
     assert query["error"] == ["unknown, revoked or expired token"] and "reason" not in query
+
+
+def _refusal(app: FastAPI, cookie: str) -> str:
+    """Why a page that needs a login sends someone carrying only this session cookie back to /login."""
+    with TestClient(app) as someone:
+        someone.cookies.set("parity_session", cookie)
+        resp = someone.get("/runs", follow_redirects=False)
+    assert resp.status_code == 303 and resp.headers["location"].startswith("/login"), resp.text
+    return parse_qs(urlsplit(resp.headers["location"]).query).get("reason", [""])[0]
+
+
+def test_a_tampered_or_expired_session_cookie_is_refused(committed_db: str, monkeypatch, tokens) -> None:
+    configure(monkeypatch, PARITY_READS_REQUIRE_TOKEN="1", PARITY_SESSION_SECRET="s" * 32)
+    secret = tokens("alice", "submit")
+    from service.web.app import create_app
+
+    app = create_app()
+    with TestClient(app) as client:
+        cookie = _login(client, secret)
+        page = client.get("/runs", follow_redirects=False)
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert page.status_code == 200 and csrf is not None
+    engine = create_engine(committed_db)
+    with Session(engine) as session:
+        row = session.scalars(select(ApiToken).where(ApiToken.name == "alice")).one()
+        settings = get_settings()
+        expired = make_cookie(settings, row, now=time.time() - settings.session_max_age_s - 5)
+        fresh = make_cookie(settings, row)
+        other_key = make_cookie(settings.model_copy(update={"session_secret": "t" * 32}), row)
+    engine.dispose()
+    assert _refusal(app, expired) == "session expired"
+    flipped = cookie[:5] + ("A" if cookie[5] != "A" else "B") + cookie[6:]  # one character of the signed body
+    for tampered in (flipped, cookie[:-2], other_key, csrf.group(1), fresh.replace(".", "..", 1), "x" * 40):
+        assert _refusal(app, tampered) == "invalid session", tampered
+    with TestClient(app) as someone:  # the control: the same cookie, untouched, still works
+        someone.cookies.set("parity_session", fresh)
+        assert someone.get("/runs", follow_redirects=False).status_code == 200

@@ -67,7 +67,7 @@ def test_branch_without_history_is_compared_with_its_base_track(
     release = _judged(client, db_session, headers, SPEC, "fail", branch="release-1")
     pr = _judged(client, db_session, headers, SPEC, "fail", branch="pr-17")
     assert pr["track"] == "pr-17" and pr["compared_track"] == "main"
-    assert pr["regression"] is True and pr["regression_text"] == "regresses against main"
+    assert pr["regression"] is True and pr["regression_text"] == "regression against main"
     assert pr["last_good_run_id"] == main["id"]
     # a base_branch label names another base: release-1 failed last, so nothing got worse there
     backport = _judged(client, db_session, headers, SPEC, "fail", branch="bp-3", base_branch="release-1")

@@ -103,3 +103,34 @@ def test_an_unreadable_summary_renders_as_an_error_not_a_crash() -> None:
     s = read_summary({"schema_version": 2, "errors": "not a list"})
     assert s == {"errors": [error_record("InvalidDocument", s["errors"][0]["message"], stage="ingest")]}
     assert "errors" in s["errors"][0]["message"]
+
+
+def test_the_metrics_api_returns_the_jobs_step_and_finding_rows(client, make_token, db_session) -> None:
+    """GET /runs/{id}/metrics answers with the contract's StepRow and ProbeFindingRow, less only what the
+    tables do not keep: a field the job adds to them reaches the API without a third declaration."""
+    from typing import get_type_hints
+
+    from jobs.contract import ProbeFindingRow, StepRow
+    from models import ProbeFinding, StepMetric
+    from tests.plugins.verdict_helpers import finish
+
+    docs = documents("good")
+    result = evaluate(expected("good")["spec"], docs["train_and_save"], docs["resume"])
+    resp = client.post("/api/v1/runs", json={"spec": expected("good")["spec"]}, headers=make_token("submit"))
+    assert resp.status_code == 202, resp.text
+    finish(db_session, resp.json()["id"], result["verdict"], list(result["signatures"]), steps=result["steps"],
+           probe_findings=result["probe_findings"])
+    metrics = client.get(f"/api/v1/runs/{resp.json()['id']}/metrics").json()
+    stored = {c.name for c in StepMetric.__table__.columns}
+    step_fields = [k for k in get_type_hints(StepRow) if k in stored]
+    assert "num_zeros_resumed" in step_fields and "wall_s_resumed" in step_fields
+    assert [list(s) for s in metrics["steps"]] == [step_fields] * len(result["steps"])
+    by_step: dict[int, dict[str, Any]] = {s["step"]: dict(s) for s in result["steps"]}
+    assert all(s[k] == by_step[s["step"]][k] for s in metrics["steps"] for k in step_fields)
+    kept = {c.name for c in ProbeFinding.__table__.columns}
+    finding_fields = [k for k in get_type_hints(ProbeFindingRow) if k in kept]
+    assert finding_fields == list(get_type_hints(ProbeFindingRow)) and metrics["probes"]
+    assert [list(p) for p in metrics["probes"]] == [finding_fields] * len(metrics["probes"])
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert list(schemas["StepMetricOut"]["properties"]) == step_fields
+    assert list(schemas["ProbeFindingOut"]["properties"]) == finding_fields

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from models import Run
 from service.cli.client.junit import suite_junit_xml
 from service.cli.client.summary import suite_summary
+from service.suites.definitions import MAX_CHECKS, NAME
 from service.suites.runs import overall
 
 GATE = Path(__file__).resolve().parents[2] / "suites" / "gate.yaml"
@@ -45,6 +46,33 @@ def test_a_bad_check_is_refused_naming_it(client: TestClient, make_token) -> Non
     assert resp.status_code == 422 and resp.json()["field"].startswith("checks[1]"), resp.text
     twice = {"name": "bad", "checks": [SMALL["checks"][0], SMALL["checks"][0]]}
     assert "twice" in client.post("/api/v1/suites", json=twice, headers=admin).json()["detail"]
+    zigzag = {"name": "bad", "checks": [SMALL["checks"][0], {"name": "x", "spec": {
+        "config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3, "sharding": "zigzag"}}]}
+    resp = client.post("/api/v1/suites", json=zigzag, headers=admin)
+    assert resp.status_code == 422 and resp.json()["error"] == "invalid_spec", resp.text
+    assert resp.json()["field"] == "checks[1].spec.sharding" and "fully_reshardable" in resp.json()["detail"]
+
+
+def _ref(prop: dict) -> str:
+    return str(prop.get("$ref") or next((r["$ref"] for r in prop.get("allOf", []) if "$ref" in r), ""))
+
+
+def test_openapi_states_a_suite_check_through_the_one_check_spec(client: TestClient, make_token) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    checks = schemas["SuiteIn"]["properties"]["checks"]
+    assert _ref(checks["items"]).endswith("/SuiteCheck") and (checks["minItems"], checks["maxItems"]) == (1, MAX_CHECKS)
+    check = schemas["SuiteCheck"]
+    assert check["required"] == ["name", "spec"] and check["additionalProperties"] is False
+    assert _ref(check["properties"]["spec"]).endswith("/CheckSpec")  # the same model POST /runs takes
+    assert check["properties"]["name"]["pattern"] == NAME.pattern and check["properties"]["why"]["maxLength"] == 1000
+    # what the document states is what is enforced: a long why and an odd key are refused, naming the field
+    check = {"name": "w", "spec": {"config": "dense-bf16", "dp": 1, "steps": 6, "save_step": 3}}
+    long_why = {"name": "w", "checks": [{**check, "why": "x" * 1001}]}
+    resp = client.post("/api/v1/suites", json=long_why, headers=make_token("admin"))
+    assert resp.status_code == 422 and resp.json()["field"] == "checks.0.why", resp.text
+    odd = {"name": "w", "checks": [{**check, "owner": "me"}]}
+    resp = client.post("/api/v1/suites", json=odd, headers=make_token("admin"))
+    assert resp.status_code == 422 and resp.json()["field"] == "checks.0.owner", resp.text
 
 
 def test_the_shipped_gate_suite_applies(client: TestClient, make_token) -> None:

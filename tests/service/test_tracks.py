@@ -22,7 +22,7 @@ from service.core.run_state import RunState, transition
 from service.core.settings import get_settings
 from service.environments import sources
 from service.runs.evaluation import judge
-from service.suites.definitions import apply_suite
+from service.suites.definitions import SuiteCheck, apply_suite
 from service.suites.runs import create_suite_run, suite_run_view
 from service.tracks import schedule
 from tests.plugins.git_repo import PYPROJECT, Repo
@@ -36,7 +36,7 @@ def _setup(session: Session, tmp_path: Path, commits: int = 2) -> tuple[Repo, li
     shas = [repo.commit("Initial import", {"pyproject.toml": PYPROJECT})]
     shas += [repo.commit(f"Change {i}") for i in range(1, commits)]
     sources.register_source(session, name="mlm", location=str(repo.path), ref="main")
-    apply_suite(session, name="one", checks=[{"name": "dense", "spec": SPEC}])
+    apply_suite(session, name="one", checks=[SuiteCheck.model_validate({"name": "dense", "spec": SPEC})])
     return repo, shas
 
 
@@ -160,7 +160,7 @@ def test_a_pass_to_fail_on_the_track_is_bisected_to_the_first_bad_commit(
     repo = Repo(tmp_path / "megatron-lm")
     shas = [repo.commit("Initial import", {"pyproject.toml": PYPROJECT})]
     sources.register_source(db_session, name="mlm", location=str(repo.path), ref="main")
-    apply_suite(db_session, name="one", checks=[{"name": "dense", "spec": SPEC}])
+    apply_suite(db_session, name="one", checks=[SuiteCheck.model_validate({"name": "dense", "spec": SPEC})])
     db_session.add(NotificationChannel(name="hook", kind="webhook", url="https://alerts.example.com/x",
                                        events=["regression.bisected"], enabled=True))
     schedule.add_track(db_session, name="main", source="mlm", suite="one", every="24h", auto_bisect=True,

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobs.verdict_label import label as qualified
+
 
 def reading_of(run: dict[str, Any]) -> dict[str, Any]:
     """run["reading"]; from an older service, the verdict (or state) alone."""
     found = run.get("reading")
     if isinstance(found, dict) and found.get("label"):
         return found
-    label = str(run.get("verdict_label") or run.get("verdict") or run.get("state") or "unknown")
-    if run.get("regression_text"):
-        label += f" ({run['regression_text']})"
+    label = qualified(str(run.get("verdict_label") or run.get("verdict") or run.get("state") or "unknown"),
+                      [run.get("regression_text") or ""])
     return {"label": label, "cause": ", ".join(run.get("signatures") or []), "step": "", "bound": "", "slugs": [],
             "line": label}

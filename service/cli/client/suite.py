@@ -76,7 +76,7 @@ def check_line(check: dict[str, Any]) -> str:
 def outcome_of(view: dict[str, Any], *, timed_out: bool, strict: bool) -> str:
     """pass | fail | error for the whole suite run (a known failure fails only with --strict)."""
     if timed_out:
-        return "error"
+        return ERROR
     if strict and view["counts"].get(KNOWN_FAILURE):
         return FAIL if view["verdict"] != ERROR else ERROR
     return str(view["verdict"])

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from jobs.verdict_names import UNSUPPORTED_BY_BUILD
+from jobs.signature_names import UNSUPPORTED_BY_BUILD
 from service.cli.client.env import _client_args, _detail, client, ensure_build
 
 

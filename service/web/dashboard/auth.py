@@ -1,26 +1,25 @@
 """Dashboard login: a bearer token exchanged for a signed, HttpOnly, SameSite session cookie, or a
 trusted reverse proxy's user header (from configured proxy addresses only); CSRF tokens for writes.
 
-The cookie holds {token id, name, expiry, session id, csrf nonce} signed with HMAC-SHA256; every request
-re-checks that the token still exists unrevoked (revoking a token ends its dashboard sessions too) and
-that the session was not ended by logout (ended_sessions): a copied cookie dies with the logout.
+Signing, expiry and tamper checks are itsdangerous's (`URLSafeTimedSerializer`, HMAC-SHA256): the cookie
+holds {token id, name, session id, csrf nonce} with the time it was signed, and is refused once older than
+session_max_age_s. Every request re-checks that the token still exists unrevoked (revoking a token ends
+its dashboard sessions too) and that the session was not ended by logout (ended_sessions): a copied
+cookie dies with the logout. A form's CSRF token is the session's nonce signed the same way (another salt).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
-import json
 import secrets
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import Depends, Request
+from itsdangerous import BadSignature, SignatureExpired, TimestampSigner, URLSafeTimedSerializer
 from sqlalchemy import delete, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
@@ -41,7 +40,8 @@ class Viewer:
     name: str
     via: str  # session | proxy | bearer | anonymous
     can_write: bool
-    csrf: str = ""
+    csrf: str = ""  # the token its forms carry: csrf_key, signed
+    csrf_key: str = ""  # what a genuine form's token must carry: the session's nonce, or the proxy user
 
 
 ANONYMOUS = Viewer(name="", via="anonymous", can_write=False)
@@ -65,33 +65,75 @@ def _key(settings: Settings) -> bytes:
     return settings.session_secret.encode() if settings.session_secret else _process_secret()
 
 
-def _mac(settings: Settings, data: bytes) -> str:
-    return base64.urlsafe_b64encode(hmac.new(_key(settings), data, hashlib.sha256).digest()).decode().rstrip("=")
+class _Signer(TimestampSigner):
+    """itsdangerous's timestamp signer, on HMAC-SHA256; `issued_at` backdates what it signs (an expired cookie)."""
+
+    def __init__(self, *args: Any, issued_at: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.issued_at = issued_at
+
+    def get_timestamp(self) -> int:
+        """When the value is signed: now, unless backdated."""
+        return int(self.issued_at) if self.issued_at is not None else super().get_timestamp()
+
+
+def _serializer(settings: Settings, salt: str, *, now: float | None = None) -> URLSafeTimedSerializer:
+    # a salt per use: a CSRF token is never a session cookie, nor the reverse
+    return URLSafeTimedSerializer(_key(settings), salt=f"parity-{salt}", signer=_Signer,
+                                  signer_kwargs={"digest_method": hashlib.sha256, "issued_at": now})
 
 
 def make_cookie(settings: Settings, token: ApiToken, *, now: float | None = None) -> str:
-    """A signed session value for token, valid for session_max_age_s."""
-    body = {"tid": token.id, "name": token.name, "exp": int((now or time.time()) + settings.session_max_age_s),
-            "sid": secrets.token_urlsafe(24), "csrf": secrets.token_urlsafe(16)}
-    data = base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode().rstrip("=")
-    return f"{data}.{_mac(settings, data.encode())}"
+    """A signed session value for token, valid for session_max_age_s from now (or from `now`)."""
+    body = {"tid": token.id, "name": token.name, "sid": secrets.token_urlsafe(24), "csrf": secrets.token_urlsafe(16)}
+    return _serializer(settings, "session", now=now).dumps(body)
 
 
 def read_cookie(settings: Settings, value: str) -> tuple[dict[str, Any] | None, str]:
-    """The session body if value is authentic and unexpired; -> (body, why not)."""
-    data, _, mac = value.partition(".")
-    # bytes, not str: compare_digest raises TypeError on a non-ASCII str (a forged cookie was a 500)
-    if not data or not hmac.compare_digest(mac.encode(), _mac(settings, data.encode()).encode()):
-        return None, "invalid session"
+    """The session body (with `exp`, when it expires) if value is authentic and unexpired; -> (body, why not)."""
     try:
-        body = json.loads(base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)))
-    except ValueError:
+        body, signed_at = _serializer(settings, "session").loads(
+            value, max_age=settings.session_max_age_s, return_timestamp=True)
+    except SignatureExpired:
+        return None, "session expired"
+    except BadSignature:  # tampered, forged, another key's, or not a session value at all
         return None, "invalid session"
     if not isinstance(body, dict) or not isinstance(body.get("sid"), str) or not isinstance(body.get("tid"), int):
-        return None, "invalid session"  # a cookie from before session ids existed: log in again
-    if int(body.get("exp", 0)) < time.time():
-        return None, "session expired"
-    return body, ""
+        return None, "invalid session"
+    expires = signed_at + timedelta(seconds=settings.session_max_age_s)
+    return {**body, "exp": int(expires.timestamp())}, ""
+
+
+def csrf_token(settings: Settings, key: str) -> str:
+    """The token a form carries for a viewer whose csrf_key is key (valid as long as a session)."""
+    return _serializer(settings, "csrf").dumps(key)
+
+
+def _verified(settings: Settings, salt: str, value: str, max_age: int) -> Any:
+    """What value carries if it is authentic and younger than max_age; else None."""
+    try:
+        return _serializer(settings, salt).loads(value, max_age=max_age) if value else None
+    except BadSignature:  # SignatureExpired included
+        return None
+
+
+def csrf_matches(settings: Settings, sent: str, key: str) -> bool:
+    """sent is an authentic, unexpired CSRF token that carries key."""
+    return bool(key) and _verified(settings, "csrf", sent, settings.session_max_age_s) == key
+
+
+LOGIN_CSRF_AGE_S = 600  # how long a login form stays usable
+
+
+def login_csrf_token(settings: Settings) -> str:
+    """A fresh login-form token: the login form and its double-submit cookie both carry it."""
+    return _serializer(settings, "login").dumps(secrets.token_urlsafe(16))
+
+
+def login_csrf_matches(settings: Settings, sent: str, cookie: str) -> bool:
+    """The login form's token and the cookie's are authentic, unexpired and the same nonce (double submit)."""
+    nonce = _verified(settings, "login", cookie, LOGIN_CSRF_AGE_S)
+    return nonce is not None and _verified(settings, "login", sent, LOGIN_CSRF_AGE_S) == nonce
 
 
 def end_session(session: Session, body: dict[str, Any]) -> None:
@@ -124,7 +166,8 @@ def current_viewer(request: Request, session: SessionDep, settings: SettingsDep)
     """Who this request is, from the proxy header, the session cookie, or a bearer token."""
     user = _proxy_user(request, settings)
     if user:
-        return Viewer(name=user, via="proxy", can_write=True, csrf=_mac(settings, f"proxy:{user}".encode()))
+        key = f"proxy:{user}"
+        return Viewer(name=user, via="proxy", can_write=True, csrf=csrf_token(settings, key), csrf_key=key)
     raw = request.cookies.get(COOKIE)
     if raw:
         body, why = read_cookie(settings, raw)
@@ -133,7 +176,9 @@ def current_viewer(request: Request, session: SessionDep, settings: SettingsDep)
             token = session.scalar(select(ApiToken).where(ApiToken.id == body["tid"], ~ended, *live_token()))
             if token is not None:
                 writes = bool({"submit", "admin"} & set(token.scopes))
-                return Viewer(name=token.name, via="session", can_write=writes, csrf=str(body["csrf"]))
+                key = str(body.get("csrf") or "")
+                return Viewer(name=token.name, via="session", can_write=writes, csrf=csrf_token(settings, key),
+                              csrf_key=key)
             why = "logged out, or token revoked or expired"
         request.state.session_problem = why
     header = request.headers.get("authorization", "")
@@ -158,10 +203,9 @@ def require_dashboard_read(request: Request, viewer: ViewerDep, settings: Settin
 DashboardRead = Annotated[Viewer, Depends(require_dashboard_read)]
 
 
-def check_csrf(viewer: Viewer, form: dict[str, str]) -> bool:
-    """A dashboard write is genuine when it carries this viewer's CSRF token (constant-time compare)."""
-    sent = form.get("csrf", "")
-    return bool(viewer.csrf) and bool(sent) and hmac.compare_digest(sent.encode(), viewer.csrf.encode())
+def check_csrf(settings: Settings, viewer: Viewer, form: dict[str, str]) -> bool:
+    """A dashboard write is genuine when it carries a token signed for this viewer's session (or proxy user)."""
+    return csrf_matches(settings, form.get("csrf", ""), viewer.csrf_key)
 
 
 def login_redirect_url(next_url: str, reason: str = "") -> str:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
-import secrets
 from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import parse_qs, quote
@@ -19,12 +17,15 @@ from service.core.tokens import hash_token
 from service.oncall import regressions as regression_tracker
 from service.web.dashboard.auth import (
     COOKIE,
+    LOGIN_CSRF_AGE_S,
     DashboardRead,
     LoginRequired,
     ViewerDep,
     check_csrf,
     end_session,
     live_token,
+    login_csrf_matches,
+    login_csrf_token,
     login_redirect_url,
     make_cookie,
     read_cookie,
@@ -60,11 +61,11 @@ def login_form(request: Request, settings: SettingsDep, viewer: ViewerDep, next:
                error: str = "") -> Response:
     """The login form: paste an API token; a double-submit cookie protects it against login CSRF."""
     request.state.viewer = viewer
-    nonce = secrets.token_urlsafe(16)
+    signed = login_csrf_token(settings)
     response = render(request, "login.html", {"next": safe_next(next), "reason": reason, "error": error,
-                                               "login_csrf": nonce})
-    response.set_cookie(LOGIN_CSRF, nonce, httponly=True, samesite="strict", secure=_secure(settings.public_url),
-                        max_age=600, path="/login")
+                                               "login_csrf": signed})
+    response.set_cookie(LOGIN_CSRF, signed, httponly=True, samesite="strict", secure=_secure(settings.public_url),
+                        max_age=LOGIN_CSRF_AGE_S, path="/login")
     return response
 
 
@@ -72,8 +73,7 @@ def login_form(request: Request, settings: SettingsDep, viewer: ViewerDep, next:
 def login(request: Request, session: SessionDep, settings: SettingsDep, form: FormDep) -> Response:
     """Exchange a valid token for a signed session cookie."""
     next_url = safe_next(form.get("next", "/"))
-    sent, expected = form.get("csrf", ""), request.cookies.get(LOGIN_CSRF, "")
-    if not sent or not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
+    if not login_csrf_matches(settings, form.get("csrf", ""), request.cookies.get(LOGIN_CSRF, "")):
         raise PageError(403, "login form expired or forged: reload the login page and try again")
     token = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(form.get("token", "").strip()),
                                                   *live_token()))
@@ -91,7 +91,7 @@ def login(request: Request, session: SessionDep, settings: SettingsDep, form: Fo
 def logout(request: Request, session: SessionDep, settings: SettingsDep, viewer: ViewerDep, form: FormDep) -> Response:
     """End the session on the server too (the form carries the CSRF token, so no page elsewhere can log
     anyone out): deleting the cookie alone left a copied cookie valid until it expired."""
-    if viewer.via == "session" and not check_csrf(viewer, form):
+    if viewer.via == "session" and not check_csrf(settings, viewer, form):
         raise PageError(403, "logout form forged or expired")
     if viewer.via == "session":
         body, _ = read_cookie(settings, request.cookies.get(COOKIE, ""))
@@ -128,11 +128,12 @@ def regression_page(request: Request, regression_id: RowId, session: SessionDep,
 
 
 @router.post("/regressions/{regression_id}/acknowledge")
-def acknowledge(regression_id: RowId, session: SessionDep, viewer: DashboardRead, form: FormDep) -> Response:
+def acknowledge(regression_id: RowId, session: SessionDep, settings: SettingsDep, viewer: DashboardRead,
+                form: FormDep) -> Response:
     """Acknowledge from the dashboard: needs a login that may write, and this session's CSRF token."""
     if not viewer.can_write:
         raise LoginRequired(f"/regressions/{regression_id}", "log in with a submit token to acknowledge")
-    if not check_csrf(viewer, form):
+    if not check_csrf(settings, viewer, form):
         raise PageError(403, "forged or expired form: reload the page and try again")
     try:
         regression_tracker.acknowledge(session, regression_id, who=viewer.name, note=form.get("note", "")[:4000],

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from jobs.verdict_label import label, regression_qualifier
 from jobs.verdict_names import FAILED, PASS, RUN_VERDICTS
 from models import Environment, HistorySummary, Run
 from service.core.checks import long_lived
@@ -48,8 +49,10 @@ class Cell:
 
     @property
     def shown(self) -> str:
-        """The verdict as every page shows it: `pass (worked around: …)` for a pass a workaround made."""
-        return label_of(self.verdict, {"worked_around_by": self.worked_around_by}) or self.label or self.verdict
+        """The verdict as every page labels it (jobs/verdict_label.py): `pass (worked around: …)` for a pass a
+        workaround made, `fail (regression against main)` for a flagged run (known bugs are listed below it)."""
+        base = label_of(self.verdict, {"worked_around_by": self.worked_around_by}) or self.label or self.verdict
+        return label(base, [regression_qualifier(self.track, self.compared_track)] if self.regression else [])
 
     @property
     def hidden(self) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from jobs.contract import SignatureId
+from jobs.signature_names import LR_SCHEDULE_MISMATCH
 from jobs.verdict.signatures import SIGNATURES
 from jobs.verdict_names import NOT_PASSED, PASS
 from models import Environment, ProbeFinding, Run
@@ -145,14 +145,10 @@ def explained(run: Run, hows: dict[str, str] | None = None) -> list[dict[str, An
     return out
 
 
-# typed by the contract's SignatureId: a renamed signature fails mypy here
-LR_SCHEDULE: SignatureId = "lr-schedule-mismatch"
-
-
 def _at_the_step(meaning: str, name: str, run: Run, summary: Mapping[str, Any]) -> str:
     """A signature's meaning with "at some step" made the step this run measured, where it is known."""
     lr_steps = (summary.get("lanes") or {}).get("lr_mismatched_steps") or []
-    step = lr_steps[0] if name == LR_SCHEDULE and lr_steps else run.first_divergent_step
+    step = lr_steps[0] if name == LR_SCHEDULE_MISMATCH and lr_steps else run.first_divergent_step
     return meaning.replace("at some step", f"from step {step} on") if step is not None else meaning
 
 
