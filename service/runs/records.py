@@ -5,7 +5,7 @@ Two statements queue a run, both here and both on SQLAlchemy: `create_run` (the 
 Idempotency-Key, an environment to touch or fix up, a rerun, the service's own runs) and
 `queue_run`, POST /runs' usual case, one statement for a whole batch of concurrent requests
 (`group_commit.py` says why a batch). Either way callers get the `Run` model, read by `find_run`'s
-one statement (`read_run` is the same statement on the event loop).
+one statement (`read_run`: the same, on an autocommit connection).
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Integer, Select, bindparam, literal_column, select, text
+from sqlalchemy import Connection, Engine, Integer, Select, bindparam, literal_column, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from jobs.spec import RunSpec
@@ -26,7 +25,6 @@ from models import Environment, Run, RunEvent
 from models.base import utcnow
 from service.core.check_spec import run_spec_of
 from service.core.checks import SELFTEST_LABEL, identify, spec_identity, track_of
-from service.core.db import async_engine
 from service.core.errors import Conflict, Forbidden, NotFound
 from service.core.run_state import TERMINAL, RunState, transition
 from service.core.tracks import Grant, authorize_track
@@ -203,8 +201,8 @@ def get_run(session: Session, *, run_id: int, with_phases: bool = False) -> Run:
     return run
 
 
-async def read_run(run_id: int) -> Run | None:
-    """find_run(with_phases=True) on the event loop: no thread, no transaction (autocommit); None if absent.
+def read_run(engine: Engine, run_id: int) -> Run | None:
+    """find_run(with_phases=True) on an autocommit connection: one round trip, no BEGIN/ROLLBACK; None if absent.
 
     A pooled connection that a database restart broke fails its first statement, and SQLAlchemy then
     discards every pooled connection opened before it; the read is tried once more on a fresh one (a
@@ -212,8 +210,8 @@ async def read_run(run_id: int) -> Run | None:
     """
     for attempt in (1, 2):
         try:
-            async with AsyncSession(await async_engine(), expire_on_commit=False) as session:
-                return (await session.scalars(_ONE_RUN_WITH_PHASES, {"run_id": run_id})).unique().first()
+            with engine.connect() as conn, Session(bind=conn.execution_options(isolation_level="AUTOCOMMIT")) as s:
+                return find_run(s, run_id, with_phases=True)
         except DBAPIError as exc:
             if attempt == 2 or not exc.connection_invalidated:
                 raise
