@@ -182,8 +182,10 @@ def insert_batch(conn: Connection, items: list[dict[str, Any]]) -> list[int | No
 
 
 # a run with its environment (and its phases, ordered by id) joined: one round trip, compiled once
-# (SQLAlchemy caches the statement's compiled form by its shape)
-_ONE_RUN = select(Run).where(Run.id == bindparam("run_id")).options(joinedload(Run.environment))
+# (SQLAlchemy caches the statement's compiled form by its shape). Of the environment only its name:
+# its package lists (a pip freeze, twice) would be parsed on every read of every run.
+_ONE_RUN = (select(Run).where(Run.id == bindparam("run_id"))
+            .options(joinedload(Run.environment).load_only(Environment.id, Environment.name)))
 _ONE_RUN_WITH_PHASES = _ONE_RUN.options(joinedload(Run.phases))
 
 
