@@ -13,7 +13,6 @@ from sqlalchemy import select
 
 from jobs.verdict_names import RUN_VERDICTS
 from models import ProbeFinding, Run, StepMetric
-from service.core.db import get_engine
 from service.core.deps import (
     ReadAccess,
     RunId,
@@ -218,17 +217,19 @@ def list_runs(
 @router.get("/{run_id}", response_model=RunOut)
 async def get_run(run_id: RunId, request: Request) -> Response:
     """One run with its phases, verdict, signatures and links."""
-    # what CI polls: one thread trip, one round trip and no transaction (records.read_run), and no
-    # dependencies to resolve (request_session says why). A token check, an absent run and a test's
-    # bound session take the session path, which reads the same statement.
-    return await run_in_threadpool(_get_run, request, run_id, public_base(get_settings(), request))
-
-
-def _get_run(request: Request, run_id: int, base: str) -> Response:
-    if not get_settings().reads_require_token and not session_overridden(request):
-        run = run_service.read_run(get_engine(), run_id)
+    # what CI polls: one round trip on the event loop, no thread, no transaction (db.async_engine
+    # says why) and no dependencies to resolve (request_session says why). A token check, an absent
+    # run and a test's bound session take the session path (get_run), one thread trip.
+    settings = get_settings()
+    base = public_base(settings, request)
+    if not settings.reads_require_token and not session_overridden(request):
+        run = await run_service.read_run(run_id)
         if run is not None:
             return json_response(run_out(run, base, with_phases=True))
+    return await run_in_threadpool(_get_run_checked, request, run_id, base)
+
+
+def _get_run_checked(request: Request, run_id: int, base: str) -> Response:
     with request_session(request) as session:
         check_read(session, request)
         return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -10,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.artifacts import api as artifacts
 from service.bisects import api as bisects
+from service.core.db import dispose_async_engines
 from service.core.errors import DomainError
 from service.core.inputs import refuse_unstorable
 from service.core.limits import BodyLimit
@@ -75,6 +79,12 @@ def _http_error(_: Request, exc: Exception) -> JSONResponse:
                         headers=getattr(exc, "headers", None))
 
 
+@asynccontextmanager
+async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    yield
+    await dispose_async_engines()  # the read pools this process opened (db.async_engine)
+
+
 def create_app() -> FastAPI:
     """Build the app; the database is resolved lazily on the first request that needs it."""
     app = FastAPI(
@@ -83,6 +93,7 @@ def create_app() -> FastAPI:
         description="Save at step N, resume in a fresh process, continue to M: is the run the same?",
         # every route, one check: strings Postgres cannot store are a 422 naming the field, never a 500
         dependencies=[Depends(refuse_unstorable)],
+        lifespan=_lifespan,
     )
     app.add_exception_handler(DomainError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
