@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.core.checks import install_identity_listener
@@ -198,3 +200,38 @@ def autocommit(session: Session) -> Iterator[Connection]:
         return
     with bind.connect() as conn:
         yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+
+ASYNC_POOL_MAX = 10  # per API process, beside the sync engine's 10 + 20: well inside Postgres's 100
+CONNECT_TIMEOUT_S = 5  # a database that is away answers 503 after this, not a hung request
+_async_engines: dict[tuple[int, int], AsyncEngine] = {}
+
+
+async def async_engine() -> AsyncEngine:
+    """This event loop's engine on the configured database, for reads on the loop (GET /runs/{id}).
+
+    A sync route costs a trip through the threadpool for the route and another for the session's end,
+    and under load every trip queues for the GIL behind the other request threads: the tail of GET
+    /runs/{id} was that queue, not Postgres. Autocommit: a read is one round trip, no BEGIN/ROLLBACK.
+    Reads only: every write keeps its one owner, the request's Session.
+    """
+    if get_engine.cache_info().currsize:
+        engine = get_engine()
+    else:  # the first call resolves and checks the URL: blocking, so not on the loop
+        engine = await asyncio.to_thread(get_engine)
+    # keyed by loop: a pool's connections belong to the loop that opened them (tests start several)
+    key = (id(asyncio.get_running_loop()), id(engine))
+    found = _async_engines.get(key)
+    if found is None:
+        found = _async_engines[key] = create_async_engine(
+            engine.url, isolation_level="AUTOCOMMIT", pool_size=ASYNC_POOL_MAX, max_overflow=0,
+            pool_timeout=CONNECT_TIMEOUT_S, connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+            hide_parameters=True)
+    return found
+
+
+async def dispose_async_engines() -> None:
+    """Close the pools of every async engine this loop opened (app shutdown)."""
+    loop = id(asyncio.get_running_loop())
+    for key in [k for k in _async_engines if k[0] == loop]:
+        await _async_engines.pop(key).dispose()

@@ -36,7 +36,7 @@ async def get_session() -> AsyncIterator[Session]:
 
 async def _end(session: Session, *, commit: bool) -> None:
     if not session.in_transaction():
-        # nothing began (a read served by async_db, a refused request): no round trip to make, so
+        # nothing began (a read served on the event loop, a refused request): no round trip to make, so
         # no threadpool trip either; closing an idle session does no I/O
         session.close()
         return
@@ -129,7 +129,7 @@ class SubmitClaim:
     """Who asks to submit: a token row checked now, or one this process checked before (seen).
 
     A seen token is not re-read: the write it asks for must itself require the token to be
-    unrevoked (service/runs/one_statement.py does, in the INSERT), and on refusal the route calls
+    unrevoked (service/runs/records.queue_run does, in the INSERT), and on refusal the route calls
     authenticate() with the secret for the precise error.
     """
 

@@ -10,7 +10,6 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from jobs.verdict_names import RUN_VERDICTS
 from models import ProbeFinding, Run, StepMetric
@@ -51,7 +50,6 @@ from service.environments.registry import (
     use_environment,
 )
 from service.oncall.flagging import regression_text
-from service.runs import one_statement
 from service.runs import records as run_service
 from service.runs.admission import Caps, admitted, check_caps
 
@@ -80,11 +78,11 @@ _NOT_COLUMNS = frozenset({"environment", "links", "phases", "regression_text", "
                           "verdict_label", "worked_around", "worked_around_by", "reading"})
 
 
-def run_out(run: Run | one_statement.Stored, base: str, *, with_phases: bool = False) -> RunOut:
+def run_out(run: Run, base: str, *, with_phases: bool = False) -> RunOut:
     """The API view of a run (environment and, if asked, phases already loaded)."""
     fields = {name: getattr(run, name) for name in RunOut.model_fields if name not in _NOT_COLUMNS}
     fields.update(environment=run.environment.name, links=run_links(run.id, base), phases=None,
-                  regression_text=regression_text(run) or None,  # type: ignore[arg-type]  # reads 3 columns
+                  regression_text=regression_text(run) or None,
                   known_failures=list((run.summary or {}).get("known_failures") or []),
                   fixed_known=list((run.summary or {}).get("known_fixed") or []))
     summary = run.summary or {}
@@ -122,22 +120,23 @@ def create_run(
     authorize_track(claim.token, labels=body.labels, environment=body.environment)
     limits = caps(settings)
     if claim.seen:
-        # the usual case: one statement (one_statement.py); anything unusual falls through to the ORM path
+        # the usual case: one statement (records.queue_run); anything unusual falls through to create_run
+        queued: Run | None
         try:
             check_caps(session, limits, claim.token.name)
         except TooManyRequests:
             if idempotency_key is None:
                 raise
-            stored = None  # a replay is answered even over the caps: the ORM path looks for it first
+            queued = None  # a replay is answered even over the caps: create_run looks for it first
         else:
-            stored = one_statement.insert_run(
+            queued = run_service.queue_run(
                 session, spec=spec, environment=body.environment, labels=body.labels, requester=claim.token.name,
                 token_id=claim.token.id, idempotency_key=idempotency_key, job_python=settings.job_python,
             )
-        if stored is not None:
+        if queued is not None:
             admitted(session, claim.token.name)
-            return json_response(run_out(stored, base), status_code=202,
-                                 headers={"Location": f"/api/v1/runs/{stored.id}"})
+            return json_response(run_out(queued, base), status_code=202,
+                                 headers={"Location": f"/api/v1/runs/{queued.id}"})
         forget(claim.secret)  # revoked, expired or deleted since this process saw it: look it up again
     token = claim.token if not claim.seen else authenticate(session, token=claim.secret, scope="submit")
     if body.environment == DEFAULT_ENVIRONMENT:
@@ -218,13 +217,13 @@ def list_runs(
 @router.get("/{run_id}", response_model=RunOut)
 async def get_run(run_id: RunId, request: Request) -> Response:
     """One run with its phases, verdict, signatures and links."""
-    # what CI polls: one round trip on the event loop, no thread, no transaction, no ORM objects
-    # (async_db.py says why) and no dependencies to resolve (request_session says why). A token
-    # check, an absent run and a test's bound session take the sync path, which reads as before.
+    # what CI polls: one round trip on the event loop, no thread, no transaction (db.async_engine
+    # says why) and no dependencies to resolve (request_session says why). A token check, an absent
+    # run and a test's bound session take the session path (get_run), one thread trip.
     settings = get_settings()
     base = public_base(settings, request)
     if not settings.reads_require_token and not session_overridden(request):
-        run = await one_statement.read_run_async(run_id)
+        run = await run_service.read_run(run_id)
         if run is not None:
             return json_response(run_out(run, base, with_phases=True))
     return await run_in_threadpool(_get_run_checked, request, run_id, base)
@@ -233,16 +232,8 @@ async def get_run(run_id: RunId, request: Request) -> Response:
 def _get_run_checked(request: Request, run_id: int, base: str) -> Response:
     with request_session(request) as session:
         check_read(session, request)
-        return _get_run_in_session(session, run_id, base)
-
-
-def _get_run_in_session(session: Session, run_id: int, base: str) -> Response:
-    run = one_statement.read_run(session, run_id)
-    if run is None:
-        # the 404 exactly as elsewhere (or a run committed a moment ago)
         return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,
                                      with_phases=True))
-    return json_response(run_out(run, base, with_phases=True))
 
 
 @router.get("/{run_id}/metrics", response_model=RunMetrics)

@@ -13,6 +13,8 @@ committed. A batch the database refused is retried row by row, so one bad row fa
 request. A batch whose connection broke, or that could not get one, is not sent again: whether a
 statement committed before its connection broke is not knowable, and sending it again could queue
 runs twice; every request of it answers 503 (the client may send it again with its Idempotency-Key).
+SQLAlchemy's disconnect handling renews the pool when a connection breaks under the statement.
+The statement itself is records.insert_batch: this module knows batches, not runs.
 """
 
 from __future__ import annotations
@@ -27,17 +29,15 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from service.core.driver_cursor import DatabaseDown
-
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 64
 IDLE_S = 5.0  # a writer with nothing to do for this long ends; the next request starts another
 # A lost connection (maybe committed), no connection at all, no pooled connection free: row by row
 # would either queue runs twice or fail each row alike, one connect timeout after another.
-NOT_SENT_AGAIN = (DatabaseDown, OperationalError, InterfaceError, PoolTimeout)
+NOT_SENT_AGAIN = (OperationalError, InterfaceError, PoolTimeout)
 
-Row = tuple[Any, ...] | None
+Row = Any
 WriteBatch = Callable[[Connection, list[dict[str, Any]]], list[Row]]
 
 

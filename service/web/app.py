@@ -8,15 +8,12 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from psycopg import InterfaceError as DriverInterfaceError
-from psycopg import OperationalError as DriverOperationalError
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.artifacts import api as artifacts
 from service.bisects import api as bisects
-from service.core.async_db import close_all
-from service.core.driver_cursor import ConnectionLost, first_line
+from service.core.db import dispose_async_engines
 from service.core.errors import DomainError
 from service.core.inputs import refuse_unstorable
 from service.core.limits import BodyLimit
@@ -53,11 +50,18 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+def _first_line(exc: BaseException) -> str:
+    # SQLAlchemy's text is the driver's error, then the statement and a link: the first line says it
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _database_down(_: Request, exc: Exception) -> JSONResponse:
-    # the client may send the request again (a POST with its Idempotency-Key: see ConnectionLost)
-    reason = first_line(exc)
+    # The client may send the request again (a POST with its Idempotency-Key). A write whose
+    # connection broke is never sent again by the service: it may have committed (group_commit.py).
+    reason = _first_line(exc)
     # a connection that broke under the request renewed the pool: the next send is likely served
-    renewed = isinstance(exc, ConnectionLost) or getattr(exc, "connection_invalidated", False)
+    renewed = getattr(exc, "connection_invalidated", False)
     return JSONResponse(
         {"error": "database_unavailable", "detail": f"database: {reason[:300]}", "field": None},
         status_code=503, headers={"Retry-After": "1" if renewed else "10"},
@@ -78,7 +82,7 @@ def _http_error(_: Request, exc: Exception) -> JSONResponse:
 @asynccontextmanager
 async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
     yield
-    await close_all()  # the read pools this process opened (async_db.py)
+    await dispose_async_engines()  # the read pools this process opened (db.async_engine)
 
 
 def create_app() -> FastAPI:
@@ -96,9 +100,6 @@ def create_app() -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(InterfaceError, _database_down)
-    # the hot statements run on psycopg's own cursor (driver_cursor.py): its errors are the same outage
-    app.add_exception_handler(DriverOperationalError, _database_down)
-    app.add_exception_handler(DriverInterfaceError, _database_down)
     # uploads stream past the JSON limit under their own (read per request, so tests can change it)
     app.add_middleware(BodyLimit, streamed={"/api/v1/artifacts": lambda: get_settings().artifact_max_bytes})
     app.include_router(runs.router)

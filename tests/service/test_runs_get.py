@@ -1,5 +1,6 @@
-"""GET /runs/{id} on the event loop (service/core/async_db.py): the same answer as the session path,
-no thread, a 404 as before, and a 503 (nothing lost) while the database is away."""
+"""GET /runs/{id}: the run as POST answered it, with its phases; a 404 as elsewhere; the read token
+checked although the route declares no dependency; a 503 (nothing lost) while the database is away,
+and served again once it is back."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import make_url
 
+from models import Phase
 from service.core import tokens
 from service.core.db import reset_engine, session_scope
 from service.core.settings import get_settings
-from service.runs import api as runs_api
-from service.runs import one_statement
 from tests.plugins.tcp_proxy import Proxy
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}
@@ -30,27 +30,24 @@ def served(committed_db: str) -> Iterator[tuple[TestClient, dict[str, str]]]:
         yield client, {"Authorization": f"Bearer {secret}"}
 
 
-def _no_session_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*_a: object, **_k: object) -> None:
-        raise AssertionError("GET /runs/{id} read through the session (a threadpool trip)")
-
-    monkeypatch.setattr(one_statement, "read_run", refuse)
-
-
-def test_a_run_is_read_on_the_event_loop_and_answered_as_the_session_path_answers(
-    served: tuple[TestClient, dict[str, str]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_run_reads_back_as_posted_with_its_phases_in_order(served: tuple[TestClient, dict[str, str]]) -> None:
     client, headers = served
     posted = client.post("/api/v1/runs", json={"spec": SPEC, "labels": {"commit": "c1"}}, headers=headers)
     assert posted.status_code == 202, posted.text
     run_id = posted.json()["id"]
-    with session_scope() as session:  # what the sync path answers, for comparison
-        expected = runs_api._get_run_in_session(session, run_id, "http://testserver").body
-    _no_session_reads(monkeypatch)
     got = client.get(f"/api/v1/runs/{run_id}")
     assert got.status_code == 200, got.text
-    assert got.content == expected
+    assert got.json() == {**posted.json(), "phases": []}
     assert got.json()["links"]["self"] == f"http://testserver/api/v1/runs/{run_id}"
+    with session_scope() as session:  # the scheduler's rows, as it writes them
+        session.add_all([Phase(run_id=run_id, name="baseline", executor="local", state="succeeded",
+                               info={"rank_nodes": ["n1", "n2"]}),
+                         Phase(run_id=run_id, name="resume", executor="local", state="running")])
+    phases = client.get(f"/api/v1/runs/{run_id}").json()["phases"]
+    assert [(p["name"], p["state"], p["rank_nodes"]) for p in phases] == [
+        ("baseline", "succeeded", ["n1", "n2"]), ("resume", "running", [])]
+    listed = client.get("/api/v1/runs").json()["items"][0]
+    assert listed == {**posted.json(), "phases": None}
 
 
 def test_an_absent_run_is_the_same_404(served: tuple[TestClient, dict[str, str]]) -> None:
@@ -58,6 +55,7 @@ def test_an_absent_run_is_the_same_404(served: tuple[TestClient, dict[str, str]]
     missing = client.get("/api/v1/runs/99999")
     assert missing.status_code == 404
     assert missing.json()["error"] == "not_found" and "99999" in missing.json()["detail"]
+    assert missing.json()["field"] == "run_id"
 
 
 def test_a_read_token_is_checked_although_the_route_declares_no_dependency(
@@ -78,7 +76,7 @@ def test_a_read_token_is_checked_although_the_route_declares_no_dependency(
     assert client.get("/api/v1/runs/99999", headers=reader).status_code == 404
 
 
-def test_the_event_loop_read_answers_503_while_the_database_is_away(
+def test_a_read_answers_503_while_the_database_is_away_and_200_once_it_is_back(
     committed_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from service.web.app import create_app
@@ -97,7 +95,6 @@ def test_the_event_loop_read_answers_503_while_the_database_is_away(
                                  headers={"Authorization": f"Bearer {secret}"})
             assert posted.status_code == 202, posted.text
             run_id = posted.json()["id"]
-            _no_session_reads(monkeypatch)
             assert client.get(f"/api/v1/runs/{run_id}").status_code == 200
             proxy.down()  # the pooled connection breaks and no new one can be made
             away = client.get(f"/api/v1/runs/{run_id}")
