@@ -2,7 +2,7 @@
 the ranks' documents become the phase's document.
 
 Both launchers execute this plan: run-local (`jobs/launch/local.py`) runs it in place, the scheduler
-(`service/runs/submitter.py`, `service/runs/reconciler.py`) persists it one phase attempt at a time.
+(`service/scheduler/submitter.py`, `service/scheduler/reconciler.py`) persists it one phase attempt at a time.
 Neither decides any of it on its own, so a reproduction runs exactly what the service ran.
 
 What a job writes is data, never code: a phase's outcome is read from the ranks' JSON documents in

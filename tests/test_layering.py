@@ -73,7 +73,7 @@ def test_the_rule_catches_an_upward_import(tmp_path: Path) -> None:
 def test_importing_the_service_does_not_import_torch() -> None:
     # A fresh interpreter: the API and the CLI must start without paying for (or needing) torch/Megatron.
     code = (
-        "import sys, service.web.app, service.cli.main, service.runs.evaluation, service.scheduler.loop; "
+        "import sys, service.web.app, service.cli.main, service.scheduler.evaluation, service.scheduler.loop; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')); "
         "print(','.join(bad)); sys.exit(1 if bad else 0)"
     )

@@ -22,7 +22,7 @@ DEFAULT_BASE_TRACK = "main"
 # the label marking detector-health self-test runs (service/selftest/batch.py): they fail on purpose, so
 # every default view leaves them out and the scheduler never starts them ahead of a user's run
 SELFTEST_LABEL = "selftest"
-# the labels of background work, which yields to user work (service/runs/submitter.py): detector-health
+# the labels of background work, which yields to user work (service/scheduler/submitter.py): detector-health
 # self-tests, and the runs a track schedules on its source's new commits (service/tracks/schedule.py)
 TRACK_LABEL = "track"
 BACKGROUND_LABELS = (SELFTEST_LABEL, TRACK_LABEL)

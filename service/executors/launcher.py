@@ -133,7 +133,7 @@ def submit_phase(
     """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
 
     nice: Slurm's `--nice` (a lower priority: background work yields to user jobs); the local
-    executor orders its work before submitting (service/runs/submitter.py).
+    executor orders its work before submitting (service/scheduler/submitter.py).
 
     env_names: variables this job may inherit beyond the allow-list (a build needs pip's).
     nodes: Slurm nodes the ranks are spread over, tasks / nodes per node (the local executor runs
@@ -303,7 +303,7 @@ def failure_text(job: PhaseJob, max_bytes: int = 8000) -> str:
     """Why a job's ranks ended without documents: the tail of each task's stderr, read as text.
 
     The job's result pickles are never loaded: whatever a job writes is data, and a pickle is code
-    (service/runs/reconciler.py reads the ranks' JSON documents instead).
+    (service/scheduler/reconciler.py reads the ranks' JSON documents instead).
     """
     handle = _submitit_job(job)
     tails = []

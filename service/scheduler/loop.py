@@ -33,10 +33,10 @@ from service.executors import pool
 from service.executors.selection import pick_executor
 from service.oncall.delivery import DeliveryWorker
 from service.runs import pool_dispatch, retention
-from service.runs.evaluation import evaluate_pending
-from service.runs.reconciler import reconcile, watched_files
-from service.runs.row_guard import describe, is_outage, per_row
-from service.runs.submitter import claim_queued, launch, local_slots, next_pending
+from service.scheduler.evaluation import evaluate_pending
+from service.scheduler.reconciler import reconcile, watched_files
+from service.scheduler.row_guard import describe, is_outage, per_row
+from service.scheduler.submitter import claim_queued, launch, local_slots, next_pending
 from service.scheduler.wakeup import Wakeup
 from service.selftest.batch import enqueue_due
 from service.tracks import schedule as tracks

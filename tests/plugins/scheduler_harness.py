@@ -207,6 +207,6 @@ def phase_moves(run_id: int) -> list[tuple[str | None, str]]:
 
 def job_name(phase: Phase) -> str:
     """The Slurm job name the scheduler gives a phase attempt (with this test's settings)."""
-    from service.runs.submitter import job_name as name_of
+    from service.scheduler.submitter import job_name as name_of
 
     return name_of(get_settings(), phase)

@@ -40,9 +40,9 @@ from service.core.phase_state import PHASE_ACTIVE
 from service.core.settings import Settings, get_settings
 from service.environments.registry import request_build
 from service.executors import job_leases, job_user
-from service.runs.reconciler import reconcile
 from service.runs.records import create_run
-from service.runs.submitter import claim_queued, launch, next_pending
+from service.scheduler.reconciler import reconcile
+from service.scheduler.submitter import claim_queued, launch, next_pending
 from tests.plugins.hostile_package import build_to_end, make_hostile_package, read_report
 from tests.plugins.job_user import JOB_USER, require_job_user
 from tests.plugins.scheduler_harness import GOOD

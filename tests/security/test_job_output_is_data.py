@@ -26,9 +26,9 @@ from models import Environment, Phase, Run
 from service.core.settings import Settings, get_settings
 from service.executors import launcher
 from service.executors.launcher import PhaseJob
-from service.runs.reconciler import reconcile
 from service.runs.records import create_run
-from service.runs.submitter import claim_queued, launch, next_pending
+from service.scheduler.reconciler import reconcile
+from service.scheduler.submitter import claim_queued, launch, next_pending
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3, "isolation": "job"}
 GONE_PID = "999999"  # a local job whose process is gone: judged by the files in its folder

@@ -25,10 +25,10 @@ from service.core.settings import Settings, get_settings, parse_size
 from service.executors import job_home, job_leases, job_user, launcher
 from service.executors.launcher import PhaseJob
 from service.executors.local_jobs import start_time
-from service.runs import disk_quota
-from service.runs.reconciler import reconcile
 from service.runs.records import create_run
-from service.runs.submitter import claim_queued, launch, next_pending
+from service.scheduler import disk_quota
+from service.scheduler.reconciler import reconcile
+from service.scheduler.submitter import claim_queued, launch, next_pending
 from tests.plugins.job_user import JOB_USER, require_job_user
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3, "isolation": "job"}
@@ -204,7 +204,7 @@ def test_a_job_that_goes_on_keeps_its_private_home_until_it_ends(user: job_user.
     """Isolation "process": the saver's attempt is taken back while its job runs the resume, which still
     needs its HOME and TMPDIR; they are the service's again once the job ends."""
     from models import Phase
-    from service.runs.submitter import release_folders
+    from service.scheduler.submitter import release_folders
 
     settings = Settings(run_folder=root, job_user=JOB_USER, executor="local")
     attempt = root / "run-4" / "train_and_save" / "attempt-1"

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from models import NotificationChannel, OutboxMessage, Phase, Run
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
-from service.runs.submitter import retry_or_give_up
+from service.scheduler.submitter import retry_or_give_up
 from tests.plugins.verdict_helpers import finish
 
 SPEC = {"config": "dense-bf16", "dp": 1, "steps": 4, "save_step": 2}

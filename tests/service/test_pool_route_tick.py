@@ -21,7 +21,7 @@ from service.core.phase_state import PhaseState
 from service.core.settings import Settings
 from service.executors import pool
 from service.runs import pool_dispatch
-from service.runs.submitter import claim_queued, launch, next_pending
+from service.scheduler.submitter import claim_queued, launch, next_pending
 from tests.plugins.scheduler_harness import GOOD, phases, queue, register_environment
 
 pytestmark = pytest.mark.postgres

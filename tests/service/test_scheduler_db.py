@@ -23,10 +23,10 @@ from models import Environment, Phase, ProbeFinding, Run, StepMetric
 from service.core.settings import Settings, get_settings
 from service.executors import launcher
 from service.executors.launcher import JobStatus, PhaseJob
-from service.runs.evaluation import evaluate_pending
-from service.runs.reconciler import reconcile
 from service.runs.records import create_run
-from service.runs.submitter import claim_queued, launch, local_slots, next_pending
+from service.scheduler.evaluation import evaluate_pending
+from service.scheduler.reconciler import reconcile
+from service.scheduler.submitter import claim_queued, launch, local_slots, next_pending
 from tests.golden import documents, expected
 
 

@@ -19,7 +19,7 @@ from models import Phase, Run
 from service.core.db import session_scope
 from service.core.run_state import IN_FLIGHT
 from service.runs.records import cancel_run
-from service.runs.submitter import IS_BACKGROUND
+from service.scheduler.submitter import IS_BACKGROUND
 from tests.plugins.scheduler_harness import GOOD, phases, queue, run_row, service_env, start, stop, wait_for
 
 pytestmark = [pytest.mark.megatron]  # the one background run it lets start trains for real

@@ -27,10 +27,10 @@ from service.core.phase_state import PhaseState, move_phase
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
 from service.executors import launcher
-from service.runs.evaluation import evaluate_pending
-from service.runs.reconciler import reconcile
 from service.runs.records import cancel_run
-from service.runs.submitter import job_of, launcher_folder, new_phase
+from service.scheduler.evaluation import evaluate_pending
+from service.scheduler.reconciler import reconcile
+from service.scheduler.submitter import job_of, launcher_folder, new_phase
 from tests.plugins.scheduler_harness import phases, queue, run_row, wait_for
 from tests.plugins.scheduler_jobs import SPEC, phase_doc, sleep_forever, write_document
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from service.executors.launcher import FAULT_AFTER_SBATCH
-from service.runs.submitter import launcher_folder
+from service.scheduler.submitter import launcher_folder
 from tests.plugins.scheduler_harness import (
     GOOD,
     job_name,

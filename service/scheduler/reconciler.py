@@ -27,10 +27,10 @@ from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
 from service.executors import launcher, pool
-from service.runs import disk_quota as quota
-from service.runs import row_guard as guard
 from service.runs.phase_documents import InvalidDocument, rejected_document, validate_phase_document
-from service.runs.submitter import (
+from service.scheduler import disk_quota as quota
+from service.scheduler import row_guard as guard
+from service.scheduler.submitter import (
     PHASES,
     SUBMITTED_STATE,
     job_of,

@@ -25,7 +25,7 @@ from service.oncall import flagging as regressions
 from service.oncall import known_failures, suite_alerts
 from service.oncall import regressions as regression_tracker
 from service.runs.phase_documents import validate_result
-from service.runs.row_guard import per_row
+from service.scheduler.row_guard import per_row
 
 log = logging.getLogger(__name__)
 METRIC_COLUMNS = frozenset(c.name for c in StepMetric.__table__.columns) - {"run_id"}

@@ -20,7 +20,7 @@ from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
 from service.core.run_state import TERMINAL, RunState, transition
 from service.core.settings import Settings
 from service.executors import launcher
-from service.runs.submitter import job_of
+from service.scheduler.submitter import job_of
 
 log = logging.getLogger(__name__)
 
