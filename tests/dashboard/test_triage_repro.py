@@ -89,7 +89,7 @@ def test_the_first_repro_command_runs_with_only_the_base_client(committed_db: st
     with serve() as url:
         import httpx
 
-        page = html.unescape(httpx.get(f"{url}/runs/{run_id}/triage").text)
+        page = html.unescape(httpx.get(f"{url}/runs/{run_id}/triage", timeout=60).text)
         command = re.search(r'<pre class="cmd" id="cmd-submit">([^<]+)</pre>', page)
         assert command, "no submit command on the triage page"
         words = shlex.split(command.group(1))
