@@ -9,6 +9,11 @@ and returns to the same pristine state after every order. While the child runs, 
 its heartbeat every second (a task that stops beating is taken for dead or hung by the scheduler)
 and watches for a cancel naming the order, on which it kills the child's process group.
 
+Once imported, each task writes what it imported (`imported.rank<r>.json`: torch's and Megatron-Core's
+versions, and on rank 0 what the harness detects in the build): a freshly built environment's first
+worker is its import check (service/runs/import_check.py), so the build itself imports nothing. A task
+that cannot import torch or Megatron-Core says why there and exits: no order is ever handed to it.
+
 The task exits on a "stop" order, or on its own after `idle_s` without an order (a backstop for a
 scheduler that went away; the scheduler shrinks the pool itself first).
 
@@ -54,6 +59,11 @@ def serve(folder: str, idle_s: float) -> dict[str, Any]:
     rank = _env_rank()
     beat = _Beat(pool, rank)
     info = _preload_beating(beat)
+    imported = import_report(info, rank)
+    write_atomic(pool.imported(rank), imported)
+    if not imported["ok"]:
+        beat("stopping", None, force=True)
+        return {"served": [], "info": info, "import_failed": imported["error"]}
     served: list[str] = []
     last_work = time.monotonic()
     while True:
@@ -72,6 +82,29 @@ def serve(folder: str, idle_s: float) -> dict[str, Any]:
             return {"served": served, "info": info, "idle_exit": True}
         beat("idle", served[-1] if served else None)
         time.sleep(idle_wait(time.monotonic() - last_work))
+
+
+# what a build must import for its phases to run at all (a module of the harness's PRELOAD that a release
+# lacks is reported by the phase that needs it, as before)
+REQUIRED_IMPORTS = ("torch", "megatron.core")
+
+
+def import_report(info: dict[str, Any], rank: int) -> dict[str, Any]:
+    """What this task imported: ok with the versions (and, on rank 0, the harness's capabilities), or the error."""
+    failed = {name: error for name, error in (info.get("preload_failed") or {}).items() if name in REQUIRED_IMPORTS}
+    if failed:
+        return {"ok": False, "error": "; ".join(f"import {name}: {error}" for name, error in failed.items())[:2000]}
+    torch, core = sys.modules["torch"], sys.modules["megatron.core"]
+    out: dict[str, Any] = {"ok": True, "torch": str(getattr(torch, "__version__", "?"))[:100],
+                           "megatron_core": str(getattr(core, "__version__", "?"))[:100]}
+    if rank == 0:  # read, never called: the build's classes are inspected, nothing is started
+        try:
+            from jobs.rank.compat import capabilities
+
+            out["capabilities"] = capabilities()
+        except Exception as exc:  # noqa: BLE001 - a harness that cannot read the build still lets it run
+            out["capabilities"] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+    return out
 
 
 def _preload_beating(beat: _Beat) -> dict[str, Any]:

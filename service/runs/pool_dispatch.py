@@ -37,6 +37,7 @@ from service.core.phase_state import PhaseState
 from service.core.pool_config import PoolEntry, entry_for
 from service.core.settings import Settings
 from service.executors import job_home, job_leases, launcher, pool
+from service.runs import import_check
 
 log = logging.getLogger(__name__)
 # a key whose worker died before it ever went idle sends its attempts cold for this long
@@ -171,7 +172,7 @@ def _record(phase: Phase, worker: pool.Worker, order_id: str, job_folder: Path) 
 
 def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str, int]:
     """Take back finished orders, retire what must go, start what the waiting attempts need."""
-    done = {"released": 0, "retired": 0, "started": 0, "swept": 0}
+    done = {"released": 0, "retired": 0, "started": 0, "swept": 0, "import_failed": 0}
     entries = settings.pool_entries()
     if not entries and not settings.suite_warm and not pool.pool_root(settings).is_dir():
         return done  # no pool configured and no worker left to stop: not even the lock's round trip
@@ -179,6 +180,8 @@ def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str
         return done  # another replica maintains the pool right now
     demand = _demand(session, settings, entries) if entries or settings.suite_warm else Demand()
     views = pool.observe(settings)
+    # a fresh build's first worker is its import check: settled before a dead one counts as a start failure
+    done["import_failed"] = len(import_check.settle(session, views))
     for v in views:
         if v.state == "busy" and v.order and v.worker.files.finished(v.order, v.worker.tasks):
             pool.release(v.worker, v.order)
