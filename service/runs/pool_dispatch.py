@@ -281,8 +281,9 @@ def _demand(session: Session, settings: Settings, entries: tuple[PoolEntry, ...]
 
 def _grow(settings: Settings, executor: str, demand: Demand) -> int:
     """Start workers for the pending attempts of each pooled key, up to its entry's size."""
-    live = [v for v in pool.observe(settings) if v.state in ("starting", "idle", "busy")
-            and v.worker.record.get("executor") == executor]
+    views = pool.observe(settings)
+    live = [v for v in views if v.state in ("starting", "idle", "busy") and v.worker.record.get("executor") == executor]
+    importing = {v.worker.key[0] for v in views if v.state == "starting"}  # environments a worker imports now
     started = 0
     for env_id, tasks in sorted(demand.entries):
         env, entry = demand.envs[env_id], demand.entries[(env_id, tasks)]
@@ -292,6 +293,10 @@ def _grow(settings: Settings, executor: str, demand: Demand) -> int:
         if time.monotonic() - _start_failures.get((env_id, tasks), float("-inf")) < START_FAILURE_COOLDOWN_S:
             continue
         mine = [v for v in live if v.worker.key == (env_id, tasks)]
+        if not demand.waiting[(env_id, tasks)] and env_id in importing:
+            # wanted only soon (a resharded resume): it imports once the suite's first worker is up, never
+            # beside it, where it slowed the imports every check waits for (and then idled past its backstop)
+            continue
         free = sum(v.state in ("starting", "idle") and not v.expiring for v in mine)
         for _ in range(max(0, min(entry.size - len(mine), waiting - free))):
             try:
