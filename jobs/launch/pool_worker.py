@@ -14,8 +14,8 @@ versions, and on rank 0 what the harness detects in the build): a freshly built 
 worker is its import check (service/runs/import_check.py), so the build itself imports nothing. A task
 that cannot import torch or Megatron-Core says why there and exits: no order is ever handed to it.
 
-The task exits on a "stop" order, or on its own after `idle_s` without an order (a backstop for a
-scheduler that went away; the scheduler shrinks the pool itself first).
+The task exits on a "stop" order, or on its own after `idle_s` (+ 60 s, at least BACKSTOP_MIN_S) without an
+order (a backstop for a scheduler that went away; the scheduler shrinks the pool itself first).
 
 Idle, the task looks for an order every POLL_S just after its last one (the next phase of a suite
 comes quickly), then ever less often, down to every IDLE_POLL_MAX_S: an idle worker wakes a few
@@ -43,6 +43,9 @@ from jobs.rank.entry import _env_rank, run_rank_phase
 PR_SET_PDEATHSIG = 1
 IDLE_POLL_MAX_S = 0.25  # the longest an idle task waits between looks at its order file
 IDLE_FAST_S = 1.0  # how long after an order it keeps looking every POLL_S
+# the least a task waits idle before it exits on its own (the scheduler lets it go far sooner): a suite's
+# resharded resume's worker waits out its suite's other checks for the one local slot (2 cores: 60-90 s)
+BACKSTOP_MIN_S = 300.0
 
 
 def idle_wait(idle_for: float) -> float:
@@ -77,7 +80,7 @@ def serve(folder: str, idle_s: float) -> dict[str, Any]:
             served.append(str(order["id"]))
             last_work = time.monotonic()
             continue
-        if idle_s and time.monotonic() - last_work > idle_s + 60:
+        if idle_s and time.monotonic() - last_work > max(idle_s + 60, BACKSTOP_MIN_S):
             beat("stopping", None, force=True)
             return {"served": served, "info": info, "idle_exit": True}
         beat("idle", served[-1] if served else None)

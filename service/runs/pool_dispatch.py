@@ -285,7 +285,8 @@ def _grow(settings: Settings, executor: str, demand: Demand) -> int:
     live = [v for v in views if v.state in ("starting", "idle", "busy") and v.worker.record.get("executor") == executor]
     importing = {v.worker.key[0] for v in views if v.state == "starting"}  # environments a worker imports now
     started = 0
-    for env_id, tasks in sorted(demand.entries):
+    # the keys attempts wait for first: a key wanted only soon then sees the workers started for them
+    for env_id, tasks in sorted(demand.entries, key=lambda key: (key not in demand.waiting, key)):
         env, entry = demand.envs[env_id], demand.entries[(env_id, tasks)]
         waiting = demand.waiting[(env_id, tasks)] or 1  # a key wanted soon: one worker
         if env.state != "ready":
@@ -306,6 +307,7 @@ def _grow(settings: Settings, executor: str, demand: Demand) -> int:
                 log.info("pool: no worker started now: %s", exc)
                 return started
             started += 1
+            importing.add(env_id)
     return started
 
 

@@ -168,10 +168,18 @@ def test_a_worker_wanted_only_soon_starts_once_its_environments_first_worker_is_
         session.expunge(env)
     entry = pool_dispatch.suite_entry(settings, env.name, 1, {"suite_run": "s1"})
     assert entry is not None
+    both = pool_dispatch.Demand()
+    both.add(env, 1, entry, pending=False)
+    both.add(env, 2, pool_dispatch.suite_entry(settings, env.name, 2, {"suite_run": "s1"}), pending=True)  # type: ignore[arg-type]
     demand = pool_dispatch.Demand()
     demand.add(env, 1, entry, pending=False)
-    first = _worker(settings, "suite-first", env.id, "starting")
     try:
+        # one tick, no worker yet: the worker the checks wait for starts, the soon one not beside it
+        assert pool_dispatch._grow(settings, "local", both) == 1
+        assert [w.tasks for w in pool.list_workers(settings)] == [2]
+        for worker in pool.list_workers(settings):
+            pool.retire(worker, "test: the next case", hard=True)
+        first = _worker(settings, "suite-first", env.id, "starting")
         assert pool_dispatch._grow(settings, "local", demand) == 0
         assert [w.name for w in pool.list_workers(settings)] == ["suite-first"]
         # up: the resume's worker imports now, while the suite's checks run
