@@ -2,8 +2,10 @@
 
 Each build is `service/environments/recipe.build_environment` on one wheel file (what an uploaded
 `artifact:<sha256>` resolves to), on the service's Python with the shared torch: the venv, the stubs,
-the install, the package list and the one import check. `--installer pip` is the same build with
-pip where uv would run (the service's way before uv, and its fallback when uv is not installed).
+the install (bytecode included) and the package list. It imports nothing it installed: the environment's
+first warm worker is its import check (service/runs/import_check.py); before that change (`67240d2`) the
+build ended on one import check of torch and Megatron-Core, the fourth column then. `--installer pip` is
+the same build with pip where uv would run (the service's way before uv, and its fallback when uv is not installed).
 Runs alternate between the two so load from elsewhere falls on both alike.
 
     .venv/bin/python benchmarks/env_build.py [--wheel megatron_core-….whl] [--repeat 3]
@@ -66,7 +68,7 @@ def main() -> None:
     wheel = args.wheel or service_wheel(args.folder / "wheels")
     ways = {"both": ("pip", "uv"), "uv": ("uv",), "pip": ("pip",)}[args.installer]
     print(f"wheel {wheel.name}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {args.repeat} build(s) each")
-    print("columns: total, then venv | install | list | import check (s, from build.log)")
+    print("columns: total, then each command of build.log: venv | install | list (s)")
     totals: dict[str, list[float]] = {way: [] for way in ways}
     for i in range(args.repeat):
         for way in ways:

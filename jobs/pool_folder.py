@@ -9,6 +9,9 @@
   order.json             the one work order in force (created exclusively by the scheduler)
   cancel.json            "stop the order named here" (a run cancelled while warm)
   done.rank<r>.json      a task's report that its attempt child for an order has exited
+  imported.rank<r>.json  a task's imports, once done: torch's and Megatron-Core's versions and what the harness
+                         detects in the build, or the error that stopped it (a build's import check, read by
+                         the scheduler: service/runs/import_check.py)
 ```
 
 The hand-off is a file, not a socket: the scheduler writes the order to a temporary name and
@@ -118,6 +121,9 @@ class PoolFolder:
 
     def heartbeat(self, rank: int) -> Path:
         return self.folder / f"heartbeat.rank{rank}.json"
+
+    def imported(self, rank: int) -> Path:
+        return self.folder / f"imported.rank{rank}.json"
 
     def done(self, rank: int) -> Path:
         return self.folder / f"done.rank{rank}.json"

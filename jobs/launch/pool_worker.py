@@ -9,8 +9,13 @@ and returns to the same pristine state after every order. While the child runs, 
 its heartbeat every second (a task that stops beating is taken for dead or hung by the scheduler)
 and watches for a cancel naming the order, on which it kills the child's process group.
 
-The task exits on a "stop" order, or on its own after `idle_s` without an order (a backstop for a
-scheduler that went away; the scheduler shrinks the pool itself first).
+Once imported, each task writes what it imported (`imported.rank<r>.json`: torch's and Megatron-Core's
+versions, and on rank 0 what the harness detects in the build): a freshly built environment's first
+worker is its import check (service/runs/import_check.py), so the build itself imports nothing. A task
+that cannot import torch or Megatron-Core says why there and exits: no order is ever handed to it.
+
+The task exits on a "stop" order, or on its own after `idle_s` (+ 60 s, at least BACKSTOP_MIN_S) without an
+order (a backstop for a scheduler that went away; the scheduler shrinks the pool itself first).
 
 Idle, the task looks for an order every POLL_S just after its last one (the next phase of a suite
 comes quickly), then ever less often, down to every IDLE_POLL_MAX_S: an idle worker wakes a few
@@ -38,6 +43,9 @@ from jobs.rank.entry import _env_rank, run_rank_phase
 PR_SET_PDEATHSIG = 1
 IDLE_POLL_MAX_S = 0.25  # the longest an idle task waits between looks at its order file
 IDLE_FAST_S = 1.0  # how long after an order it keeps looking every POLL_S
+# the least a task waits idle before it exits on its own (the scheduler lets it go far sooner): a suite's
+# resharded resume's worker waits out its suite's other checks for the one local slot (2 cores: 60-90 s)
+BACKSTOP_MIN_S = 300.0
 
 
 def idle_wait(idle_for: float) -> float:
@@ -54,6 +62,11 @@ def serve(folder: str, idle_s: float) -> dict[str, Any]:
     rank = _env_rank()
     beat = _Beat(pool, rank)
     info = _preload_beating(beat)
+    imported = import_report(info, rank)
+    write_atomic(pool.imported(rank), imported)
+    if not imported["ok"]:
+        beat("stopping", None, force=True)
+        return {"served": [], "info": info, "import_failed": imported["error"]}
     served: list[str] = []
     last_work = time.monotonic()
     while True:
@@ -67,11 +80,34 @@ def serve(folder: str, idle_s: float) -> dict[str, Any]:
             served.append(str(order["id"]))
             last_work = time.monotonic()
             continue
-        if idle_s and time.monotonic() - last_work > idle_s + 60:
+        if idle_s and time.monotonic() - last_work > max(idle_s + 60, BACKSTOP_MIN_S):
             beat("stopping", None, force=True)
             return {"served": served, "info": info, "idle_exit": True}
         beat("idle", served[-1] if served else None)
         time.sleep(idle_wait(time.monotonic() - last_work))
+
+
+# what a build must import for its phases to run at all (a module of the harness's PRELOAD that a release
+# lacks is reported by the phase that needs it, as before)
+REQUIRED_IMPORTS = ("torch", "megatron.core")
+
+
+def import_report(info: dict[str, Any], rank: int) -> dict[str, Any]:
+    """What this task imported: ok with the versions (and, on rank 0, the harness's capabilities), or the error."""
+    failed = {name: error for name, error in (info.get("preload_failed") or {}).items() if name in REQUIRED_IMPORTS}
+    if failed:
+        return {"ok": False, "error": "; ".join(f"import {name}: {error}" for name, error in failed.items())[:2000]}
+    torch, core = sys.modules["torch"], sys.modules["megatron.core"]
+    out: dict[str, Any] = {"ok": True, "torch": str(getattr(torch, "__version__", "?"))[:100],
+                           "megatron_core": str(getattr(core, "__version__", "?"))[:100]}
+    if rank == 0:  # read, never called: the build's classes are inspected, nothing is started
+        try:
+            from jobs.rank.compat import capabilities
+
+            out["capabilities"] = capabilities()
+        except Exception as exc:  # noqa: BLE001 - a harness that cannot read the build still lets it run
+            out["capabilities"] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+    return out
 
 
 def _preload_beating(beat: _Beat) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from service.core.run_state import TERMINAL, RunState, transition
 from service.core.settings import Settings, get_settings
 from service.environments import interpreters
 from service.environments.recipe import RESULT_NAME, build_environment
-from service.environments.registry import set_state
+from service.environments.registry import IMPORT_CHECK, set_state
 from service.executors import job_leases, job_user, launcher
 from service.executors.selection import pick_executor
 
@@ -136,6 +136,8 @@ def reconcile_builds(session: Session, settings: Settings | None = None) -> int:
             env.packages["python_version"] = doc["python_version"]
         if doc.get("capabilities"):  # what the harness detected in the build (jobs/rank/compat.capabilities)
             env.packages["capabilities"] = doc["capabilities"]
+        if doc.get(IMPORT_CHECK) == "pending":  # its first warm worker imports it (service/runs/import_check.py)
+            env.packages[IMPORT_CHECK] = "pending"
         env.build_seconds, env.built_at, env.error_message = doc["seconds"], utcnow(), None
         set_state(env, "ready")
     return done
@@ -195,6 +197,8 @@ def read_build_result(folder: Path) -> dict[str, Any]:
     for key in ("torch", "megatron_core"):
         if not isinstance(doc.get(key), str) or len(doc[key]) > 100:
             raise BuildResultError(f"the build's result: {key} is not a version string")
+    if doc.get(IMPORT_CHECK, "pending") != "pending":
+        raise BuildResultError(f"the build's result: {IMPORT_CHECK} is not 'pending'")
     if not isinstance(doc.get("python_version", ""), str) or len(doc.get("python_version", "")) > 40:
         raise BuildResultError("the build's result: python_version is not a version string")
     freeze = doc.get("freeze")

@@ -70,12 +70,12 @@ def install_command(uv: str | None, python: Path, constraints: Path, installs: l
                     environ: dict[str, str]) -> list[str]:
     """Install `installs` into the venv of `python` under the torch constraint.
 
-    uv writes no bytecode here: the build's import check writes it for the modules phases import
-    (recipe.CHECK), where compiling every file of Megatron-Core took longer than the whole install.
+    Both write the bytecode of what they install (pip by default, uv with --compile-bytecode): the build
+    imports nothing (its first warm worker does), and the venv is the build's to write only now.
     """
     if uv:
-        return [uv, "pip", "install", "--no-config", "--python", str(python), *index_flags(environ),
-                "--constraint", str(constraints), *installs]
+        return [uv, "pip", "install", "--no-config", "--compile-bytecode", "--python", str(python),
+                *index_flags(environ), "--constraint", str(constraints), *installs]
     return [*_pip(python), "install", "--no-input", "--constraint", str(constraints), *installs]
 
 

@@ -35,33 +35,16 @@ from service.environments.requirements import SKIP_PARTS, local_source_digest
 # What every environment shares with the service: torch (pinned) and what jobs/ imports besides it.
 SHARED_DISTRIBUTIONS = ("torch", "submitit", "psutil", "numpy", "packaging")
 PIP_TIMEOUT_S = 1800
-# The build's one import check, in one interpreter start (torch and Megatron-Core imported once): the
-# versions it holds, then what the harness detects in it (jobs/rank/compat.py, asked with this checkout's
-# jobs/ on its path), recorded per environment so a build's failure can be told from a guess. A harness
-# that cannot read the build still lets it build (its error is recorded instead). Last, every module a
-# phase imports (jobs.rank.attempt.preload): their bytecode is written now, while the venv is the build's
-# to write, instead of compiling every file of every wheel at install time.
-ROOT = Path(__file__).resolve().parents[2]
-CHECK = (
-    "import json, sys, torch, megatron.core\n"
-    "out = {'torch': torch.__version__, 'megatron_core': megatron.core.__version__}\n"
-    f"sys.path.insert(0, {str(ROOT)!r})\n"
-    "try:\n"
-    "    from jobs.rank.compat import capabilities\n"
-    "    out['capabilities'] = capabilities()\n"
-    "except Exception as exc:\n"
-    "    out['capabilities'] = {'error': f'{type(exc).__name__}: {exc}'.splitlines()[0][:300]}\n"
-    "try:\n"
-    "    from jobs.rank.attempt import preload\n"
-    "    preload()\n"
-    "except Exception:\n"
-    "    pass\n"
-    "print(json.dumps(out))\n"
-)
+# The build imports nothing it installed: its first warm worker imports torch and Megatron-Core anyway, and
+# is its import check (service/runs/import_check.py); the build's document says so ("import_check":
+# "pending"). What a build checks itself: the installer's package list, read back from the venv's own
+# metadata (a Megatron-Core distribution, torch at the service's version). The bytecode of what it
+# installed is written now, while the venv is the build's to write (the workers' users cannot).
+MEGATRON_CORE = "megatron-core"
 
 
 class BuildFailed(RuntimeError):
-    """pip (or the import check) failed; the message carries the tail of its output."""
+    """The installer failed, or installed no Megatron-Core or another torch; the message says which."""
 
 
 def closure(names: tuple[str, ...] = SHARED_DISTRIBUTIONS) -> list[md.Distribution]:
@@ -268,18 +251,33 @@ def _build(root: Path, requirements: list[str], pythons: dict[str, str], use_uv:
     _run(installer.install_command(uv, python, constraints, installs, environ), log, "installing the requirements",
          environ)
     freeze = _run(installer.freeze_command(uv, python), log, "listing the installed packages", environ)
-    found = json.loads(_run([str(python), "-c", CHECK], log, "importing torch and megatron.core").splitlines()[-1])
+    versions = installed_versions(site)
     torch_pin = next(p.split("==", 1)[1] for p in pins if p.lower().startswith("torch=="))
-    if found["torch"].split("+")[0] != torch_pin.split("+")[0]:
-        raise BuildFailed(f"torch {found['torch']} in the build, expected the service's {torch_pin}")
+    found_torch = versions.get("torch", "")
+    if found_torch.split("+")[0] != torch_pin.split("+")[0]:
+        raise BuildFailed(f"torch {found_torch or '(none)'} in the build, expected the service's {torch_pin}")
+    if MEGATRON_CORE not in versions:
+        raise BuildFailed(f"the requirements installed no {MEGATRON_CORE} distribution (installed: "
+                          f"{', '.join(sorted(versions))[:1000]})")
     return {
         "python": str(python),
         "python_version": interpreters.probe(str(python)) or version,
         "freeze": sorted(line for line in freeze.splitlines() if line.strip()),
-        "torch": found["torch"],
-        "megatron_core": found["megatron_core"],
-        "capabilities": found["capabilities"],
+        "torch": found_torch,
+        "megatron_core": versions[MEGATRON_CORE],
+        "import_check": "pending",
         "seconds": round(time.time() - t0, 2),
         "log": str(log),
         "installer": "uv" if uv else "pip",
     }
+
+
+def installed_versions(site: Path) -> dict[str, str]:
+    """{normalized name: version} of every distribution in a venv's site-packages (the stubs of the shared
+    ones included), read from their metadata files: nothing the build installed is imported."""
+    found: dict[str, str] = {}
+    for dist in md.distributions(path=[str(site)]):
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(name.lower().replace("_", "-").replace(".", "-"), str(dist.version))
+    return found

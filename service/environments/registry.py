@@ -50,11 +50,15 @@ INSPECT = (
     "print(json.dumps({'torch': torch.__version__, 'megatron_core': megatron.core.__version__, "
     "'python_version': '%d.%d.%d' % sys.version_info[:3], 'freeze': freeze}))"
 )
-# Builds move forward only; a failed or pruned build is built again when someone asks for it.
+# A build is ready once installed and its package list checked; its first warm worker imports it
+# (service/runs/import_check.py): packages[IMPORT_CHECK] is "pending" until then, "passed" or "failed" after.
+IMPORT_CHECK = "import_check"
+# Builds move forward only (ready -> failed: its import check failed); a failed or pruned build is built
+# again when someone asks for it.
 ENV_TRANSITIONS = {
     "pending": {"building", "failed"},
     "building": {"ready", "failed", "pending"},
-    "ready": {"pruned"},
+    "ready": {"pruned", "failed"},
     "failed": {"pending"},
     "pruned": {"pending"},
 }

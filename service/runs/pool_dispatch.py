@@ -37,6 +37,7 @@ from service.core.phase_state import PhaseState
 from service.core.pool_config import PoolEntry, entry_for
 from service.core.settings import Settings
 from service.executors import job_home, job_leases, launcher, pool
+from service.runs import import_check
 
 log = logging.getLogger(__name__)
 # a key whose worker died before it ever went idle sends its attempts cold for this long
@@ -171,7 +172,7 @@ def _record(phase: Phase, worker: pool.Worker, order_id: str, job_folder: Path) 
 
 def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str, int]:
     """Take back finished orders, retire what must go, start what the waiting attempts need."""
-    done = {"released": 0, "retired": 0, "started": 0, "swept": 0}
+    done = {"released": 0, "retired": 0, "started": 0, "swept": 0, "import_failed": 0}
     entries = settings.pool_entries()
     if not entries and not settings.suite_warm and not pool.pool_root(settings).is_dir():
         return done  # no pool configured and no worker left to stop: not even the lock's round trip
@@ -179,6 +180,8 @@ def maintain(session: Session, *, settings: Settings, executor: str) -> dict[str
         return done  # another replica maintains the pool right now
     demand = _demand(session, settings, entries) if entries or settings.suite_warm else Demand()
     views = pool.observe(settings)
+    # a fresh build's first worker is its import check: settled before a dead one counts as a start failure
+    done["import_failed"] = len(import_check.settle(session, views))
     for v in views:
         if v.state == "busy" and v.order and v.worker.files.finished(v.order, v.worker.tasks):
             pool.release(v.worker, v.order)
@@ -278,10 +281,12 @@ def _demand(session: Session, settings: Settings, entries: tuple[PoolEntry, ...]
 
 def _grow(settings: Settings, executor: str, demand: Demand) -> int:
     """Start workers for the pending attempts of each pooled key, up to its entry's size."""
-    live = [v for v in pool.observe(settings) if v.state in ("starting", "idle", "busy")
-            and v.worker.record.get("executor") == executor]
+    views = pool.observe(settings)
+    live = [v for v in views if v.state in ("starting", "idle", "busy") and v.worker.record.get("executor") == executor]
+    importing = {v.worker.key[0] for v in views if v.state == "starting"}  # environments a worker imports now
     started = 0
-    for env_id, tasks in sorted(demand.entries):
+    # the keys attempts wait for first: a key wanted only soon then sees the workers started for them
+    for env_id, tasks in sorted(demand.entries, key=lambda key: (key not in demand.waiting, key)):
         env, entry = demand.envs[env_id], demand.entries[(env_id, tasks)]
         waiting = demand.waiting[(env_id, tasks)] or 1  # a key wanted soon: one worker
         if env.state != "ready":
@@ -289,6 +294,10 @@ def _grow(settings: Settings, executor: str, demand: Demand) -> int:
         if time.monotonic() - _start_failures.get((env_id, tasks), float("-inf")) < START_FAILURE_COOLDOWN_S:
             continue
         mine = [v for v in live if v.worker.key == (env_id, tasks)]
+        if not demand.waiting[(env_id, tasks)] and env_id in importing:
+            # wanted only soon (a resharded resume): it imports once the suite's first worker is up, never
+            # beside it, where it slowed the imports every check waits for (and then idled past its backstop)
+            continue
         free = sum(v.state in ("starting", "idle") and not v.expiring for v in mine)
         for _ in range(max(0, min(entry.size - len(mine), waiting - free))):
             try:
@@ -298,6 +307,7 @@ def _grow(settings: Settings, executor: str, demand: Demand) -> int:
                 log.info("pool: no worker started now: %s", exc)
                 return started
             started += 1
+            importing.add(env_id)
     return started
 
 

@@ -77,8 +77,10 @@ def record_packages(session: Session, run: Run, docs: dict[str, PhaseDocument]) 
     packages = {key: info[key] for key in PACKAGE_KEYS if key in info}
     run.summary = {**run.summary, "packages": packages}
     env = session.get(Environment, run.environment_id)
-    if env is not None and env.packages != packages:
-        env.packages = packages
+    # merged: what the build and its import check recorded (capabilities, import_check, python_version) stays
+    merged = {**(env.packages or {}), **packages} if env is not None else packages
+    if env is not None and env.packages != merged:
+        env.packages = merged
 
 
 def store_result(session: Session, run: Run, result: ParityResult) -> None:

@@ -88,7 +88,7 @@ def tick(
     with session_scope() as session:  # finished orders back, idle workers out, workers for waiting attempts
         moved = pool_dispatch.maintain(session, settings=settings, executor=executor)
         # a sweep of old folders is housekeeping, not progress: it must not make the loop spin
-        done["pool"] = moved["released"] + moved["retired"] + moved["started"]
+        done["pool"] = moved["released"] + moved["retired"] + moved["started"] + moved["import_failed"]
     # attempts left pending for a warm worker, keys with none idle
     waits = pool_dispatch.TickWaits(keys={} if pool_keys is None else pool_keys)
     for background in (False, True):  # user work first; background work in what it leaves (submitter.py)

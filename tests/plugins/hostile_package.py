@@ -1,6 +1,6 @@
 """A small real package that attacks the service: its install hook (setup.py, run by pip in the build
-job) and its fake "Megatron-Core" (megatron/core/__init__.py, imported by the build's check and by
-every phase of a run) try each "never" of docs/security.md and write down what happened.
+job) and its fake "Megatron-Core" (megatron/core/__init__.py, imported by every phase of a run; a build
+imports nothing it installed) try each "never" of docs/security.md and write down what happened.
 
 Everything an attacker could know is baked in (paths, the service's layout, the database's host and
 role); what it must not get is the secrets, the other run's folder and the service's files. Each
@@ -179,7 +179,7 @@ SETUP = textwrap.dedent('''
 ''')
 
 FAKE_MCORE = textwrap.dedent('''
-    """A fake Megatron-Core: whoever imports it (the build's check, every rank of a phase) runs the attacks."""
+    """A fake Megatron-Core: whoever imports it (every rank of a phase) runs the attacks."""
     import sys
     import parity_hostile
 

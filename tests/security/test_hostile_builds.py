@@ -1,5 +1,5 @@
 """A hostile build, end to end on the real scheduler steps: its install hook and its fake Megatron-Core
-(imported by the build's check and by a phase of a run) try each "never" of docs/security.md, as the
+(imported by a phase of a run; the build imports nothing it installed) try each "never" of docs/security.md, as the
 job user (PARITY_JOB_USER), on the local executor and on real Slurm.
 
 Each attack is printed with what stopped it (run with -s, or read the assertion message). How to see
@@ -249,7 +249,9 @@ def _exercise(scene: Scene, executor: str) -> None:
     assert env.state == "ready", env.error_message  # a build may lie about itself: it built "megatron-core"
     assert env.megatron_core == "0.0.0+hostile"
     _assert_contained(scene, "install", read_report(folder, "install"))
-    _assert_contained(scene, "import", read_report(folder, "import"))
+    # the build imports nothing it installed (its first warm worker is its import check): the fake
+    # Megatron-Core's code runs only in jobs that import it, the phase below
+    assert not (folder / "hostile-import.json").exists(), "the build imported the Megatron-Core it installed"
     # taken back: the build's folder and what the job left in it are the service's again
     assert folder.stat().st_uid == os.geteuid() and not any(
         p.lstat().st_uid != os.geteuid() for p in folder.rglob("*")), "the build folder was not taken back"

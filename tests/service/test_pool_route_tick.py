@@ -1,7 +1,8 @@
 """One tick's launch pass with a warm pool: a key whose workers are all busy answers WAIT for the rest
 of the tick without looking again, an order a dead scheduler placed is still adopted on a full key,
 and the next tick places the waiting attempt on a worker that turned idle meanwhile; a suite's checks wait
-for its on-demand worker with no PARITY_POOL entry, and hold no run outside the suite behind them.
+for its on-demand worker with no PARITY_POOL entry, and hold no run outside the suite behind them; a worker
+a suite wants only soon starts once its environment's first worker has imported.
 
 Real Postgres rows and real worker folders (written as a worker writes them); nothing is submitted.
 """
@@ -13,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from jobs.pool_folder import PoolFolder, write_atomic
-from models import Phase, Run
+from models import Environment, Phase, Run
 from service.core.db import session_scope
 from service.core.phase_state import PhaseState
 from service.core.settings import Settings
@@ -152,3 +154,39 @@ def test_a_suites_checks_wait_for_its_worker_without_any_pool_entry_and_other_ru
     # with PARITY_SUITE_WARM off a suite's check goes cold like any other run
     off = Settings(database_url=committed_db, run_folder=tmp_path / "runs", executor="slurm", suite_warm=False)
     assert _route(off, checks[0], pool_dispatch.TickWaits(), tmp_path) is None
+
+
+def test_a_worker_wanted_only_soon_starts_once_its_environments_first_worker_is_up(
+    committed_db: str, tmp_path: Path
+) -> None:
+    # a suite's resharded resume (DP 2 saved, DP 1 resumed) wants a 1-task worker soon; the suite's 2-task
+    # worker is still importing: on 2 cores a second import beside it slowed the one every check waits for
+    settings = Settings(database_url=committed_db, run_folder=tmp_path / "runs", executor="local")
+    register_environment("pooled", sys.executable)
+    with session_scope() as session:
+        env = session.scalars(select(Environment).where(Environment.name == "pooled")).one()
+        session.expunge(env)
+    entry = pool_dispatch.suite_entry(settings, env.name, 1, {"suite_run": "s1"})
+    assert entry is not None
+    both = pool_dispatch.Demand()
+    both.add(env, 1, entry, pending=False)
+    both.add(env, 2, pool_dispatch.suite_entry(settings, env.name, 2, {"suite_run": "s1"}), pending=True)  # type: ignore[arg-type]
+    demand = pool_dispatch.Demand()
+    demand.add(env, 1, entry, pending=False)
+    try:
+        # one tick, no worker yet: the worker the checks wait for starts, the soon one not beside it
+        assert pool_dispatch._grow(settings, "local", both) == 1
+        assert [w.tasks for w in pool.list_workers(settings)] == [2]
+        for worker in pool.list_workers(settings):
+            pool.retire(worker, "test: the next case", hard=True)
+        first = _worker(settings, "suite-first", env.id, "starting")
+        assert pool_dispatch._grow(settings, "local", demand) == 0
+        assert [w.name for w in pool.list_workers(settings)] == ["suite-first"]
+        # up: the resume's worker imports now, while the suite's checks run
+        for rank in range(2):
+            write_atomic(first.heartbeat(rank), {"state": "idle", "order": None, "since": time.time()})
+        assert pool_dispatch._grow(settings, "local", demand) == 1
+    finally:  # a real local worker job was started: stopped here
+        for worker in pool.list_workers(settings):
+            if worker.name != "suite-first":
+                pool.retire(worker, "test over", hard=True)
