@@ -18,7 +18,7 @@ from service.core.settings import get_settings
 from service.environments.build_steps import read_build_result
 from service.environments.recipe import BuildFailed, build_environment
 from service.environments.registry import IMPORT_CHECK, get_environment, request_build
-from service.suites.definitions import apply_suite
+from service.suites.definitions import SuiteCheck, apply_suite
 from service.suites.runs import create_suite_run
 from tests.plugins.scheduler_harness import GOOD, phases, run_row, service_env, start, stop, wait_for
 
@@ -82,7 +82,7 @@ def test_a_suites_first_worker_is_the_builds_import_check(
     settings = get_settings()
     wheels = {"broken": str(_unimportable(tmp_path / "w")), "good": "megatron-core==0.16.1"}
     with session_scope() as session:
-        apply_suite(session, name="imports", checks=[{"name": "one", "spec": CHECK}])
+        apply_suite(session, name="imports", checks=[SuiteCheck.model_validate({"name": "one", "spec": CHECK})])
     names, run_ids = {}, {}
     for key, line in wheels.items():
         with session_scope() as session:
