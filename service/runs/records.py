@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from sqlalchemy import Connection, Integer, Select, bindparam, literal_column, select, text
@@ -38,6 +38,7 @@ from service.runs import group_commit
 from service.runs.admission import Caps, admitted, check_caps
 
 QUEUED_REASON = "queued by API"
+_Model = TypeVar("_Model", Run, Phase, Environment)
 
 
 def create_run(
@@ -127,13 +128,23 @@ _N_RUN = len(_RUN_KEYS)
 _PHASE_ID = _N_RUN + 1 + _PHASE_KEYS.index("id")
 
 
+def _loaded(model: type[_Model], values: dict[str, Any]) -> _Model:
+    """An instance of model holding values as loaded state, as the ORM's own loader fills one: into
+    the instance's dict, past the attribute events that a constructor fires for each of a run's ~40
+    columns (that was most of building a Run: 0.2 ms a GET). Detached, never flushed."""
+    obj = model.__mapper__.class_manager.new_instance()
+    obj.__dict__.update(values)
+    return obj
+
+
 def _run_of(rows: Sequence[Sequence[Any]]) -> Run:
     """The Run (environment name, phases) of one read shape's rows."""
     first = rows[0]
-    run = Run(**dict(zip(_RUN_KEYS, first[:_N_RUN], strict=True)))
-    run.environment = Environment(id=run.environment_id, name=first[_N_RUN])
-    run.phases = [Phase(**dict(zip(_PHASE_KEYS, row[_N_RUN + 1:], strict=True))) for row in rows
-                  if len(row) > _PHASE_ID and row[_PHASE_ID] is not None]
+    run = _loaded(Run, dict(zip(_RUN_KEYS, first[:_N_RUN], strict=True)))
+    phases = [_loaded(Phase, dict(zip(_PHASE_KEYS, row[_N_RUN + 1:], strict=True))) for row in rows
+              if len(row) > _PHASE_ID and row[_PHASE_ID] is not None]
+    environment = _loaded(Environment, {"id": run.environment_id, "name": first[_N_RUN]})
+    run.__dict__.update(environment=environment, phases=phases)
     return run
 
 
