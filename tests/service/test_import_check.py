@@ -53,6 +53,7 @@ def _unimportable(folder: Path, marker: Path | None = None) -> Path:
         "megatron/__init__.py": "", "megatron/core/__init__.py": f"{touch}raise RuntimeError({BOOM!r})\n"})
 
 
+@pytest.mark.engine  # builds on the shared torch of this test's own environment
 def test_a_build_installs_and_lists_but_imports_nothing(tmp_path: Path) -> None:
     marker = tmp_path / "imported-by-the-build"
     folder = tmp_path / "build"
@@ -65,6 +66,7 @@ def test_a_build_installs_and_lists_but_imports_nothing(tmp_path: Path) -> None:
     assert list((site / "megatron" / "core" / "__pycache__").glob("__init__.*.pyc"))
 
 
+@pytest.mark.engine
 def test_a_build_without_megatron_core_fails_naming_it(tmp_path: Path) -> None:
     other = _wheel(tmp_path / "w", "not-megatron", "1.0", {"not_megatron/__init__.py": ""})
     with pytest.raises(BuildFailed, match="installed no megatron-core distribution"):
