@@ -9,18 +9,27 @@ the build's check recorded them; or failed, and then the environment is failed w
 its workers are stopped and its runs end in error naming it, as a build whose import check failed did.
 
 A run outside any pool imports in its own phase job, which reports a failed import in its documents.
+
+A report is the build's to write: the worker that writes it has the build's code loaded, and that code can
+rewrite any file of its folder. So a report is data to validate (`validate_report`): a field of the wrong
+type, a version that is not a short plain string or capabilities that are not a small JSON object fail the
+check naming the field, and text is stored without NUL (Postgres refuses it in a text column, and a refused
+UPDATE would fail every scheduler pass until the run timed out).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobs.pool_folder import read_pool_file
 from models import Environment, Phase, Run
+from models.jsonsafe import encode as storable
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
 from service.core.run_state import TERMINAL, RunState, transition
 from service.environments.build_steps import fail_runs_on_failed_builds
@@ -28,6 +37,50 @@ from service.environments.registry import IMPORT_CHECK, set_state
 from service.executors import pool
 
 log = logging.getLogger(__name__)
+
+MAX_CAPABILITIES_BYTES = 16 * 1024  # what compat.capabilities() writes is ~0.5 KB
+Version = Annotated[str, Field(max_length=100, pattern=r"^[^\x00-\x1f]*$")]
+
+
+class ImportReport(BaseModel):
+    """imported.rank<r>.json as jobs/launch/pool_worker.import_report writes it."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    ok: bool
+    error: str | None = None  # NUL and length are handled where it is stored (_text)
+    torch: Version | None = None
+    megatron_core: Version | None = None
+    capabilities: dict[str, Any] | None = None
+
+    @field_validator("capabilities")
+    @classmethod
+    def _small_json(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and len(json.dumps(value, default=str)) > MAX_CAPABILITIES_BYTES:
+            raise ValueError(f"over {MAX_CAPABILITIES_BYTES} bytes of JSON")
+        return value
+
+
+class MalformedReport(ValueError):
+    """An import report that is not what the worker writes; the message names the first bad field."""
+
+
+def validate_report(value: dict[str, Any]) -> ImportReport:
+    """The report as ImportReport, or MalformedReport naming its first bad field (ok needs both versions)."""
+    try:
+        report = ImportReport.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(report)"
+        raise MalformedReport(f"field {field}: {first['msg']}") from None
+    if report.ok and not (report.torch and report.megatron_core):
+        raise MalformedReport("field torch/megatron_core: required when ok is true")
+    return report
+
+
+def _text(value: object, limit: int) -> str:
+    """value as text a Postgres text column takes: no NUL, at most limit characters."""
+    return str(value).replace("\x00", "\ufffd")[:limit]
 
 
 def settle(session: Session, views: list[pool.WorkerView]) -> list[int]:
@@ -47,8 +100,8 @@ def settle(session: Session, views: list[pool.WorkerView]) -> list[int]:
         if (env.packages or {}).get(IMPORT_CHECK) != "pending":
             continue
         for worker in workers[env.id]:
-            reports = [read_pool_file(worker.files.imported(rank)) for rank in range(worker.tasks)]
-            error = _error(env, worker, reports)
+            reports, error = _reports(worker)
+            error = error or _error(env, worker, reports)
             if error is not None:
                 _fail(session, env, error)
                 for other in workers[env.id]:
@@ -63,30 +116,48 @@ def settle(session: Session, views: list[pool.WorkerView]) -> list[int]:
     return failed
 
 
-def _error(env: Environment, worker: pool.Worker, reports: list[dict[str, Any] | None]) -> str | None:
+def _reports(worker: pool.Worker) -> tuple[list[ImportReport | None], str | None]:
+    """Each task's report (None while it is not written), or the error a malformed one makes."""
+    reports: list[ImportReport | None] = []
+    for rank in range(worker.tasks):
+        path = worker.files.imported(rank)
+        raw = read_pool_file(path)
+        if raw is None and path.exists():
+            # written (an absent report is one not yet written), but not a JSON object of at most 64 KiB
+            # that read_pool_file could read without following a link
+            return reports, f"the environment's first worker {worker.name} wrote an unreadable {path.name}"
+        try:
+            reports.append(None if raw is None else validate_report(raw))
+        except MalformedReport as exc:
+            return reports, f"the environment's first worker {worker.name} wrote a malformed {path.name}: {exc}"
+    return reports, None
+
+
+def _error(env: Environment, worker: pool.Worker, reports: list[ImportReport | None]) -> str | None:
     for report in reports:
         if report is None:
             continue
-        if report.get("ok") is not True:
+        if not report.ok:
             return (f"importing torch and megatron.core failed in the environment's first worker {worker.name}: "
-                    f"{str(report.get('error'))[:2000]}")
-        torch = str(report.get("torch"))
+                    f"{_text(report.error, 2000)}")
+        torch = str(report.torch)
         if env.torch and torch.split("+")[0] != env.torch.split("+")[0]:
-            return f"torch {torch[:100]} in the build, expected the service's {env.torch}"
+            return f"torch {torch} in the build, expected the service's {env.torch}"
     return None
 
 
-def _passed(env: Environment, reports: list[dict[str, Any] | None]) -> None:
-    first = reports[0] or {}
+def _passed(env: Environment, reports: list[ImportReport | None]) -> None:
+    first = reports[0]
+    assert first is not None  # settle passes only when every task has reported
     packages = {**(env.packages or {}), IMPORT_CHECK: "passed"}
-    caps = first.get("capabilities")
-    if isinstance(caps, dict):  # what the harness detected in the build (jobs/rank/compat.capabilities)
-        packages["capabilities"] = caps
+    if first.capabilities is not None:  # what the harness detected in the build (jobs/rank/compat.capabilities)
+        packages["capabilities"] = storable(first.capabilities)  # no NUL or NaN: JSONB refuses both
     env.packages = packages
-    log.info("environment %s passed its import check (megatron.core %s)", env.name, first.get("megatron_core"))
+    log.info("environment %s passed its import check (megatron.core %s)", env.name, first.megatron_core)
 
 
 def _fail(session: Session, env: Environment, error: str) -> None:
+    error = _text(error, 4000)
     env.error_message = error
     set_state(env, "failed")
     env.packages = {**(env.packages or {}), IMPORT_CHECK: "failed"}

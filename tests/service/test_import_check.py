@@ -25,6 +25,11 @@ from tests.plugins.scheduler_harness import GOOD, phases, run_row, service_env, 
 pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: real builds, a real warm suite
 
 BOOM = "this build cannot be imported (test_import_check)"
+# what a hostile build's own code makes its worker report: it runs in that worker before the report is
+# written, so it can replace the writer (a real attack on the report, not a hand-written file)
+LIE = ("import sys\n"
+       "worker = sys.modules['jobs.launch.pool_worker']\n"
+       "worker.import_report = lambda info, rank: {'ok': 'yes', 'torch': 'x' * 5000, 'capabilities': []}\n")
 CHECK = {"config": "moe-fp32-router", "dp": 1, "steps": 4, "save_step": 2, "workarounds": GOOD}
 
 
@@ -49,8 +54,14 @@ def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path
 
 def _unimportable(folder: Path, marker: Path | None = None) -> Path:
     touch = f"open({str(marker)!r}, 'w').close()\n" if marker else ""
+    # a NUL in the error: Postgres refuses it in a text column, so it must never reach one
     return _wheel(folder, "megatron-core", "0.0.2", {
-        "megatron/__init__.py": "", "megatron/core/__init__.py": f"{touch}raise RuntimeError({BOOM!r})\n"})
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": f"{touch}raise RuntimeError({BOOM + chr(0) + ' after a NUL'!r})\n"})
+
+
+def _lying(folder: Path) -> Path:
+    return _wheel(folder, "megatron-core", "0.0.3", {"megatron/__init__.py": "", "megatron/core/__init__.py": LIE})
 
 
 @pytest.mark.engine  # builds on the shared torch of this test's own environment
@@ -82,7 +93,8 @@ def test_a_suites_first_worker_is_the_builds_import_check(
     monkeypatch.setenv("PARITY_RUN_FOLDER", str(runs))
     get_settings.cache_clear()
     settings = get_settings()
-    wheels = {"broken": str(_unimportable(tmp_path / "w")), "good": "megatron-core==0.16.1"}
+    wheels = {"broken": str(_unimportable(tmp_path / "w")), "lying": str(_lying(tmp_path / "w")),
+              "good": "megatron-core==0.16.1"}
     with session_scope() as session:
         apply_suite(session, name="imports", checks=[SuiteCheck.model_validate({"name": "one", "spec": CHECK})])
     names, run_ids = {}, {}
@@ -96,7 +108,7 @@ def test_a_suites_first_worker_is_the_builds_import_check(
     scheduler = start(["scheduler"], service_env(tmp_path, PARITY_EXECUTOR="local", PARITY_SUITE_WORKER_IDLE_S="3"),
                       tmp_path / "scheduler.log")
     try:
-        wait_for(lambda: all(run_row(i).finished_at for i in run_ids.values()), 800, "both suites' checks",
+        wait_for(lambda: all(run_row(i).finished_at for i in run_ids.values()), 800, "the suites' checks",
                  alive=[scheduler])
     finally:
         stop(scheduler)
@@ -109,8 +121,15 @@ def test_a_suites_first_worker_is_the_builds_import_check(
     assert broken.state == "failed" and broken.packages.get(IMPORT_CHECK) == "failed", broken.error_message
     message = broken.error_message or ""
     assert "importing torch and megatron.core failed" in message and BOOM in message, message
+    assert "\x00" not in message and "after a NUL" in message, message
     assert failed.state == "error" and BOOM in (failed.error_message or ""), failed.error_message
     assert not [p for p in phases(run_ids["broken"]) if p.job_id], "a phase ran on a build that cannot be imported"
+
+    lying, refused = envs["lying"], run_row(run_ids["lying"])
+    assert lying.state == "failed" and lying.packages.get(IMPORT_CHECK) == "failed", lying.error_message
+    assert "malformed imported.rank0.json: field ok" in (lying.error_message or ""), lying.error_message
+    assert refused.state == "error" and "malformed" in (refused.error_message or ""), refused.error_message
+    assert not [p for p in phases(run_ids["lying"]) if p.job_id], "a phase ran on a build whose report was refused"
 
     good, passed = envs["good"], run_row(run_ids["good"])
     assert passed.verdict == "pass", passed.error_message
