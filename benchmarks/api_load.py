@@ -229,7 +229,7 @@ def main() -> int:
     servers: list[subprocess.Popen[bytes]] = []
     try:
         sys.path.insert(0, str(ROOT))
-        from service.core.migrate import upgrade
+        from service.core.db import upgrade
 
         upgrade(url)
         t0 = time.perf_counter()

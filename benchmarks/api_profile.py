@@ -65,7 +65,7 @@ def main() -> int:
     url = make_url(SERVER).set(database=name, drivername="postgresql+psycopg").render_as_string(False)
     plain = make_url(url).set(drivername="postgresql").render_as_string(False)
     try:
-        from service.core.migrate import upgrade
+        from service.core.db import upgrade
 
         upgrade(url)
         with psycopg.connect(plain, autocommit=True) as conn:

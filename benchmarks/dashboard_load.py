@@ -186,8 +186,7 @@ def main() -> int:
     plain = make_url(url).set(drivername="postgresql").render_as_string(False)
     try:
         sys.path.insert(0, str(ROOT))
-        from service.core.db import reset_engine
-        from service.core.migrate import upgrade
+        from service.core.db import reset_engine, upgrade
         from service.core.settings import get_settings
 
         upgrade(url)

@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["cold", "warm"] if args.both else ["warm" if args.warm else "cold"]
     root: Path | None = None
     try:
-        from service.core.migrate import upgrade
+        from service.core.db import upgrade
 
         upgrade(url)
         with tempfile.TemporaryDirectory(prefix="parity-e2e-") as tmp:

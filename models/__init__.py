@@ -1,24 +1,13 @@
-"""The ORM: one module per table; importing this package registers every table on Base.metadata."""
+"""The ORM, grouped by the flow a run takes: the run (run), what it runs in (environment), the runs asked for
+together (suite), what watches the history (oncall) and who may act (access); importing this package
+registers every table on Base.metadata."""
 
-from models.artifact import Artifact
+from models.access import ApiToken, EndedSession
 from models.base import Base
-from models.bisect import Bisect
-from models.environment import Environment
-from models.event import PhaseEvent, RunEvent, SchedulerHeartbeat
-from models.history_summary import HistorySummary
-from models.known_failure import KnownFailure
-from models.metric import StepMetric
-from models.notification import NotificationChannel, OutboxMessage
-from models.phase import Phase
-from models.probe import ProbeFinding
-from models.regression import Regression
-from models.run import Run
-from models.session import EndedSession
-from models.source import Source
-from models.suite import Suite
-from models.suite_run import SuiteRun
-from models.token import ApiToken
-from models.track import Track
+from models.environment import Artifact, Environment, Source
+from models.oncall import HistorySummary, KnownFailure, NotificationChannel, OutboxMessage, Regression, Track
+from models.run import Phase, PhaseEvent, ProbeFinding, Run, RunEvent, SchedulerHeartbeat, StepMetric
+from models.suite import Bisect, Suite, SuiteRun
 
 __all__ = [
     "ApiToken",

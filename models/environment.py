@@ -1,22 +1,22 @@
-"""An environment: the Python that runs job phases, how it came to be, and its package versions.
-
-Either registered (someone prepared `python` by hand; checked at registration) or built by the
-service from requirement lines (`requirements` set): then `state` moves pending → building →
-ready | failed, and `pruned` once its unused virtualenv is deleted.
-"""
+"""What a run runs in: the environment, the uploaded artifacts and the sources it is built from."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, String, Text
+from sqlalchemy import BigInteger, ForeignKey, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, CreatedAt
 
 
+# An environment: the Python that runs job phases, how it came to be, and its package versions.
+#
+# Either registered (someone prepared `python` by hand; checked at registration) or built by the
+# service from requirement lines (`requirements` set): then `state` moves pending → building →
+# ready | failed, and `pruned` once its unused virtualenv is deleted.
 class Environment(CreatedAt, Base):
     __tablename__ = "environments"
 
@@ -50,3 +50,39 @@ class Environment(CreatedAt, Base):
     source_commit: Mapped[str | None] = mapped_column(String(64), index=True)
     source_commit_date: Mapped[datetime | None]
     source_commit_subject: Mapped[str | None] = mapped_column(String(500))
+
+
+# An uploaded build (a wheel or sdist), stored once per SHA-256 under the artifact folder.
+#
+# A requirement line `artifact:<sha256>` builds an environment from it. `state` is `stored` while the
+# file is on disk and `pruned` once retention deleted it (uploading the same bytes again restores it).
+class Artifact(CreatedAt, Base):
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    # the file name pip needs to recognise it (a wheel's name carries its tags)
+    filename: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(8))  # wheel | sdist
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    path: Mapped[str] = mapped_column(String(1000))
+    uploaded_by: Mapped[str | None] = mapped_column(String(200))
+    # the token whose upload stored these bytes first: its quota counts them (None: before 0016)
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), index=True)
+    state: Mapped[str] = mapped_column(String(16), default="stored", server_default="stored", index=True)
+    last_used_at: Mapped[datetime | None]
+
+
+# A source: where Megatron-LM's code comes from for builds of commits (a git URL or local repository
+# at a ref, or a plain source tree), registered by an admin. Each resolved commit is one environment.
+class Source(CreatedAt, Base):
+    __tablename__ = "sources"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    # git: a URL or a local repository, resolved at `ref` (branch, tag or commit); tree: a plain folder,
+    # named by a hash of its content
+    kind: Mapped[str] = mapped_column(String(8))
+    location: Mapped[str] = mapped_column(String(1000))
+    ref: Mapped[str | None] = mapped_column(String(200))
+    created_by: Mapped[str | None] = mapped_column(String(200))

@@ -1,4 +1,5 @@
-"""A parity run: one validated spec, its state, its verdict, and its place in the history."""
+"""A run's flow: the run, its phases, the state changes of both (and scheduler heartbeats), its per-step
+metrics and its probes' findings."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from models.jsonsafe import SafeJSONB
 
 if TYPE_CHECKING:
     from models.environment import Environment
-    from models.phase import Phase
 
 
+# A parity run: one validated spec, its state, its verdict, and its place in the history.
 class Run(CreatedAt, Base):
     __tablename__ = "runs"
     __table_args__ = (
@@ -90,3 +91,113 @@ class Run(CreatedAt, Base):
     phases: Mapped[list[Phase]] = relationship(
         back_populates="run", lazy="raise", order_by="Phase.id", cascade="all, delete-orphan"
     )
+
+
+# One launch of one phase of a run (train_and_save or resume); a retry is a new row.
+class Phase(CreatedAt, Base):
+    __tablename__ = "phases"
+    __table_args__ = (Index("ix_phases_state", "state"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    # the allowed moves are service/core/phase_state.py's PHASE_TRANSITIONS; every move is a PhaseEvent
+    state: Mapped[str] = mapped_column(String(32), default="pending")
+    # retry backoff: a pending phase is not launched before this time
+    not_before: Mapped[datetime | None]
+    executor: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[str | None] = mapped_column(String(64))
+    # the Slurm job name (run, phase, attempt): how a submission cut short by a crash is found again
+    job_name: Mapped[str | None] = mapped_column(String(200))
+    # local executor: the controller's start time, so a reused pid is never taken for our job
+    process_started_at: Mapped[float | None]
+    # this attempt's folder (jobs.run_folder): rank logs, documents, checkpoint
+    folder: Mapped[str | None] = mapped_column(String(1000))
+    # submitit's folder of the job running this phase (a resume forked in its train_and_save job shares it)
+    job_folder: Mapped[str | None] = mapped_column(String(1000))
+    exit_reason: Mapped[str | None] = mapped_column(Text)
+    submitted_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    duration_s: Mapped[float | None]
+    save_s: Mapped[float | None]
+    load_s: Mapped[float | None]
+    info: Mapped[dict[str, Any]] = mapped_column(SafeJSONB, default=dict)
+    log_paths: Mapped[list[str]] = mapped_column(JSONB, default=list)
+
+    run: Mapped[Run] = relationship(back_populates="phases", lazy="raise")
+
+    @property
+    def rank_nodes(self) -> list[str | None]:
+        """Multi-node: the node (hostname) each rank ran on, from the phase's document; [] before it has one."""
+        nodes = (self.info or {}).get("rank_nodes")
+        return list(nodes) if isinstance(nodes, list) else []
+
+
+# Every state change of a run and of a phase, in order, with its reason; plus scheduler heartbeats.
+class RunEvent(Base):
+    __tablename__ = "run_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    from_state: Mapped[str | None] = mapped_column(String(32))
+    to_state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SchedulerHeartbeat(Base):
+    __tablename__ = "scheduler_heartbeats"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class PhaseEvent(Base):
+    __tablename__ = "phase_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    phase_id: Mapped[int] = mapped_column(ForeignKey("phases.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    from_state: Mapped[str | None] = mapped_column(String(32))
+    to_state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+# Per-step metrics of the uninterrupted (baseline) and resumed runs, with their deltas.
+class StepMetric(Base):
+    __tablename__ = "step_metrics"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(primary_key=True)
+    loss_baseline: Mapped[float | None]
+    loss_resumed: Mapped[float | None]
+    lr_baseline: Mapped[float | None]
+    lr_resumed: Mapped[float | None]
+    loss_abs_delta: Mapped[float | None]
+    loss_rel_delta: Mapped[float | None]
+    lr_abs_delta: Mapped[float | None]
+    lr_rel_delta: Mapped[float | None]
+    grad_norm_baseline: Mapped[float | None]
+    grad_norm_resumed: Mapped[float | None]
+    num_zeros_baseline: Mapped[float | None]
+    num_zeros_resumed: Mapped[float | None]
+    wall_s_baseline: Mapped[float | None]
+    wall_s_resumed: Mapped[float | None]
+    within_tolerance: Mapped[bool | None]
+
+
+# Evidence gathered by the job's probes: misaligned params, fingerprint differences, bucket offsets.
+class ProbeFinding(Base):
+    __tablename__ = "probe_findings"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    phase: Mapped[str] = mapped_column(String(32))
+    probe: Mapped[str] = mapped_column(String(64))
+    ok: Mapped[bool] = mapped_column(Boolean)
+    param_name: Mapped[str | None] = mapped_column(String(500))
+    detail: Mapped[dict[str, Any]] = mapped_column(SafeJSONB, default=dict)

@@ -17,7 +17,7 @@ print(", ".join(f"{d} {m.version(d)}" if any(x.metadata["Name"] == d for x in m.
 # PARITY_JOB_USER's jobs (and every build's venv) run this interpreter, and import this checkout's jobs/,
 # as another user: make the folders above both passable (o+x only: nothing becomes listable or readable
 # that was not already), even for a clone in a private folder (mktemp -d makes it 0700). The service
-# names any folder still in the way when it looks the job user up (service/executors/reachability.py).
+# names any folder still in the way when it looks the job user up (service/executors/job_user.py).
 if [[ $(id -u) == 0 ]]; then
   for start in "$(dirname "$(readlink -f .venv/bin/python)")" "$(pwd -P)/.venv/bin"; do
     dir=$start

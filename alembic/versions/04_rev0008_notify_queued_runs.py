@@ -16,7 +16,7 @@ down_revision = '0006'
 branch_labels = None
 depends_on = None
 
-# keep in step with service/core/pg_channel.py RUNS_CHANNEL
+# keep in step with service/scheduler/wakeup.py RUNS_CHANNEL
 CHANNEL = "parity_runs_queued"
 
 

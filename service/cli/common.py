@@ -28,8 +28,7 @@ def load_settings() -> Settings:
 
 def ready_database(*, migrate: bool) -> str:
     """Resolve and check the database (starting the embedded one if needed); optionally migrate."""
-    from service.core.db import get_engine
-    from service.core.migrate import upgrade
+    from service.core.db import get_engine, upgrade
 
     load_settings()
     engine = get_engine()

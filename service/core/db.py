@@ -13,11 +13,13 @@ from functools import lru_cache
 from pathlib import Path
 
 import psycopg
+from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from alembic import command
 from service.core.checks import install_identity_listener
 from service.core.errors import ConfigError
 from service.core.settings import Settings, get_settings
@@ -235,3 +237,25 @@ async def dispose_async_engines() -> None:
     loop = id(asyncio.get_running_loop())
     for key in [k for k in _async_engines if k[0] == loop]:
         await _async_engines.pop(key).dispose()
+
+
+# Run Alembic migrations programmatically (`parity db upgrade`, tests, the demo).
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic config pointing at this repository's migrations and the given database."""
+    cfg = Config(str(REPO_ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(REPO_ROOT / "alembic"))
+    cfg.attributes["url"] = url
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate the database at url up to revision."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    """Migrate the database at url down to revision."""
+    command.downgrade(alembic_config(url), revision)

@@ -10,6 +10,8 @@ retried. Each phase row is handled in its own savepoint (`guard.per_row`).
 from __future__ import annotations
 
 import logging
+import os
+import time
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -27,8 +29,8 @@ from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
 from service.core.run_state import RunState, transition
 from service.core.settings import Settings
 from service.executors import launcher, pool
+from service.executors.job_user import folder_bytes
 from service.runs.phase_documents import InvalidDocument, rejected_document, validate_phase_document
-from service.scheduler import disk_quota as quota
 from service.scheduler import row_guard as guard
 from service.scheduler.submitter import (
     PHASES,
@@ -95,10 +97,10 @@ def _reconcile_one(
         doc, refused = plan_of(run).collect(attempt_dir.folder, phase.name)
     if cancelling:
         _cancel(session, phase, run, status, settings)
-    elif over_quota := quota.exceeded(phase, attempt_dir.folder, settings):
+    elif over_quota := exceeded(phase, attempt_dir.folder, settings):
         _over_quota(session, phase, run, over_quota)
     elif (doc is None or doc.get("status") != "ok") and (doc is not None or refused or status.kind == "failed") and (
-            at_limit := quota.file_at_limit(attempt_dir.folder, settings)):
+            at_limit := file_at_limit(attempt_dir.folder, settings)):
         _over_quota(session, phase, run, at_limit)  # an error caused by the per-file limit says so
     elif doc is not None or refused or status.kind in ("done", "failed"):
         # a FAILED job (a rank died) may still have rank 0's document: keep its evidence if so; a
@@ -245,3 +247,48 @@ def _cancel(session: Session, phase: Phase, run: Run, status: launcher.JobStatus
     except Exception as exc:
         log.warning("run %s: cancelling %s job %s failed (%s); asking again", run.id, phase.executor,
                     phase.job_id, guard.describe(exc))
+
+
+# PARITY_RUN_DISK_QUOTA for run attempts: how much an attempt folder may hold while its job runs.
+#
+# Each job file is capped by RLIMIT_FSIZE (service/executors/launcher.py); many small files are not,
+# so the reconciler adds up the folder of every live attempt (at most every CHECK_INTERVAL_S each) and
+# stops one that is past the quota.
+CHECK_INTERVAL_S = 10.0
+_last_check: dict[int, float] = {}
+
+
+def exceeded(phase: Phase, folder: Path, settings: Settings, *, now: float | None = None) -> str | None:
+    """Why the attempt is over its quota ("disk quota exceeded: ..."), or None (also between checks)."""
+    now = time.monotonic() if now is None else now
+    if now - _last_check.get(phase.id, float("-inf")) < CHECK_INTERVAL_S:
+        return None
+    _last_check[phase.id] = now
+    if len(_last_check) > 10_000:  # phases long over: forget them
+        _last_check.clear()
+    limit = settings.run_disk_quota_bytes
+    used = folder_bytes(folder, limit=limit)
+    if used <= limit:
+        return None
+    return (f"disk quota exceeded: the attempt folder holds more than {used} bytes, past "
+            f"PARITY_RUN_DISK_QUOTA={settings.run_disk_quota} ({limit} bytes)")
+
+
+def file_at_limit(folder: Path, settings: Settings) -> str | None:
+    """Why a job that ended with an error may have been stopped by the per-file limit: a file that
+    reached PARITY_RUN_DISK_QUOTA (RLIMIT_FSIZE makes the next write fail with EFBIG, which the code
+    under test reports in its own words, e.g. torch's "unexpected pos"). None when there is none."""
+    limit = settings.run_disk_quota_bytes
+    if not folder.is_dir():
+        return None
+    for dirpath, _dirs, files, dirfd in os.fwalk(folder, follow_symlinks=False):
+        for name in files:
+            try:
+                size = os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_size
+            except FileNotFoundError:
+                continue
+            if size >= limit:
+                where = os.path.relpath(os.path.join(dirpath, name), folder)
+                return (f"disk quota exceeded: {where} reached PARITY_RUN_DISK_QUOTA={settings.run_disk_quota} "
+                        f"({limit} bytes), the most one file may hold")
+    return None

@@ -1,6 +1,6 @@
 """What the scheduler waits on between ticks: a NOTIFY from the API, a phase's result file, or the clock.
 
-A queued run wakes the loop through Postgres LISTEN/NOTIFY (service/core/pg_channel.py) within one
+A queued run wakes the loop through Postgres LISTEN/NOTIFY (RUNS_CHANNEL below) within one
 NOTIFY round trip; a finished phase wakes it when one of its rank documents appears on disk (a
 stat of a few paths every STAT_INTERVAL_S, far cheaper than asking Slurm). Without either event
 the loop still ticks every poll interval, so a missed notification or a job that died without
@@ -18,9 +18,16 @@ from pathlib import Path
 import psycopg
 from sqlalchemy import make_url
 
-from service.core.pg_channel import RUNS_CHANNEL
-
 log = logging.getLogger(__name__)
+# Postgres LISTEN/NOTIFY between the API and the scheduler: "a run was queued", sent at commit.
+#
+# The notification comes from a trigger on `runs` (migration 0008): every INSERT of a queued run
+# notifies RUNS_CHANNEL with the run id, at no extra round trip for the request. NOTIFY is
+# transactional: Postgres delivers it when the inserting transaction commits and drops it on
+# rollback, so a scheduler woken by it always finds the row. Polling stays as the fallback for a
+# scheduler that missed a notification (not listening yet, or reconnecting after an outage).
+# keep in step with alembic/versions/04_rev0008_notify_queued_runs.py
+RUNS_CHANNEL = "parity_runs_queued"
 STAT_INTERVAL_S = 0.05
 RECONNECT_S = 5.0
 

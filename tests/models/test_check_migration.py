@@ -7,7 +7,7 @@ import json
 from sqlalchemy import text
 
 from service.core.checks import check_key, check_name
-from service.core.migrate import downgrade, upgrade
+from service.core.db import downgrade, upgrade
 from tests.plugins.scratch import scratch_database
 
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10, "sharding": "dp_reshardable",

@@ -7,7 +7,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from models import Base
-from service.core.migrate import downgrade, upgrade
+from service.core.db import downgrade, upgrade
 from tests.plugins.scratch import scratch_database
 
 

@@ -16,8 +16,7 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.orm import Session
 
 from models import Base
-from service.core.db import reset_engine
-from service.core.migrate import upgrade
+from service.core.db import reset_engine, upgrade
 from service.core.settings import get_settings
 
 SERVER_URL = os.environ.get(

@@ -15,9 +15,8 @@ import psycopg
 import pytest
 from sqlalchemy import make_url
 
-from service.core.db import start_embedded_postgres
+from service.core.db import start_embedded_postgres, upgrade
 from service.core.embedded_db import HBA, SUPERUSER_PASSWORD_FILE
-from service.core.migrate import upgrade
 
 
 def _plain(url: str) -> str:

@@ -26,7 +26,7 @@ from service.executors import job_home, job_leases, job_user, launcher
 from service.executors.launcher import PhaseJob
 from service.executors.local_jobs import start_time
 from service.runs.records import create_run
-from service.scheduler import disk_quota
+from service.scheduler import reconciler
 from service.scheduler.reconciler import reconcile
 from service.scheduler.submitter import claim_queued, launch, next_pending
 from tests.plugins.job_user import JOB_USER, require_job_user
@@ -114,7 +114,7 @@ def small_quota(settings_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator
     monkeypatch.setenv("PARITY_EXECUTOR", "local")
     monkeypatch.setenv("PARITY_RUN_DISK_QUOTA", "1M")
     get_settings.cache_clear()
-    disk_quota._last_check.clear()
+    reconciler._last_check.clear()
     yield get_settings()
     get_settings.cache_clear()
 
@@ -148,7 +148,7 @@ def _past_quota(db_session: Session, small_quota: Settings, job: subprocess.Pope
     (attempt / "under.bin").write_bytes(b"x" * (512 << 10))
     reconcile(db_session, settings=small_quota, executor="local")
     assert phase.state in ("submitted", "running")  # under the quota: nothing happens (the known-good side)
-    disk_quota._last_check.clear()
+    reconciler._last_check.clear()
     for i in range(3):  # each file under the quota, together past it
         (attempt / f"fill-{i}.bin").write_bytes(b"x" * (512 << 10))
     reconcile(db_session, settings=small_quota, executor="local")
@@ -160,12 +160,12 @@ def _past_quota(db_session: Session, small_quota: Settings, job: subprocess.Pope
 
 
 def test_a_file_stopped_at_the_per_file_limit_is_named_as_the_cause(tmp_path: Path, small_quota: Settings) -> None:
-    assert disk_quota.file_at_limit(tmp_path, small_quota) is None
+    assert reconciler.file_at_limit(tmp_path, small_quota) is None
     (tmp_path / "checkpoint").mkdir()
     (tmp_path / "checkpoint" / "small.pt").write_bytes(b"x" * 1000)
-    assert disk_quota.file_at_limit(tmp_path, small_quota) is None  # the known-good side
+    assert reconciler.file_at_limit(tmp_path, small_quota) is None  # the known-good side
     (tmp_path / "checkpoint" / "model.pt").write_bytes(b"x" * (1 << 20))  # where RLIMIT_FSIZE stopped it
-    why = disk_quota.file_at_limit(tmp_path, small_quota)
+    why = reconciler.file_at_limit(tmp_path, small_quota)
     assert why is not None and "checkpoint/model.pt reached PARITY_RUN_DISK_QUOTA=1M" in why, why
 
 

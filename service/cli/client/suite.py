@@ -16,9 +16,8 @@ from jobs.verdict_names import ERROR, FAIL, KNOWN_FAILURE
 from service.cli.client.config import add_client_args, http_client
 from service.cli.client.env import _detail
 from service.cli.client.forge import Forge
-from service.cli.client.junit import suite_junit_xml
+from service.cli.client.junit import reading_of, suite_junit_xml
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
-from service.cli.client.reading import reading_of
 from service.cli.client.resend import post_resent
 from service.cli.client.summary import suite_summary
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.verdict_names import GOOD
-from service.cli.client.junit import ADVISORY
-from service.cli.client.reading import reading_of
+from service.cli.client.junit import ADVISORY, reading_of
 
 
 def _cell(text: object) -> str:

@@ -1,4 +1,4 @@
-"""API tokens: only a SHA-256 hash is stored; scopes decide what a token may do."""
+"""Who may act: API tokens and the dashboard sessions ended by logout."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from models.base import Base, CreatedAt
 
 
+# API tokens: only a SHA-256 hash is stored; scopes decide what a token may do.
 class ApiToken(CreatedAt, Base):
     __tablename__ = "api_tokens"
 
@@ -25,3 +26,12 @@ class ApiToken(CreatedAt, Base):
     # None: never expires
     expires_at: Mapped[datetime | None]
     last_used_at: Mapped[datetime | None]
+
+
+# Dashboard sessions ended by logout: a signed cookie stays valid until it expires unless listed here.
+class EndedSession(Base):
+    __tablename__ = "ended_sessions"
+
+    # the cookie's random session id; rows past expires_at are useless (the cookie has expired) and pruned
+    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(index=True)
