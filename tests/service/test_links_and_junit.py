@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from service.cli.client.junit import junit_xml
+from service.cli.client.ci_report import junit_xml
 from service.cli.client.submit import report
 from service.core.settings import get_settings
 from service.core.verdicts import reading

@@ -11,8 +11,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from models import Run
-from service.cli.client.junit import suite_junit_xml
-from service.cli.client.summary import suite_summary
+from service.cli.client.ci_report import suite_junit_xml, suite_summary
 from service.suites.definitions import MAX_CHECKS, NAME
 from service.suites.runs import overall
 

@@ -16,7 +16,7 @@ from models import Environment, NotificationChannel, OutboxMessage, Regression, 
 from models.base import utcnow
 from service.bisects import search as bisects
 from service.cli.client.bisect import report
-from service.cli.client.junit import suite_junit_xml
+from service.cli.client.ci_report import suite_junit_xml
 from service.cli.client.track import track_line
 from service.core.run_state import RunState, transition
 from service.core.settings import get_settings

@@ -14,10 +14,9 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from models import Run
-from service.cli.client.junit import suite_junit_xml
+from service.cli.client.ci_report import suite_junit_xml, suite_summary
 from service.cli.client.submit import report
 from service.cli.client.suite import check_line
-from service.cli.client.summary import suite_summary
 from service.core.verdicts import clip, reading
 from service.oncall.delivery import slack_body
 from service.oncall.notification_events import summary_line

@@ -16,12 +16,11 @@ import httpx
 from jobs.verdict_names import FAIL, KNOWN_FAILURE, PASS
 from service.cli.client import forge as forges
 from service.cli.client.artifacts import upload
+from service.cli.client.ci_report import junit_xml, reading_of, run_summary
 from service.cli.client.config import service_target
-from service.cli.client.junit import junit_xml, reading_of
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
 from service.cli.client.resend import new_key, post_resent
 from service.cli.client.shape_arg import add_shape_argument, parse_shape
-from service.cli.client.summary import run_summary
 
 
 def register(sub: argparse._SubParsersAction) -> None:

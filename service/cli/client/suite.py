@@ -13,13 +13,12 @@ import httpx
 import yaml
 
 from jobs.verdict_names import ERROR, FAIL, KNOWN_FAILURE
+from service.cli.client.ci_report import reading_of, suite_junit_xml, suite_summary
 from service.cli.client.config import add_client_args, http_client
 from service.cli.client.env import _detail
 from service.cli.client.forge import Forge
-from service.cli.client.junit import reading_of, suite_junit_xml
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
 from service.cli.client.resend import post_resent
-from service.cli.client.summary import suite_summary
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,6 @@
-"""JUnit XML for `parity submit --junit`: a test case per run (per check of a suite), failures with the triage link."""
+"""What a CI job reads of a run or a suite run: the reading of a run, JUnit XML for `parity submit --junit`
+(a test case per run, per check of a suite, failures with the triage link) and Markdown for
+`parity submit --summary FILE` ($GITHUB_STEP_SUMMARY or an MR note, one line per check)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from jobs.verdict_label import label as qualified
-from jobs.verdict_names import BROKEN, KNOWN_FAILURE, PASS
+from jobs.verdict_names import BROKEN, GOOD, KNOWN_FAILURE, PASS
 
 # what a pass on code nobody reviewed is worth (docs/security.md): said wherever a verdict is handed on
 ADVISORY = ("a pass is advisory when the build is untrusted: its code runs inside the ranks and can write its own "
@@ -87,3 +89,36 @@ def suite_junit_xml(view: dict[str, Any], *, timed_out: bool, strict: bool = Fal
                       strict=strict, fails_on_base=c.get("fails_on_base")) for c in view["checks"]]
     _count(suite, outcomes)
     return ET.tostring(suite, xml_declaration=True, encoding="utf-8")
+
+
+# Markdown: the --summary file
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _line(name: str, run: dict[str, Any]) -> str:
+    read = reading_of(run)
+    verdict = f"**{read['label']}**" if run.get("verdict") not in GOOD or run.get("regression") \
+        else read["label"]
+    cause = "; ".join(p for p in (read["cause"], read["bound"]) if p) or "—"
+    return (f"| {_cell(name)} | {_cell(verdict)} | {_cell(read['step'] or '—')} | {_cell(cause)} | "
+            f"[triage]({run['links']['triage']}) |")
+
+
+HEADER = ["| check | verdict | step | cause | link |", "|---|---|---|---|---|"]
+
+
+def run_summary(run: dict[str, Any], *, outcome: str) -> str:
+    """The summary of one run."""
+    title = f"### Resume parity: {run['check_name']} on {run['environment']} — **{outcome}**"
+    return "\n".join([title, "", *HEADER, _line(run["config"], run), "", f"_{ADVISORY[0].upper()}{ADVISORY[1:]}._",
+                      ""]) + "\n"
+
+
+def suite_summary(view: dict[str, Any], *, outcome: str) -> str:
+    """The summary of a suite run: its verdict and counts, then one table line per check."""
+    counts = ", ".join(f"{n} {k}" for k, n in view["counts"].items() if n)
+    title = (f"### Resume parity: suite {view['suite']} v{view['version']} on {view['environment']} — "
+             f"**{outcome}** ({counts}) · [suite run]({view['links']['dashboard']})")
+    return "\n".join([title, "", *HEADER, *(_line(c["name"], c["run"]) for c in view["checks"]), "",
+                      f"_{ADVISORY[0].upper()}{ADVISORY[1:]}._", ""]) + "\n"
