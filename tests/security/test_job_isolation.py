@@ -9,9 +9,6 @@ pip cache inside its own folder, pip reads no configuration file, and Python no 
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
 import os
 import pwd
 import shutil
@@ -19,7 +16,6 @@ import sys
 import textwrap
 import time
 import uuid
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,28 +27,12 @@ from service.core.settings import Settings, get_settings
 from service.environments.registry import request_build
 from tests.plugins.daemons import leave_a_daemon
 from tests.plugins.hostile_package import build_to_end
+from tests.plugins.wheels import wheel_bytes
 
 pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: real builds or many real runs
 
 JOB_USER = "parity-job"
 CURE = "fake_megatron_core-0.0.1-py3-none-any.whl"
-
-
-def _wheel(files: dict[str, str]) -> bytes:
-    """A wheel holding these files, with the metadata pip checks (RECORD with hashes)."""
-    info = "fake_megatron_core-0.0.1.dist-info"
-    files = {**files, f"{info}/METADATA": "Metadata-Version: 2.1\nName: fake-megatron-core\nVersion: 0.0.1\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = []
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, text in files.items():
-            data = text.encode()
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{name},sha256={digest},{len(data)}")
-            zf.writestr(name, data)
-        zf.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
-    return buf.getvalue()
 
 
 POISONER = textwrap.dedent('''
@@ -143,7 +123,7 @@ def test_a_build_cannot_poison_the_next_builds_pip(scene: Path) -> None:
     cure = scene / "cure"
     cure.mkdir(mode=0o755)
     fake = {"megatron/__init__.py": "", "megatron/core/__init__.py": "__version__ = '0.0.1'\n"}
-    (cure / CURE).write_bytes(_wheel(fake))
+    (cure / CURE).write_bytes(wheel_bytes("fake-megatron-core", "0.0.1", fake))
     (cure / "requirements.txt").write_text(f"{cure / CURE}\n")
     report = scene / "report"
     report.mkdir(mode=0o777)

@@ -7,12 +7,9 @@ a fresh machine's CI budget; the table is a command run and reported, docs/relea
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from service.environments import interpreters
 from service.environments.build_steps import BuildResultError, read_build_result
 from service.environments.recipe import build_environment, pick_python
 from service.environments.requirements import content_hash
+from tests.plugins.wheels import write_wheel
 
 pytestmark = pytest.mark.timeout(1200)  # past the 300 s ceiling: real builds or many real runs
 
@@ -36,22 +34,7 @@ def _newer() -> tuple[str, str]:
 
 def make_wheel(folder: Path, name: str, requires_python: str) -> Path:
     """A pure-Python wheel `name` 1.0 whose metadata says Requires-Python: requires_python."""
-    dist = f"{name}-1.0.dist-info"
-    files = {
-        f"{name}/__init__.py": b"VALUE = 1\n",
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\nRequires-Python: {requires_python}\n"
-                            .encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(
-        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
-        for path, data in files.items()) + f"{dist}/RECORD,,\n"
-    wheel = folder / f"{name}-1.0-py3-none-any.whl"
-    folder.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, data in {**files, f"{dist}/RECORD": record.encode()}.items():
-            zf.writestr(zipfile.ZipInfo(path, (2026, 1, 1, 0, 0, 0)), data)
-    return wheel
+    return write_wheel(folder, name, "1.0", {f"{name}/__init__.py": "VALUE = 1\n"}, requires_python=requires_python)
 
 
 def _venv_with(python: str, wheel: Path, venv: Path) -> str:

@@ -6,9 +6,6 @@ detects in it, as the build's own check did.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from service.environments.registry import IMPORT_CHECK, get_environment, request
 from service.suites.definitions import SuiteCheck, apply_suite
 from service.suites.runs import create_suite_run
 from tests.plugins.scheduler_harness import GOOD, phases, run_row, service_env, start, stop, wait_for
+from tests.plugins.wheels import write_wheel
 
 pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: real builds, a real warm suite
 
@@ -33,35 +31,16 @@ LIE = ("import sys\n"
 CHECK = {"config": "moe-fp32-router", "dp": 1, "steps": 4, "save_step": 2, "workarounds": GOOD}
 
 
-def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
-    """A pure-Python wheel of these files, with the metadata an installer checks (RECORD with hashes)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dist = name.replace("-", "_")
-    info = f"{dist}-{version}.dist-info"
-    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    path = folder / f"{dist}-{version}-py3-none-any.whl"
-    record = []
-    with zipfile.ZipFile(path, "w") as zf:
-        for member, text in files.items():
-            data = text.encode()
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{member},sha256={digest},{len(data)}")
-            zf.writestr(member, data)
-        zf.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
-    return path
-
-
 def _unimportable(folder: Path, marker: Path | None = None) -> Path:
     touch = f"open({str(marker)!r}, 'w').close()\n" if marker else ""
     # a NUL in the error: Postgres refuses it in a text column, so it must never reach one
-    return _wheel(folder, "megatron-core", "0.0.2", {
+    return write_wheel(folder, "megatron-core", "0.0.2", {
         "megatron/__init__.py": "",
         "megatron/core/__init__.py": f"{touch}raise RuntimeError({BOOM + chr(0) + ' after a NUL'!r})\n"})
 
 
 def _lying(folder: Path) -> Path:
-    return _wheel(folder, "megatron-core", "0.0.3", {"megatron/__init__.py": "", "megatron/core/__init__.py": LIE})
+    return write_wheel(folder, "megatron-core", "0.0.3", {"megatron/__init__.py": "", "megatron/core/__init__.py": LIE})
 
 
 @pytest.mark.engine  # builds on the shared torch of this test's own environment
@@ -79,7 +58,7 @@ def test_a_build_installs_and_lists_but_imports_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.engine
 def test_a_build_without_megatron_core_fails_naming_it(tmp_path: Path) -> None:
-    other = _wheel(tmp_path / "w", "not-megatron", "1.0", {"not_megatron/__init__.py": ""})
+    other = write_wheel(tmp_path / "w", "not-megatron", "1.0", {"not_megatron/__init__.py": ""})
     with pytest.raises(BuildFailed, match="installed no megatron-core distribution"):
         build_environment(str(tmp_path / "build"), [str(other)])
 
