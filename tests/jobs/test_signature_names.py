@@ -10,6 +10,7 @@ from pathlib import Path
 from jobs import signature_names
 from jobs.signature_names import SIGNATURE_IDS
 from jobs.verdict.signatures import SIGNATURES
+from tests.plugins.source_scan import docstring_ids, offenders
 
 ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "jobs" / "signature_names.py"
@@ -20,9 +21,7 @@ def spelled_out(source: str) -> list[str]:
     """Where a module spells a signature name: any string constant (an f-string's text included) that is
     one, except a docstring."""
     tree = ast.parse(source)
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docstrings = docstring_ids(tree)
     return sorted({f"{n.lineno}: {n.value!r}" for n in ast.walk(tree)
                    if isinstance(n, ast.Constant) and n.value in NAMES and id(n) not in docstrings})
 
@@ -35,10 +34,7 @@ def test_each_name_has_one_constant_and_every_signature_is_named() -> None:
 
 
 def test_no_module_spells_out_a_signature_name() -> None:
-    offenders = {str(p.relative_to(ROOT)): hits
-                 for folder in ("service", "jobs") for p in sorted((ROOT / folder).rglob("*.py"))
-                 if p != HOME and (hits := spelled_out(p.read_text()))}
-    assert offenders == {}
+    assert offenders(spelled_out, HOME) == {}
 
 
 def test_no_template_or_script_spells_out_a_signature_name() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from jobs.verdict_label import label, qualifiers, verdict_label
 from jobs.verdict_names import FAIL, KNOWN_FAILURE, PASS
+from tests.plugins.source_scan import docstring_ids, offenders
 
 ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "jobs" / "verdict_label.py"
@@ -19,19 +20,14 @@ def spelled_out(source: str) -> list[str]:
     """Where a module writes a label's qualifier itself: a string (or an f-string's text) that begins with one,
     outside a docstring."""
     tree = ast.parse(source)
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docstrings = docstring_ids(tree)
     return sorted({f"{n.lineno}: {n.value!r}" for n in ast.walk(tree)
                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
                    and n.value.lstrip(" (").startswith(QUALIFIERS)})
 
 
 def test_no_module_composes_a_label_of_its_own() -> None:
-    offenders = {str(p.relative_to(ROOT)): hits
-                 for folder in ("service", "jobs") for p in sorted((ROOT / folder).rglob("*.py"))
-                 if p != HOME and (hits := spelled_out(p.read_text()))}
-    assert offenders == {}
+    assert offenders(spelled_out, HOME) == {}
 
 
 def test_the_scan_finds_a_qualifier_and_passes_a_call() -> None:

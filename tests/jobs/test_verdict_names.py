@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from jobs.verdict_names import ERROR, FAIL, KNOWN_FAILURE, PASS, RUN_VERDICTS, VERDICTS
+from tests.plugins.source_scan import docstring_ids, offenders
 
 ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "jobs" / "verdict_names.py"
@@ -63,9 +64,7 @@ def spelled_out(source: str) -> list[str]:
     """Where a module spells a verdict name: compared against something named *verdict*, in a literal
     collection made only of verdict names, handed on as a verdict, or known-failure anywhere but a docstring."""
     tree = ast.parse(source)
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docstrings = docstring_ids(tree)
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
@@ -103,10 +102,7 @@ def test_the_names_and_their_types_agree() -> None:
 
 
 def test_no_module_spells_out_a_verdict_name() -> None:
-    offenders = {str(p.relative_to(ROOT)): hits
-                 for folder in ("service", "jobs") for p in sorted((ROOT / folder).rglob("*.py"))
-                 if p != HOME and (hits := spelled_out(p.read_text()))}
-    assert offenders == {}
+    assert offenders(spelled_out, HOME) == {}
 
 
 def test_the_scan_finds_a_spelled_out_name_and_passes_a_named_one() -> None:
