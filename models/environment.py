@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, ForeignKey, String, Text
+from sqlalchemy import BigInteger, ForeignKey, String
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, CreatedAt
+from models.jsonsafe import SafeJSONB, SafeText
 
 
 # An environment: the Python that runs job phases, how it came to be, and its package versions.
@@ -26,7 +27,7 @@ class Environment(CreatedAt, Base):
     python: Mapped[str] = mapped_column(String(1000))
     description: Mapped[str] = mapped_column(String(2000), default="")
     # Package versions as recorded at registration/build and by the jobs that ran in it.
-    packages: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    packages: Mapped[dict[str, Any]] = mapped_column(SafeJSONB, default=dict)
 
     state: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready", index=True)
     # Built environments: the normalised requirement lines and their content hash (one build per set).
@@ -35,8 +36,8 @@ class Environment(CreatedAt, Base):
     folder: Mapped[str | None] = mapped_column(String(1000))
     executor: Mapped[str | None] = mapped_column(String(16))
     job_id: Mapped[str | None] = mapped_column(String(64))
-    error_message: Mapped[str | None] = mapped_column(Text)
-    freeze: Mapped[list[str]] = mapped_column(JSONB, default=list, server_default="[]")
+    error_message: Mapped[str | None] = mapped_column(SafeText)
+    freeze: Mapped[list[str]] = mapped_column(SafeJSONB, default=list, server_default="[]")
     megatron_core: Mapped[str | None] = mapped_column(String(100))
     torch: Mapped[str | None] = mapped_column(String(100))
     build_seconds: Mapped[float | None]

@@ -1,4 +1,4 @@
-"""JSONB that accepts whatever a job returns: non-finite floats and NUL characters included.
+"""JSONB and text that accept whatever a job returns: non-finite floats and NUL characters included.
 
 Postgres refuses `NaN`/`Infinity` in JSON and `\\u0000` in JSONB strings, so a single NaN loss
 would make a whole document unstorable. On the way in, non-finite floats become the strings
@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.types import Text, TypeDecorator
 
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -57,3 +57,16 @@ class SafeJSONB(TypeDecorator[Any]):
     def process_bind_param(self, value: Any, dialect: Any) -> Any:
         """Encode a value on its way to Postgres."""
         return encode(value)
+
+
+class SafeText(TypeDecorator[str]):
+    """Text with NUL made U+FFFD on its way in: Postgres refuses NUL in any text column, and a message a job
+    or a build wrote (an exception's text, a log line) is stored in one. Refused, the UPDATE would fail the
+    scheduler's whole pass on every try; a NUL in a client's input is refused at the API (core/inputs.py)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        """Replace NUL on the way to Postgres."""
+        return None if value is None else str(value).replace("\x00", "\ufffd")

@@ -6,11 +6,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, UniqueConstraint, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, CreatedAt
+from models.jsonsafe import SafeText
 
 
 # A regression as an object: opened when a check fails on a track where it last passed, closed by a pass.
@@ -40,7 +41,7 @@ class Regression(CreatedAt, Base):
     signatures: Mapped[list[str]] = mapped_column(JSONB, default=list)
     acknowledged_by: Mapped[str | None] = mapped_column(String(200))
     acknowledged_at: Mapped[datetime | None]
-    note: Mapped[str | None] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(SafeText)
     upstream_url: Mapped[str | None] = mapped_column(String(1000))
     resolved_at: Mapped[datetime | None]
     fixed_by_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
@@ -61,7 +62,7 @@ class KnownFailure(CreatedAt, Base):
     # a PEP 440 specifier set on the Megatron-Core version, e.g. "<=0.16.1"; empty = any version
     mcore_versions: Mapped[str] = mapped_column(String(200), default="")
     link: Mapped[str] = mapped_column(String(1000))
-    note: Mapped[str] = mapped_column(Text, default="")
+    note: Mapped[str] = mapped_column(SafeText, default="")
     created_by: Mapped[str | None] = mapped_column(String(200))
     retired_at: Mapped[datetime | None]
 
@@ -99,7 +100,7 @@ class OutboxMessage(CreatedAt, Base):
     state: Mapped[str] = mapped_column(String(16), default="pending")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime]
-    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(SafeText)
     delivered_at: Mapped[datetime | None]
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, UniqueConstraint, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from models.base import Base, CreatedAt, utcnow
-from models.jsonsafe import SafeJSONB
+from models.jsonsafe import SafeJSONB, SafeText
 
 if TYPE_CHECKING:
     from models.environment import Environment
@@ -77,7 +77,7 @@ class Run(CreatedAt, Base):
     first_step_beyond_tolerance: Mapped[int | None]
     max_abs_loss_delta: Mapped[float | None]
     summary: Mapped[dict[str, Any]] = mapped_column(SafeJSONB, default=dict)
-    error_message: Mapped[str | None] = mapped_column(Text)
+    error_message: Mapped[str | None] = mapped_column(SafeText)
 
     regression: Mapped[bool] = mapped_column(Boolean, default=False)
     last_good_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
@@ -116,7 +116,7 @@ class Phase(CreatedAt, Base):
     folder: Mapped[str | None] = mapped_column(String(1000))
     # submitit's folder of the job running this phase (a resume forked in its train_and_save job shares it)
     job_folder: Mapped[str | None] = mapped_column(String(1000))
-    exit_reason: Mapped[str | None] = mapped_column(Text)
+    exit_reason: Mapped[str | None] = mapped_column(SafeText)
     submitted_at: Mapped[datetime | None]
     started_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
@@ -143,7 +143,7 @@ class RunEvent(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     from_state: Mapped[str | None] = mapped_column(String(32))
     to_state: Mapped[str] = mapped_column(String(32))
-    reason: Mapped[str] = mapped_column(Text, default="")
+    reason: Mapped[str] = mapped_column(SafeText, default="")
     at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -152,7 +152,7 @@ class SchedulerHeartbeat(Base):
 
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
     seen_at: Mapped[datetime] = mapped_column(default=utcnow)
-    detail: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[str] = mapped_column(SafeText, default="")
 
 
 class PhaseEvent(Base):
@@ -163,7 +163,7 @@ class PhaseEvent(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     from_state: Mapped[str | None] = mapped_column(String(32))
     to_state: Mapped[str] = mapped_column(String(32))
-    reason: Mapped[str] = mapped_column(Text, default="")
+    reason: Mapped[str] = mapped_column(SafeText, default="")
     at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy import ForeignKey, String, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, CreatedAt, utcnow
+from models.jsonsafe import SafeText
 
 
 # A suite: an admin-defined, named, versioned list of named checks (specs) a gate runs together.
@@ -66,7 +67,7 @@ class Bisect(CreatedAt, Base):
     # running | found | error: a cache of what the runs say, rewritten on every advance
     state: Mapped[str] = mapped_column(String(16), default="running")
     first_bad: Mapped[str | None] = mapped_column(String(200))
-    error_message: Mapped[str | None] = mapped_column(Text)
+    error_message: Mapped[str | None] = mapped_column(SafeText)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
     # a bisect over a source's commits: its environments are built when a step needs them, named by

@@ -195,7 +195,7 @@ def read_build_result(folder: Path) -> dict[str, Any]:
     if doc.get("python") != expected:
         raise BuildResultError(f"the build's result names python {str(doc.get('python'))[:200]!r}, not {expected}")
     for key in ("torch", "megatron_core"):
-        if not isinstance(doc.get(key), str) or len(doc[key]) > 100:
+        if not isinstance(doc.get(key), str) or len(doc[key]) > 100 or not doc[key].isprintable():
             raise BuildResultError(f"the build's result: {key} is not a version string")
     if doc.get(IMPORT_CHECK, "pending") != "pending":
         raise BuildResultError(f"the build's result: {IMPORT_CHECK} is not 'pending'")
@@ -206,12 +206,12 @@ def read_build_result(folder: Path) -> dict[str, Any]:
         raise BuildResultError("the build's result: freeze is not a list of requirement lines")
     if not isinstance(doc.get("seconds"), (int, float)):
         raise BuildResultError("the build's result: seconds is not a number")
-    if not _capabilities_shape(doc.get("capabilities", {})):
+    if not capabilities_shape(doc.get("capabilities", {})):
         raise BuildResultError("the build's result: capabilities is not a small object of flags, names and lists")
     return doc
 
 
-def _capabilities_shape(caps: Any) -> bool:
+def capabilities_shape(caps: Any) -> bool:
     """A flat object of at most 40 short keys, each a bool, number, short string or list of short strings."""
     if not isinstance(caps, dict) or len(caps) > 40:
         return False

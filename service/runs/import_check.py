@@ -12,14 +12,13 @@ A run outside any pool imports in its own phase job, which reports a failed impo
 
 A report is the build's to write: the worker that writes it has the build's code loaded, and that code can
 rewrite any file of its folder. So a report is data to validate (`validate_report`): a field of the wrong
-type, a version that is not a short plain string or capabilities that are not a small JSON object fail the
+type, a version that is not a short plain string or capabilities that are not a small flat object fail the
 check naming the field, and text is stored without NUL (Postgres refuses it in a text column, and a refused
 UPDATE would fail every scheduler pass until the run timed out).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Annotated, Any
 
@@ -29,17 +28,15 @@ from sqlalchemy.orm import Session
 
 from jobs.pool_folder import read_pool_file
 from models import Environment, Phase, Run
-from models.jsonsafe import encode as storable
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
 from service.core.run_state import TERMINAL, RunState, transition
-from service.environments.build_steps import fail_runs_on_failed_builds
+from service.environments.build_steps import capabilities_shape, fail_runs_on_failed_builds
 from service.environments.registry import IMPORT_CHECK, set_state
 from service.executors import pool
 
 log = logging.getLogger(__name__)
 
-MAX_CAPABILITIES_BYTES = 16 * 1024  # what compat.capabilities() writes is ~0.5 KB
-Version = Annotated[str, Field(max_length=100, pattern=r"^[^\x00-\x1f]*$")]
+Version = Annotated[str, Field(max_length=100, pattern=r"^[^\x00-\x1f\x7f]*$")]
 
 
 class ImportReport(BaseModel):
@@ -55,9 +52,9 @@ class ImportReport(BaseModel):
 
     @field_validator("capabilities")
     @classmethod
-    def _small_json(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and len(json.dumps(value, default=str)) > MAX_CAPABILITIES_BYTES:
-            raise ValueError(f"over {MAX_CAPABILITIES_BYTES} bytes of JSON")
+    def _flat(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and not capabilities_shape(value):
+            raise ValueError("not a small flat object of flags, numbers, short names and lists of them")
         return value
 
 
@@ -151,7 +148,7 @@ def _passed(env: Environment, reports: list[ImportReport | None]) -> None:
     assert first is not None  # settle passes only when every task has reported
     packages = {**(env.packages or {}), IMPORT_CHECK: "passed"}
     if first.capabilities is not None:  # what the harness detected in the build (jobs/rank/compat.capabilities)
-        packages["capabilities"] = storable(first.capabilities)  # no NUL or NaN: JSONB refuses both
+        packages["capabilities"] = first.capabilities  # packages is SafeJSONB: a NUL or a NaN in it is stored
     env.packages = packages
     log.info("environment %s passed its import check (megatron.core %s)", env.name, first.megatron_core)
 
