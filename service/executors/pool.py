@@ -194,10 +194,16 @@ def find_order(settings: Settings, order_id: str) -> Worker | None:
     return None
 
 
-def done_reports(settings: Settings) -> list[Path]:
-    """The done reports the workers holding an order will write (what the scheduler's wait watches)."""
-    return [w.files.done(rank) for w in list_workers(settings) if w.files.read_order() is not None
-            for rank in range(w.tasks)]
+def awaited_reports(settings: Settings) -> list[Path]:
+    """What the scheduler's wait watches of the workers: the done reports of those holding an order, and the
+    import reports of those still importing (a new environment's first worker is its import check, and the
+    suite's first check is placed once it has settled)."""
+    out = []
+    for w in list_workers(settings):
+        if w.files.read_order() is not None:
+            out += [w.files.done(rank) for rank in range(w.tasks)]
+        out += [p for p in (w.files.imported(rank) for rank in range(w.tasks)) if not p.exists()]
+    return out
 
 
 def warm_name(worker: Worker, order_id: str) -> str:

@@ -136,9 +136,10 @@ def _database_url() -> str:
 
 def _watch(settings: Settings) -> list[Path]:
     # a warm order's done reports too: the order is taken back (and the suite's next check placed) at
-    # once, not a poll interval after the attempt's last document
+    # once, not a poll interval after the attempt's last document; and a worker's import report, so a new
+    # environment's import check settles (and its first check is placed) as soon as it is written
     with session_scope() as session:
-        return watched_files(session, settings=settings) + pool.done_reports(settings)
+        return watched_files(session, settings=settings) + pool.awaited_reports(settings)
 
 
 def run_forever(settings: Settings, stop: threading.Event | None = None, executor: str | None = None) -> None:
