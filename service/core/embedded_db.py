@@ -9,6 +9,11 @@ superuser, and mint an admin token. On its first start here the service therefor
   <data dir>/pg-parity.password, 0600), owner of the service's tables in the `postgres` database;
 - replaces pg_hba.conf with scram-sha-256 for every local and loopback connection, and reloads.
 
+Every process of the service (the API, the scheduler, a CLI command) starts or joins the server on its
+own, often at the same moment: the lock-down holds an exclusive lock on <data dir>/secure.lock, so only
+one process at a time reads or writes the passwords and pg_hba.conf (without it, two first starts at once
+failed one of them on "tuple concurrently updated", and the scheduler of a fresh `parity demo` died).
+
 The service then connects as `parity` with its password. A real deployment does the same by hand
 (docs/operations.md): a password role without superuser that owns only its schema, and a pg_hba.conf
 that trusts no one (compose: docker/postgres-init/).
@@ -16,6 +21,7 @@ that trusts no one (compose: docker/postgres-init/).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 from pathlib import Path
@@ -29,6 +35,7 @@ from service.core.errors import ConfigError
 ROLE = "parity"
 PASSWORD_FILE = "pg-parity.password"
 SUPERUSER_PASSWORD_FILE = "pg-superuser.password"
+LOCK_FILE = "secure.lock"
 HBA = """# written by the parity service (service/core/embedded_db.py): every connection gives a password
 local   all all              scram-sha-256
 host    all all 127.0.0.1/32 scram-sha-256
@@ -84,8 +91,17 @@ def secure(trust_url: str, data_dir: Path) -> str:
     """Lock the embedded server down (once) and return the URL the service connects with (as `parity`).
 
     trust_url: pgserver's own URL (superuser `postgres`, no password: accepted only while pg_hba
-    still trusts, i.e. on the first start).
+    still trusts, i.e. on the first start). One process at a time (LOCK_FILE, released when it returns).
     """
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _secure(trust_url, data_dir)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _secure(trust_url: str, data_dir: Path) -> str:
     pgdata = data_dir / "pgdata"
     hba = pgdata / "pg_hba.conf"
     password = _secret(data_dir / PASSWORD_FILE)

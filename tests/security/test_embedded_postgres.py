@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -64,6 +66,33 @@ def test_the_embedded_postgres_asks_for_passwords_and_the_service_is_no_superuse
             assert (data / name).stat().st_mode & 0o777 == 0o600
         # the next start joins the locked server with the superuser's password and hands out the same URL
         assert start_embedded_postgres(data) == url
+    finally:
+        pid_file = data / "pgdata" / "postmaster.pid"
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text().splitlines()[0]), signal.SIGINT)
+
+
+@pytest.mark.slow  # a real embedded server, first started by six processes at once
+def test_processes_that_first_start_it_at_once_all_get_in(tmp_path: Path) -> None:
+    # `parity demo` and the benchmarks start the API and the scheduler side by side on a fresh data dir:
+    # each locks the server down on its own, and two at once failed one ("tuple concurrently updated")
+    data = tmp_path / "data"
+    # each connects with what it was handed before it exits (the server stops with the last process using it)
+    code = ("import sys, psycopg; from pathlib import Path; from sqlalchemy import make_url; "
+            "from service.core.db import start_embedded_postgres; url = start_embedded_postgres(Path(sys.argv[1])); "
+            "plain = make_url(url).set(drivername='postgresql').render_as_string(hide_password=False); "
+            "user = psycopg.connect(plain).execute('SELECT current_user').fetchone()[0]; print(user, url)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(6)]
+    try:
+        results = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 6, [err[-2000:] for _, err in results]
+        lines = {out.strip().splitlines()[-1] for out, _ in results}
+        assert len(lines) == 1, lines  # one password for the service's role, whoever made it
+        user, url = lines.pop().split(" ", 1)
+        assert user == make_url(url).username == "parity"
+        assert (data / "pgdata" / "pg_hba.conf").read_text() == HBA
     finally:
         pid_file = data / "pgdata" / "postmaster.pid"
         if pid_file.exists():
