@@ -132,16 +132,21 @@ def local_slots(session: Session, settings: Settings, *, background: bool = True
 
 
 def next_pending(session: Session, skip: Collection[int] = (), *, background: bool | None = None) -> Phase | None:
-    """The oldest pending phase whose time has come, user work first (or only user work, background=False;
-    only background work, True), row-locked (skipping ones another replica holds, and `skip`: those this
-    tick already left waiting for a warm worker)."""
+    """The pending phase of the oldest run whose time has come, user work first (or only user work,
+    background=False; only background work, True), row-locked (skipping ones another replica holds, and
+    `skip`: those this tick already left waiting for a warm worker).
+
+    By run, then phase: a run's resume (its row made when its save ended) goes before the first phase of a
+    run queued after it, so a check that has started finishes first. A suite's resharded resume ran last
+    otherwise, behind every later check, while its own warm worker idled towards its idle limit.
+    """
     now = utcnow()
     which = true() if background is None else IS_BACKGROUND if background else ~IS_BACKGROUND
     return session.scalar(
         select(Phase).join(Run, Run.id == Phase.run_id)
         .where(Phase.state == PhaseState.PENDING.value, or_(Phase.not_before.is_(None), Phase.not_before <= now),
                which, Phase.id.not_in(list(skip)) if skip else true())
-        .order_by(IS_BACKGROUND.asc(), Phase.id).limit(1).with_for_update(of=Phase, skip_locked=True)
+        .order_by(IS_BACKGROUND.asc(), Phase.run_id, Phase.id).limit(1).with_for_update(of=Phase, skip_locked=True)
     )
 
 

@@ -20,6 +20,7 @@ from jobs.rank.entry import run_rank_phase
 from jobs.run_folder import RunFolder
 from jobs.spec import RunSpec
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
+from service.core.phase_state import PhaseState
 from service.core.settings import Settings, get_settings
 from service.executors import launcher
 from service.executors.launcher import JobStatus, PhaseJob
@@ -284,3 +285,24 @@ def test_the_self_test_batch_never_goes_ahead_of_a_user_run(db_session: Session,
     claim_queued(db_session, settings=settings, executor="local", limit=1)
     first = next_pending(db_session)
     assert first is not None and first.run_id == user.id  # its phase starts first too
+
+
+def test_a_started_runs_next_phase_goes_before_a_later_runs_first(db_session: Session, settings: Settings) -> None:
+    env = Environment(name="env-started-first", python="/usr/bin/python3", packages={})
+    db_session.add(env)
+    db_session.flush()
+    spec = RunSpec.from_dict({**expected("good")["spec"], "isolation": "job"})
+    older, _ = create_run(db_session, spec=spec, environment=env, labels={"branch": "main"}, requester="ci")
+    younger, _ = create_run(db_session, spec=spec, environment=env, labels={"branch": "main"}, requester="ci")
+    claim_queued(db_session, settings=settings, executor="local", limit=2)
+    first = next_pending(db_session)
+    assert first is not None and first.run_id == older.id
+    # the older run's first phase ends and its next one is made now: a newer row than the younger run's
+    first.state = PhaseState.SUCCEEDED.value
+    following = Phase(run_id=older.id, name="resume", attempt=1, state=PhaseState.PENDING.value, executor="local")
+    db_session.add(following)
+    db_session.flush()
+    pending = {p.run_id: p for p in db_session.scalars(select(Phase).where(Phase.state == PhaseState.PENDING.value))}
+    assert following.id > pending[younger.id].id
+    nxt = next_pending(db_session)
+    assert nxt is not None and nxt.id == following.id
