@@ -14,9 +14,9 @@ from pathlib import Path
 
 import psycopg
 from alembic.config import Config
+from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from alembic import command
@@ -204,17 +204,19 @@ def autocommit(session: Session) -> Iterator[Connection]:
         yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
-ASYNC_POOL_MAX = 10  # per API process, beside the sync engine's 10 + 20: well inside Postgres's 100
+READ_POOL_MAX = 10  # per API process, beside the sync engine's 10 + 20: well inside Postgres's 100
 CONNECT_TIMEOUT_S = 5  # a database that is away answers 503 after this, not a hung request
-_async_engines: dict[tuple[int, int], AsyncEngine] = {}
+_read_pools: dict[tuple[int, int], AsyncConnectionPool] = {}
 
 
-async def async_engine() -> AsyncEngine:
-    """This event loop's engine on the configured database, for reads on the loop (GET /runs/{id}).
+async def read_pool() -> AsyncConnectionPool:
+    """This event loop's psycopg pool on the configured database, for reads on the loop (GET /runs/{id}).
 
     A sync route costs a trip through the threadpool for the route and another for the session's end,
     and under load every trip queues for the GIL behind the other request threads: the tail of GET
-    /runs/{id} was that queue, not Postgres. Autocommit: a read is one round trip, no BEGIN/ROLLBACK.
+    /runs/{id} was that queue, not Postgres. psycopg's own pool, not SQLAlchemy's async one: at 500
+    req/s offered that one put the median read at 15 ms against 3-4 ms here, the same statement on the
+    same database (docs/measurements.md). Autocommit: a read is one round trip, no BEGIN/ROLLBACK.
     Reads only: every write keeps its one owner, the request's Session.
     """
     if get_engine.cache_info().currsize:
@@ -223,20 +225,21 @@ async def async_engine() -> AsyncEngine:
         engine = await asyncio.to_thread(get_engine)
     # keyed by loop: a pool's connections belong to the loop that opened them (tests start several)
     key = (id(asyncio.get_running_loop()), id(engine))
-    found = _async_engines.get(key)
+    found = _read_pools.get(key)
     if found is None:
-        found = _async_engines[key] = create_async_engine(
-            engine.url, isolation_level="AUTOCOMMIT", pool_size=ASYNC_POOL_MAX, max_overflow=0,
-            pool_timeout=CONNECT_TIMEOUT_S, connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
-            hide_parameters=True)
+        conninfo = make_url(engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
+        found = _read_pools[key] = AsyncConnectionPool(
+            conninfo, min_size=1, max_size=READ_POOL_MAX, open=False, timeout=CONNECT_TIMEOUT_S,
+            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S})
+        await found.open(wait=False)
     return found
 
 
-async def dispose_async_engines() -> None:
-    """Close the pools of every async engine this loop opened (app shutdown)."""
+async def close_read_pools() -> None:
+    """Close every read pool this loop opened (app shutdown)."""
     loop = id(asyncio.get_running_loop())
-    for key in [k for k in _async_engines if k[0] == loop]:
-        await _async_engines.pop(key).dispose()
+    for key in [k for k in _read_pools if k[0] == loop]:
+        await _read_pools.pop(key).close()
 
 
 # Run Alembic migrations programmatically (`parity db upgrade`, tests, the demo).

@@ -217,7 +217,7 @@ def list_runs(
 @router.get("/{run_id}", response_model=RunOut)
 async def get_run(run_id: RunId, request: Request) -> Response:
     """One run with its phases, verdict, signatures and links."""
-    # what CI polls: one round trip on the event loop, no thread, no transaction (db.async_engine
+    # what CI polls: one round trip on the event loop, no thread, no transaction (db.read_pool
     # says why) and no dependencies to resolve (request_session says why). A token check, an absent
     # run and a test's bound session take the session path (get_run), one thread trip.
     settings = get_settings()

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg_pool import PoolTimeout
 from sqlalchemy import Connection, Integer, Select, bindparam, literal_column, select, text
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -29,7 +30,7 @@ from models import Environment, Phase, Run, RunEvent
 from models.base import utcnow
 from service.core.check_spec import run_spec_of
 from service.core.checks import SELFTEST_LABEL, identify, spec_identity, track_of
-from service.core.db import async_engine
+from service.core.db import read_pool
 from service.core.errors import Conflict, Forbidden, NotFound
 from service.core.run_state import TERMINAL, RunState, transition
 from service.core.tracks import Grant, authorize_track
@@ -242,31 +243,28 @@ async def read_run(run_id: int) -> Run | None:
     """The run with its environment's name and its phases, read on the event loop (no thread, no
     transaction: autocommit); detached, for reading. None if absent.
 
-    The statement is `_READ`, compiled once; it runs on psycopg's own cursor of a connection from
-    SQLAlchemy's async pool. SQLAlchemy's execute and result wrapping cost 2.3-3.1 ms of CPU a read
-    against 1.3-1.7 ms this way (the same 3000 reads of a 1M-run database,
-    2026-12-03, load 10), and GET /runs/{id} is the request a polling CI sends most. psycopg already
-    hands back what the models hold (JSONB decoded, timestamps aware), so the rows build the same Run.
+    The statement is `_READ`, compiled once; it runs on a connection of psycopg's own pool
+    (db.read_pool). SQLAlchemy's execute and result wrapping cost 2.3-3.1 ms of CPU a read against
+    1.3-1.7 ms this way (the same 3000 reads of a 1M-run database, 2026-12-03, load 10), and GET
+    /runs/{id} is the request a polling CI sends most. psycopg already hands back what the models hold
+    (JSONB decoded, timestamps aware), so the rows build the same Run.
 
-    A pooled connection that a database restart broke fails its first statement: it is invalidated and
-    every pooled connection opened before it discarded, and the read is tried once more on a fresh one
-    (a read can be repeated: nothing was written). A database that stays away raises OperationalError,
-    which the app answers 503.
+    A pooled connection that a database restart broke fails its first statement: the pool drops it (and
+    `check` every idle one that broke with it), and the read is tried once more on a fresh one (a read
+    can be repeated: nothing was written). A database that stays away (no connection within
+    db.CONNECT_TIMEOUT_S) raises OperationalError, which the app answers 503.
     """
     for attempt in (1, 2):
-        engine = await async_engine()
-        async with engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            try:
-                async with raw.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
-                    await cursor.execute(_READ_SQL, {"run_id": run_id})
-                    rows = await cursor.fetchall()
-                break
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                await conn.invalidate(exc)
-                await engine.dispose(close=False)
-                if attempt == 2:
-                    raise OperationalError(_READ_SQL, {"run_id": run_id}, exc) from exc
+        pool = await read_pool()
+        try:
+            async with pool.connection() as conn, conn.cursor() as cursor:
+                await cursor.execute(_READ_SQL, {"run_id": run_id})
+                rows = await cursor.fetchall()
+            break
+        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+            if attempt == 2 or isinstance(exc, PoolTimeout):
+                raise OperationalError(_READ_SQL, {"run_id": run_id}, exc) from exc
+            await pool.check()
     return _run_of(rows) if rows else None
 
 

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.artifacts import api as artifacts
 from service.bisects import api as bisects
-from service.core.db import dispose_async_engines
+from service.core.db import close_read_pools
 from service.core.errors import DomainError
 from service.core.inputs import refuse_unstorable
 from service.core.limits import BodyLimit
@@ -82,7 +82,7 @@ def _http_error(_: Request, exc: Exception) -> JSONResponse:
 @asynccontextmanager
 async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
     yield
-    await dispose_async_engines()  # the read pools this process opened (db.async_engine)
+    await close_read_pools()  # the read pools this process opened (db.read_pool)
 
 
 def create_app() -> FastAPI:
