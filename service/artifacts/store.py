@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from models import ApiToken, Artifact, Environment
 from models.base import utcnow
+from service.artifacts.lines import artifact_sha
 from service.core.errors import DomainError, NotFound, PayloadTooLarge, QuotaExceeded
 from service.core.settings import Settings
 
@@ -32,17 +33,6 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]{0,254}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # what the first bytes of each kind must be: a wheel (and a .zip sdist) is a zip, a .tar.gz is gzip
 MAGIC = {".whl": b"PK\x03\x04", ".zip": b"PK\x03\x04", ".tar.gz": b"\x1f\x8b"}
-# The requirement line that names an uploaded artifact: `artifact:<sha256>` (its own kind, for permission rules).
-ARTIFACT_PREFIX = "artifact:"
-ARTIFACT_LINE = re.compile(r"^artifact:([0-9a-f]{64})$")
-
-
-def artifact_sha(line: str) -> str | None:
-    """The SHA-256 an `artifact:<sha256>` line names, else None."""
-    match = ARTIFACT_LINE.match(line.strip())
-    return match.group(1) if match else None
-
-
 class InvalidArtifact(DomainError):
     status_code = 422
     code = "invalid_artifact"

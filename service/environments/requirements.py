@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from service.artifacts.store import ARTIFACT_LINE, ARTIFACT_PREFIX, artifact_sha
+from service.artifacts.lines import ARTIFACT_LINE, ARTIFACT_PREFIX, artifact_sha
 
 __all__ = ["ARTIFACT_PREFIX", "RequirementError", "artifact_sha", "content_hash", "normalize", "requirement_kind"]
 # Bump when the build recipe changes what an environment contains: old builds stop being reused.
