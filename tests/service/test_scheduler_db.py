@@ -271,14 +271,20 @@ def _queued_again(session: Session, run: Run) -> Run:
     return again
 
 
+def _two_runs(session: Session, env_name: str, first_labels: dict[str, str]) -> tuple[Run, Run]:
+    """Two queued runs of the golden check on a new environment: the first with first_labels, then a user's."""
+    env = Environment(name=env_name, python="/usr/bin/python3", packages={})
+    session.add(env)
+    session.flush()
+    spec = RunSpec.from_dict({**expected("good")["spec"], "isolation": "job"})
+    first, _ = create_run(session, spec=spec, environment=env, labels=first_labels, requester="detector")
+    second, _ = create_run(session, spec=spec, environment=env, labels={"branch": "main"}, requester="ci")
+    return first, second
+
+
 def test_the_self_test_batch_never_goes_ahead_of_a_user_run(db_session: Session, settings: Settings) -> None:
     # the batch was queued first (the service was idle); a user's run arrives after it and is claimed first
-    env = Environment(name="env-order", python="/usr/bin/python3", packages={})
-    db_session.add(env)
-    db_session.flush()
-    spec = RunSpec.from_dict({**expected("good")["spec"], "isolation": "job"})
-    batch, _ = create_run(db_session, spec=spec, environment=env, labels={"selftest": "1"}, requester="detector")
-    user, _ = create_run(db_session, spec=spec, environment=env, labels={"branch": "main"}, requester="ci")
+    batch, user = _two_runs(db_session, "env-order", {"selftest": "1"})
     assert batch.id < user.id
     claim_queued(db_session, settings=settings, executor="local", limit=1)
     assert (user.state, batch.state) == ("train_submitted", "queued")
@@ -288,12 +294,7 @@ def test_the_self_test_batch_never_goes_ahead_of_a_user_run(db_session: Session,
 
 
 def test_a_started_runs_next_phase_goes_before_a_later_runs_first(db_session: Session, settings: Settings) -> None:
-    env = Environment(name="env-started-first", python="/usr/bin/python3", packages={})
-    db_session.add(env)
-    db_session.flush()
-    spec = RunSpec.from_dict({**expected("good")["spec"], "isolation": "job"})
-    older, _ = create_run(db_session, spec=spec, environment=env, labels={"branch": "main"}, requester="ci")
-    younger, _ = create_run(db_session, spec=spec, environment=env, labels={"branch": "main"}, requester="ci")
+    older, younger = _two_runs(db_session, "env-started-first", {"branch": "main"})
     claim_queued(db_session, settings=settings, executor="local", limit=2)
     first = next_pending(db_session)
     assert first is not None and first.run_id == older.id
