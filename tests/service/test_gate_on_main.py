@@ -19,7 +19,7 @@ import yaml
 
 from jobs.selftest.pull_requests import BY_NAME, SNAPSHOT
 from tests.plugins.ci_jobs import ROOT
-from tests.plugins.main_snapshot import CACHE, main_wheel, python312
+from tests.plugins.main_snapshot import main_wheel, prepare_base, python312
 from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 pytestmark = [pytest.mark.megatron]
@@ -50,11 +50,7 @@ def test_the_gate_passes_clean_main_and_fails_an_index_map_pull_request(
     broken = main_wheel(INDEX_MAP_PR.name, INDEX_MAP_PR.name, python)
     env = service_env(tmp_path, PARITY_EXECUTOR="local")
     # the shared 3.12 torch base (several GB) is built once per machine, beside the cached wheels
-    builds = tmp_path / "runs" / "environments"
-    builds.mkdir(parents=True)
-    (CACHE / "pythons").mkdir(parents=True, exist_ok=True)
-    (builds / "pythons").symlink_to(CACHE / "pythons")
-    prepared = subprocess.run([*PARITY, "pythons", "prepare", "3.12"], env=env, capture_output=True, text=True)
+    prepared = prepare_base(env)
     assert prepared.returncode == 0, prepared.stdout + prepared.stderr
     token = subprocess.run([*PARITY, "token", "create", "--name", "ci", "--scope", "admin", "--scope", "submit"],
                            env=env, capture_output=True, text=True, check=True).stdout.strip()
