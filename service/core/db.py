@@ -11,18 +11,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
-from alembic.config import Config
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
-from alembic import command
 from service.core.checks import install_identity_listener
 from service.core.errors import ConfigError
 from service.core.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 log = logging.getLogger(__name__)
 # Every writer of runs (API, reruns, scheduler, tests, seeds) goes through this module's sessions or
@@ -242,12 +244,15 @@ async def close_read_pools() -> None:
         await _read_pools.pop(key).close()
 
 
-# Run Alembic migrations programmatically (`parity db upgrade`, tests, the demo).
+# Run Alembic migrations programmatically (`parity db upgrade`, tests, the demo). Alembic is imported
+# there, not with this module: every process of the service imports db, few of them migrate.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def alembic_config(url: str) -> Config:
     """An Alembic config pointing at this repository's migrations and the given database."""
+    from alembic.config import Config
+
     cfg = Config(str(REPO_ROOT / "alembic.ini"))
     cfg.set_main_option("script_location", str(REPO_ROOT / "alembic"))
     cfg.attributes["url"] = url
@@ -256,9 +261,13 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at url up to revision."""
+    from alembic import command
+
     command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
     """Migrate the database at url down to revision."""
+    from alembic import command
+
     command.downgrade(alembic_config(url), revision)

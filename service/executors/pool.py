@@ -202,7 +202,7 @@ def awaited_reports(settings: Settings) -> list[Path]:
     for w in list_workers(settings):
         if w.files.read_order() is not None:
             out += [w.files.done(rank) for rank in range(w.tasks)]
-        out += [p for p in (w.files.imported(rank) for rank in range(w.tasks)) if not p.exists()]
+        out += [w.files.imported(rank) for rank in range(w.tasks)]  # the wait watches only those not yet there
     return out
 
 

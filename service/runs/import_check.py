@@ -13,8 +13,8 @@ A run outside any pool imports in its own phase job, which reports a failed impo
 A report is the build's to write: the worker that writes it has the build's code loaded, and that code can
 rewrite any file of its folder. So a report is data to validate (`validate_report`): a field of the wrong
 type, a version that is not a short plain string or capabilities that are not a small flat object fail the
-check naming the field, and text is stored without NUL (Postgres refuses it in a text column, and a refused
-UPDATE would fail every scheduler pass until the run timed out).
+check naming the field. Its error text may hold a NUL: the columns it lands in are SafeText
+(models/jsonsafe.py), since a refused UPDATE would fail every scheduler pass until the run timed out.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class ImportReport(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     ok: bool
-    error: str | None = None  # NUL and length are handled where it is stored (_text)
+    error: str | None = None  # cut where it is stored, which takes a NUL (SafeText)
     torch: Version | None = None
     megatron_core: Version | None = None
     capabilities: dict[str, Any] | None = None
@@ -73,11 +73,6 @@ def validate_report(value: dict[str, Any]) -> ImportReport:
     if report.ok and not (report.torch and report.megatron_core):
         raise MalformedReport("field torch/megatron_core: required when ok is true")
     return report
-
-
-def _text(value: object, limit: int) -> str:
-    """value as text a Postgres text column takes: no NUL, at most limit characters."""
-    return str(value).replace("\x00", "\ufffd")[:limit]
 
 
 def settle(session: Session, views: list[pool.WorkerView]) -> list[int]:
@@ -118,13 +113,14 @@ def _reports(worker: pool.Worker) -> tuple[list[ImportReport | None], str | None
     reports: list[ImportReport | None] = []
     for rank in range(worker.tasks):
         path = worker.files.imported(rank)
+        if not path.exists():  # not written yet (the worker writes it whole: a temporary file renamed)
+            reports.append(None)
+            continue
         raw = read_pool_file(path)
-        if raw is None and path.exists():
-            # written (an absent report is one not yet written), but not a JSON object of at most 64 KiB
-            # that read_pool_file could read without following a link
+        if raw is None:  # not a JSON object of at most 64 KiB that could be read without following a link
             return reports, f"the environment's first worker {worker.name} wrote an unreadable {path.name}"
         try:
-            reports.append(None if raw is None else validate_report(raw))
+            reports.append(validate_report(raw))
         except MalformedReport as exc:
             return reports, f"the environment's first worker {worker.name} wrote a malformed {path.name}: {exc}"
     return reports, None
@@ -136,7 +132,7 @@ def _error(env: Environment, worker: pool.Worker, reports: list[ImportReport | N
             continue
         if not report.ok:
             return (f"importing torch and megatron.core failed in the environment's first worker {worker.name}: "
-                    f"{_text(report.error, 2000)}")
+                    f"{str(report.error)[:2000]}")
         torch = str(report.torch)
         if env.torch and torch.split("+")[0] != env.torch.split("+")[0]:
             return f"torch {torch} in the build, expected the service's {env.torch}"
@@ -154,8 +150,7 @@ def _passed(env: Environment, reports: list[ImportReport | None]) -> None:
 
 
 def _fail(session: Session, env: Environment, error: str) -> None:
-    error = _text(error, 4000)
-    env.error_message = error
+    env.error_message = error = error[:4000]
     set_state(env, "failed")
     env.packages = {**(env.packages or {}), IMPORT_CHECK: "failed"}
     log.warning("environment %s failed its import check: %s", env.name, error)
