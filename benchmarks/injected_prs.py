@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jobs.selftest.pull_requests import BY_NAME, PULL_REQUESTS, SNAPSHOT, source_tree  # noqa: E402
+from service.environments import interpreters  # noqa: E402
 
 PARITY = [sys.executable, "-m", "service.cli.main"]
 CACHE = Path(os.environ.get("PARITY_CI_CACHE", "/var/tmp/parity-ci"))
@@ -90,7 +91,8 @@ def own_service(work: Path) -> tuple[str, str, list[subprocess.Popen[bytes]]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", help="run only these PRs (and clean main)")
-    parser.add_argument("--python", default="python3.12", help="the Python main's wheel is built with")
+    parser.add_argument("--python", default=interpreters.configured(None).get("3.12", "python3.12"),
+                        help="the Python main's wheel is built with (default: the configured 3.12)")
     args = parser.parse_args()
     names = ["clean", *[pr.name for pr in PULL_REQUESTS if not args.only or pr.name in args.only]]
     work = Path(tempfile.mkdtemp(prefix="parity-prs-"))
