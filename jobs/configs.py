@@ -119,6 +119,8 @@ class ModelConfig:
     def megatron_settings(self) -> dict[str, Any]:
         """The Megatron-Core TransformerConfig / OptimizerConfig settings this config switches on."""
         out: dict[str, Any] = {"fp16": True} if self.fp16 else {"bf16": True}
+        if self.dropout:  # TransformerConfig (jobs/rank/model.py sets both from the one field)
+            out.update(hidden_dropout=self.dropout, attention_dropout=self.dropout)
         if self.fp16:  # OptimizerConfig: loss_scale None means the dynamic scaler
             out.update(loss_scale=None, initial_loss_scale=self.initial_loss_scale,
                        loss_scale_window=self.loss_scale_window, hysteresis=2)

@@ -137,7 +137,8 @@ def write(state: dict[str, Any], folder: Path, fully_parallel: bool = False, asy
     if asynchronous:
         from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
-        request = dist_checkpointing.save(state, str(folder), strategy, async_sharded_save=True)
+        request = dist_checkpointing.save(state, str(folder), strategy, async_sharded_save=True,
+                                          **compat.async_save_kwargs())
         calls = AsyncCallsQueue()
         calls.schedule_async_request(request)
         return calls

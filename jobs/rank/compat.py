@@ -161,6 +161,38 @@ def guarded(fn: Callable[..., dict[str, Any]], **empty: Any) -> Callable[..., di
     return wrapper
 
 
+def _mtp_inference_linear_shim() -> list[str]:
+    """Main (0.20) without Transformer Engine: every MTP layer's build raises in `isinstance`.
+
+    `MultiTokenPredictionLayer.__init__` asks `is_inference_column_parallel_linear(self.eh_proj)`,
+    an isinstance against the inference-optimized TE linears, which are no classes without TE
+    ("isinstance() arg 2 must be a type"), so no MTP model can be built on a CPU host. Without TE no
+    module can be such a linear: the answer is False. Applied only where the build's own check raises
+    on a plain module.
+    """
+    try:
+        from megatron.core.transformer import multi_token_prediction as mtp
+    except ImportError:
+        return []
+    check = getattr(mtp, "is_inference_column_parallel_linear", None)
+    if check is None or getattr(check, "_parity_shim", False):
+        return []
+    import torch
+
+    try:
+        check(torch.nn.Identity())
+        return []
+    except TypeError:
+        pass
+
+    def no_inference_linears_without_te(module: Any) -> bool:
+        return False
+
+    no_inference_linears_without_te._parity_shim = True  # type: ignore[attr-defined]
+    mtp.is_inference_column_parallel_linear = no_inference_linears_without_te
+    return ["multi_token_prediction.is_inference_column_parallel_linear: False without TE (main)"]
+
+
 def install_shims() -> list[str]:
     """Patch, in this process only, what an old build cannot do without GPU libraries; return their names.
 
@@ -168,7 +200,7 @@ def install_shims() -> list[str]:
     Engine version", even with no FP8 params to quantize, so every distributed-optimizer step
     fails. With nothing to quantize it has nothing to do; with FP8 params it still raises.
     """
-    applied = _numpy_product_shim()
+    applied = _numpy_product_shim() + _mtp_inference_linear_shim()
     try:
         from megatron.core import fp8_utils
     except ImportError:  # a build without the module has nothing of it to shim
@@ -327,6 +359,19 @@ def sharding_kwargs(sharding: str) -> dict[str, Any]:
     if _takes_metadata():
         return {"metadata": {"distrib_optim_sharding_type": sharding}}
     return {"sharding_type": sharding}
+
+
+def async_save_kwargs() -> dict[str, Any]:
+    """How this build's `dist_checkpointing.save` is told to use Megatron's own async writer.
+
+    Main (0.20) added `async_strategy`, defaulting to "nvrx" (nvidia-resiliency-ext, which a plain
+    megatron-core install lacks: every async save raised); its in-tree writer is "mcore". Releases
+    without the argument have only the in-tree writer.
+    """
+    from megatron.core import dist_checkpointing
+
+    params = inspect.signature(dist_checkpointing.save).parameters
+    return {"async_strategy": "mcore"} if "async_strategy" in params else {}
 
 
 def layerwise_inner_optimizers(optimizers: list[Any]) -> list[Any]:

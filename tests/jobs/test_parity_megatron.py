@@ -36,7 +36,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "dense": {"config": "dense-bf16", "dp": 2},
     "dense_fixed": {"config": "dense-bf16", "dp": 2, "workarounds": ("restore-adam-step",)},
     "layerwise": {"config": "layerwise-empty-rank", "dp": 2},
-    # the gate's dp2-fully-reshardable check, and the same without the workaround for its KeyError 'step'
+    # fully_reshardable, and the same without the workaround for its KeyError 'step'
     "fully_reshardable_good": {"config": "moe-fp32-router", "dp": 2, "sharding": "fully_reshardable",
                                "workarounds": (*FIX, "load-absent-step")},
     "fully_reshardable_bad": {"config": "moe-fp32-router", "dp": 2, "sharding": "fully_reshardable",

@@ -92,8 +92,8 @@ def test_the_documented_ci_jobs_gate_a_pull_request_on_its_own_build(
             assert all(g.headers["authorization"] == "Bearer gh-token" for g in forge.got)
             junit = ET.parse(tree / "parity-junit.xml").getroot()
             cases = junit.findall("testcase")
-            assert [c.get("name") for c in cases] == ["dp2-moe-fp32-router"]
-            lines = [x for x in summary.read_text().splitlines() if x.startswith("| dp2-moe-fp32-router")]
+            assert [c.get("name") for c in cases] == ["dp2-moe-fp32-router-gates"]
+            lines = [x for x in summary.read_text().splitlines() if x.startswith("| dp2-moe-fp32-router-gates")]
             assert len(lines) == 1 and "/triage)" in lines[0]
             if name == "bug":
                 failure = cases[0].find("failure")

@@ -55,7 +55,7 @@ def test_the_gate_passes_clean_main_and_fails_an_index_map_pull_request(
     token = subprocess.run([*PARITY, "token", "create", "--name", "ci", "--scope", "admin", "--scope", "submit"],
                            env=env, capture_output=True, text=True, check=True).stdout.strip()
     gate = yaml.safe_load((ROOT / "suites" / "gate.yaml").read_text())
-    index_checks = [c for c in gate["checks"] if c["name"] in ("dp2-moe-fp32-router", "dp2-moe-bf16-index-map")]
+    index_checks = [c for c in gate["checks"] if c["name"] in ("dp2-moe-fp32-router-gates", "dp2-moe-bf16-index-map")]
     (tmp_path / "gate.yaml").write_text(yaml.safe_dump(gate))
     (tmp_path / "gate-index.yaml").write_text(yaml.safe_dump({**gate, "name": "gate-index", "checks": index_checks}))
     port = free_port()
@@ -79,7 +79,7 @@ def test_the_gate_passes_clean_main_and_fails_an_index_map_pull_request(
         assert bad.returncode == 1, bad.stdout[-4000:] + bad.stderr[-4000:]
         failures = {c.get("name"): c.find("failure") for c in ET.parse(tmp_path / "broken.xml").getroot()}
         # with Bug A present and realign-param-index requested, the new bug is named, not taken for Bug A
-        fp32 = failures["dp2-moe-fp32-router"]
+        fp32 = failures["dp2-moe-fp32-router-gates"]
         assert fp32 is not None and "optimizer-index-unexplained" in (fp32.get("message") or ""), fp32
         # where Bug A cannot fire, no workaround stands between the gate and the map
         bf16 = failures["dp2-moe-bf16-index-map"]

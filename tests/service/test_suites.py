@@ -79,7 +79,8 @@ def test_the_shipped_gate_suite_applies(client: TestClient, make_token) -> None:
     resp = client.post("/api/v1/suites", json=doc, headers=make_token("admin"))
     assert resp.status_code == 201, resp.text
     specs = {c["name"]: c["spec"] for c in resp.json()["checks"]}
-    assert specs["ep2-moe-fp32-router"]["ep"] == 2 and specs["pp2-moe-fp32-router"]["pp"] == 2
+    assert specs["ep2-moe-aux-free"]["ep"] == 2 and specs["pp2-moe-shared-expert"]["pp"] == 2
+    assert specs["tp2-dense-bf16"]["tp"] == 2 and specs["dp2-fp16-async-save"]["async_save"] is True
     assert specs["reshard-dp2-to-dp1"]["resume_dp"] == 1
     assert specs["layerwise-dp2"]["config"] == "layerwise-empty-rank"
 
