@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,11 +100,16 @@ def _own_results_manager() -> None:
     (and its resource tracker) behind on each rank.
     """
     import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if filesystem_async._results_queue is None:
-        manager = mp.get_context("spawn").Manager()
+        # An abstract-namespace socket (Linux): the default is a file in TMPDIR, and a job's private
+        # TMPDIR under its run folder is longer than AF_UNIX allows ("path too long" in every async save)
+        address = f"\0parity-async-results-{os.getpid()}-{uuid.uuid4().hex}"
+        manager = SyncManager(address=address, ctx=mp.get_context("spawn"))
+        manager.start()
         _MANAGERS.append(manager)
         filesystem_async._results_queue = manager.Queue()
 

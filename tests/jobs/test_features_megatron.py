@@ -229,3 +229,28 @@ def test_gpu_checks_known_good_on_a_gpu(tmp_path: Path, config: str) -> None:  #
     spec = RunSpec.from_dict({"config": config, "dp": 2, "steps": 4, "save_step": 2,
                               "workarounds": ["restore-adam-step"]})
     _bit_exact(dict(run_parity(spec, tmp_path / "te")))
+
+
+def test_async_saves_results_queue_starts_under_a_long_private_tmpdir(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service job's TMPDIR sits deep in its run folder; the queue's Manager socket must not live there.
+
+    Its default AF_UNIX address is a file in TMPDIR, and past 107 bytes every async save crashed
+    ("AF_UNIX path too long") in the service although `parity run-local` (a short /tmp) passed.
+    """
+    import tempfile
+
+    from jobs.rank import checkpoint
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    try:
+        checkpoint._own_results_manager()
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+        filesystem_async._results_queue.put("written")
+        assert filesystem_async._results_queue.get(timeout=30) == "written"
+    finally:
+        checkpoint._stop_results_managers()
