@@ -192,6 +192,13 @@ MUTANTS: dict[str, Mutant] = {
                "after the model load every router's expert_bias is zero (the fresh build's value)",
                (MODEL_WEIGHTS_MISMATCH,), patches=f"{_F16}.load_state_dict",
                evidence=((MODEL_WEIGHTS_MISMATCH, r"router\.expert_bias$"),), bases=("moe-aux-free",)),
+        Mutant("expert-bias-not-checkpointed", "expert bias (aux-loss-free routing)",
+               "every router registers expert_bias as a non-persistent buffer: the checkpoint lacks it and "
+               "the resume keeps the fresh build's zeros (the restore diff, which skips non-persistent "
+               "buffers, cannot see it; the final state does)",
+               (FINAL_STATE_MISMATCH,), patches="megatron.core.transformer.moe.router.TopKRouter.__init__",
+               evidence=((FINAL_STATE_MISMATCH, r"router\.expert_bias absent from the checkpoint$"),),
+               bases=("moe-aux-free",)),
         Mutant("loss-scaler-not-restored", "fp16 loss scaler",
                "the dynamic loss scaler ignores its checkpointed state (scale, growth, hysteresis) on load",
                (LOSS_SCALER_MISMATCH,), patches="megatron.core.optimizer.grad_scaler."
@@ -299,6 +306,9 @@ def judge(mutant: Mutant | None, result: Mapping[str, Any]) -> dict[str, Any]:
 def _named(ev: Mapping[str, Any]) -> list[str]:
     """The names (items and sections) one signature's evidence points at."""
     names = [str(n) for n in ev.get("names") or []]
+    # what the resume lost, as the cause line reads it: "section name how"
+    lost = ev.get("lost") if isinstance(ev.get("lost"), Mapping) else {}
+    names += [f"{r.get('section')} {r.get('name')} {r.get('how')}" for r in lost.get("items") or [] if isinstance(r, Mapping)]
     names += [str(s) for s in ev.get("sections") or []]
     if isinstance(ev.get("section"), str):
         names.append(ev["section"])
