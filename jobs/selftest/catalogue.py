@@ -307,8 +307,10 @@ def _named(ev: Mapping[str, Any]) -> list[str]:
     """The names (items and sections) one signature's evidence points at."""
     names = [str(n) for n in ev.get("names") or []]
     # what the resume lost, as the cause line reads it: "section name how"
-    lost = ev.get("lost") if isinstance(ev.get("lost"), Mapping) else {}
-    names += [f"{r.get('section')} {r.get('name')} {r.get('how')}" for r in lost.get("items") or [] if isinstance(r, Mapping)]
+    found = ev.get("lost")
+    lost: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    rows = [r for r in lost.get("items") or [] if isinstance(r, Mapping)]
+    names += [f"{r.get('section')} {r.get('name')} {r.get('how')}" for r in rows]
     names += [str(s) for s in ev.get("sections") or []]
     if isinstance(ev.get("section"), str):
         names.append(ev["section"])
