@@ -1,0 +1,107 @@
+"""A cause names what the resume lost: section, Megatron state-dict name, and how (absent from the
+checkpoint, skipped by the load, loaded wrong), judged on real documents of injected faults
+(tests/golden/causes, captured by tests.golden.capture_causes) and on the known-good golden run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs.contract import ParityResult
+from jobs.verdict.causes import ABSENT, SKIPPED, WRONG, cause_line, state_dict_name
+from jobs.verdict.compare import evaluate
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def _doc(path: Path) -> Any:
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+
+
+def judged(case: str) -> ParityResult:
+    folder = GOLDEN / "causes" / case
+    spec = json.loads((folder / "spec.json").read_text())
+    return evaluate(spec, _doc(folder / "train_and_save.json.gz"), _doc(folder / "resume.json.gz"))
+
+
+def test_a_known_good_run_has_no_cause_line() -> None:
+    folder = GOLDEN / "good"
+    spec = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3,
+            "workarounds": ["realign-param-index", "restore-adam-step"]}
+    r = evaluate(spec, _doc(folder / "train_and_save.json"), _doc(folder / "resume.json"))
+    assert r["verdict"] == "pass" and r["cause_lines"] == {}
+
+
+def test_a_weight_the_load_put_back_is_skipped_by_the_load() -> None:
+    r = judged("skipped")  # model-weight-skipped: the fresh build's embedding survives the load
+    assert r["signatures"] == ["model-weights-mismatch"]
+    line = r["cause_lines"]["model-weights-mismatch"]
+    assert line == f"model-weights-mismatch: model embedding.word_embeddings.weight {SKIPPED} (rank 0)"
+    (row,) = r["evidence"]["model-weights-mismatch"]["lost"]["items"]
+    assert row["item"] == "module.embedding.word_embeddings.weight"  # the snapshot's name, kept beside it
+
+
+def test_a_lossy_moment_is_loaded_wrong_with_its_state_dict_name() -> None:
+    r = judged("wrong")  # exp-avg-sq-lossy-on-load: every exp_avg_sq through bf16 after the load
+    assert r["signatures"] == ["optimizer-moments-mismatch"]
+    lost = r["evidence"]["optimizer-moments-mismatch"]["lost"]
+    assert lost["hows"] == {WRONG: lost["count"]} and lost["count"] > 1
+    # the snapshot's optimizer names carry DDP's and Float16Module's prefixes; the cause does not
+    assert all(i["name"].endswith("/exp_avg_sq") and not i["name"].startswith("module.") for i in lost["items"])
+    line = r["cause_lines"]["optimizer-moments-mismatch"]
+    assert line.startswith("optimizer-moments-mismatch: moments decoder.")
+    assert line.endswith(f"/exp_avg_sq {WRONG} (rank 0; +{lost['count'] - 1} more)")
+
+
+def test_a_tensor_the_checkpoint_dropped_is_named_in_the_final_state_cause() -> None:
+    r = judged("absent")  # expert-bias-not-checkpointed: restore diff silent, final state apart
+    assert r["signatures"] == ["final-state-mismatch"]
+    line = r["cause_lines"]["final-state-mismatch"]
+    assert line.startswith(f"final-state-mismatch: non-persistent buffers decoder.layers.0.mlp.router.expert_bias "
+                           f"{ABSENT} (rank 0; +")
+    lost = r["evidence"]["final-state-mismatch"]["lost"]
+    first = [i["name"] for i in lost["items"] if i["how"] == ABSENT]
+    assert first == ["decoder.layers.0.mlp.router.expert_bias", "decoder.layers.1.mlp.router.expert_bias"]
+    # the listing the verdict read: the checkpoint holds the routers' weights, not their expert_bias
+    keys = json.loads(gzip.decompress((GOLDEN / "causes/absent/resume.json.gz").read_bytes()))["probes"][
+        "checkpoint_contents"]["keys"]
+    assert "decoder.layers.mlp.router.weight" in keys and not any("expert_bias" in k for k in keys)
+
+
+def test_without_the_checkpoint_listing_a_lost_item_is_judged_by_its_values() -> None:
+    folder = GOLDEN / "causes" / "skipped"
+    resumed = _doc(folder / "resume.json.gz")
+    resumed["probes"].pop("checkpoint_contents")
+    r = evaluate(json.loads((folder / "spec.json").read_text()), _doc(folder / "train_and_save.json.gz"), resumed)
+    assert r["cause_lines"]["model-weights-mismatch"].endswith(f"word_embeddings.weight {SKIPPED} (rank 0)")
+    resumed["probes"].pop("state_before_load")  # a document from before both probes: still named, how unknown
+    r = evaluate(json.loads((folder / "spec.json").read_text()), _doc(folder / "train_and_save.json.gz"), resumed)
+    assert r["cause_lines"]["model-weights-mismatch"].endswith("word_embeddings.weight not restored (rank 0)")
+
+
+@pytest.mark.parametrize(("section", "item", "expected"), [
+    ("model", "module.decoder.layers.0.mlp.router.weight", ("model", "decoder.layers.0.mlp.router.weight")),
+    ("model", "buffer:module.decoder.layers.1.mlp.router.expert_bias",
+     ("buffers", "decoder.layers.1.mlp.router.expert_bias")),
+    ("main", "module.module.output_layer.weight", ("main params", "output_layer.weight")),
+    ("moments", "module.module.decoder.layers.0.mlp.router.weight/exp_avg",
+     ("moments", "decoder.layers.0.mlp.router.weight/exp_avg")),
+    ("steps", "module.module.embedding.word_embeddings.weight",
+     ("optimizer step", "embedding.word_embeddings.weight/step")),
+    ("groups", "o0.g1.lr", ("param groups", "optimizer.param_groups.1.lr")),
+    ("scaler", "o0.scale", ("scaler", "optimizer.grad_scaler.scale")),
+    ("scheduler", "num_steps", ("scheduler", "scheduler.num_steps")),
+    ("rng", "tracker/model-parallel-rng", ("RNG", "rng_state/tracker/model-parallel-rng")),
+])
+def test_state_dict_names(section: str, item: str, expected: tuple[str, str]) -> None:
+    assert state_dict_name(section, item) == expected
+
+
+def test_the_cause_line_is_bounded() -> None:
+    row = {"section": "moments", "name": "x." * 400 + "weight/exp_avg", "how": WRONG, "rank": 1}
+    line = cause_line("optimizer-moments-mismatch", [row, row])
+    assert len(line) <= 320 and line.endswith(f"weight/exp_avg {WRONG} (rank 1; +1 more)")
