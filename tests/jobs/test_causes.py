@@ -4,40 +4,28 @@ checkpoint, skipped by the load, loaded wrong), judged on real documents of inje
 
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
-from typing import Any
-
 import pytest
 
 from jobs.contract import ParityResult
 from jobs.verdict.causes import ABSENT, SKIPPED, WRONG, cause_line, state_dict_name
 from jobs.verdict.compare import evaluate
-
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-
-
-def _doc(path: Path) -> Any:
-    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+from tests.golden import documents, expected
 
 
-def judged(case: str) -> ParityResult:
-    folder = GOLDEN / "causes" / case
-    spec = json.loads((folder / "spec.json").read_text())
-    return evaluate(spec, _doc(folder / "train_and_save.json.gz"), _doc(folder / "resume.json.gz"))
+def judged(case: str, drop: tuple[str, ...] = ()) -> ParityResult:
+    docs = documents(case)
+    for probe in drop:  # as a document from before that probe existed
+        docs["resume"]["probes"].pop(probe)  # type: ignore[misc]
+    return evaluate(expected(case)["spec"], docs["train_and_save"], docs["resume"])
 
 
 def test_a_known_good_run_has_no_cause_line() -> None:
-    folder = GOLDEN / "good"
-    spec = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3,
-            "workarounds": ["realign-param-index", "restore-adam-step"]}
-    r = evaluate(spec, _doc(folder / "train_and_save.json"), _doc(folder / "resume.json"))
+    r = judged("good")
     assert r["verdict"] == "pass" and r["cause_lines"] == {}
 
 
 def test_a_weight_the_load_put_back_is_skipped_by_the_load() -> None:
-    r = judged("skipped")  # model-weight-skipped: the fresh build's embedding survives the load
+    r = judged("causes/skipped")  # model-weight-skipped: the fresh build's embedding survives the load
     assert r["signatures"] == ["model-weights-mismatch"]
     line = r["cause_lines"]["model-weights-mismatch"]
     assert line == f"model-weights-mismatch: model embedding.word_embeddings.weight {SKIPPED} (rank 0)"
@@ -46,7 +34,7 @@ def test_a_weight_the_load_put_back_is_skipped_by_the_load() -> None:
 
 
 def test_a_lossy_moment_is_loaded_wrong_with_its_state_dict_name() -> None:
-    r = judged("wrong")  # exp-avg-sq-lossy-on-load: every exp_avg_sq through bf16 after the load
+    r = judged("causes/wrong")  # exp-avg-sq-lossy-on-load: every exp_avg_sq through bf16 after the load
     assert r["signatures"] == ["optimizer-moments-mismatch"]
     lost = r["evidence"]["optimizer-moments-mismatch"]["lost"]
     assert lost["hows"] == {WRONG: lost["count"]} and lost["count"] > 1
@@ -58,7 +46,7 @@ def test_a_lossy_moment_is_loaded_wrong_with_its_state_dict_name() -> None:
 
 
 def test_a_tensor_the_checkpoint_dropped_is_named_in_the_final_state_cause() -> None:
-    r = judged("absent")  # expert-bias-not-checkpointed: restore diff silent, final state apart
+    r = judged("causes/absent")  # expert-bias-not-checkpointed: restore diff silent, final state apart
     assert r["signatures"] == ["final-state-mismatch"]
     line = r["cause_lines"]["final-state-mismatch"]
     assert line.startswith(f"final-state-mismatch: non-persistent buffers decoder.layers.0.mlp.router.expert_bias "
@@ -67,19 +55,15 @@ def test_a_tensor_the_checkpoint_dropped_is_named_in_the_final_state_cause() -> 
     first = [i["name"] for i in lost["items"] if i["how"] == ABSENT]
     assert first == ["decoder.layers.0.mlp.router.expert_bias", "decoder.layers.1.mlp.router.expert_bias"]
     # the listing the verdict read: the checkpoint holds the routers' weights, not their expert_bias
-    keys = json.loads(gzip.decompress((GOLDEN / "causes/absent/resume.json.gz").read_bytes()))["probes"][
-        "checkpoint_contents"]["keys"]
+    keys = documents("causes/absent")["resume"]["probes"]["checkpoint_contents"]["keys"]
     assert "decoder.layers.mlp.router.weight" in keys and not any("expert_bias" in k for k in keys)
 
 
 def test_without_the_checkpoint_listing_a_lost_item_is_judged_by_its_values() -> None:
-    folder = GOLDEN / "causes" / "skipped"
-    resumed = _doc(folder / "resume.json.gz")
-    resumed["probes"].pop("checkpoint_contents")
-    r = evaluate(json.loads((folder / "spec.json").read_text()), _doc(folder / "train_and_save.json.gz"), resumed)
+    r = judged("causes/skipped", drop=("checkpoint_contents",))
     assert r["cause_lines"]["model-weights-mismatch"].endswith(f"word_embeddings.weight {SKIPPED} (rank 0)")
-    resumed["probes"].pop("state_before_load")  # a document from before both probes: still named, how unknown
-    r = evaluate(json.loads((folder / "spec.json").read_text()), _doc(folder / "train_and_save.json.gz"), resumed)
+    # a document from before both probes: the item is still named, how it was lost is not known
+    r = judged("causes/skipped", drop=("checkpoint_contents", "state_before_load"))
     assert r["cause_lines"]["model-weights-mismatch"].endswith("word_embeddings.weight not restored (rank 0)")
 
 
