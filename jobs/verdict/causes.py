@@ -138,7 +138,7 @@ class Checkpoint:
             return any(set(re.split(r"[./]", k)) & kinds for k in self.optimizer)
         if section in ("steps", "groups", "scaler"):
             # held inside the optimizer's common object in most formats: only its absence is telling
-            return True if self.optimizer else False
+            return bool(self.optimizer)
         if section == "scheduler":
             return f"scheduler.{item}" in self.keys
         if section == "iteration":
@@ -194,7 +194,8 @@ def _chained(*snapshot_lists: list[dict[str, Any]] | None) -> bool:
 
 
 def _is_view(snapshots: list[dict[str, Any]] | None) -> bool:
-    return bool(snapshots) and isinstance((snapshots or [{}])[0], dict) and "view" in ((snapshots or [{}])[0] or {})
+    # a resharded run's one entry is the whole DP group's view (global_state.py), not rank 0's
+    return bool(snapshots) and isinstance(snapshots[0], dict) and "view" in snapshots[0]  # type: ignore[index]
 
 
 def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
