@@ -182,6 +182,10 @@ def _row(section: str, item: str, rank: int, how: str, chained: bool, ckpt: Chec
     label, name = state_dict_name(section, item, chained)
     row: dict[str, Any] = {"section": label, "name": name, "how": how, "item": item}
     row["rank"] = None if view else rank
+    # what says so: the checkpoint's listing (what it holds, what the load asked for) is evidence of its
+    # own; a restored value equal to the one before the load can be chance (a norm weight still 1.0)
+    strong = how == ABSENT or (how == SKIPPED and ckpt.asked(section, item, rank) is False)
+    row["basis"] = "checkpoint listing" if strong else "values"
     key = ckpt.key_of(section, item, rank)
     if key is not None and key != name:
         row["checkpoint_key"] = key
@@ -199,8 +203,15 @@ def _is_view(snapshots: list[dict[str, Any]] | None) -> bool:
 
 
 def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Most telling first: what the checkpoint listing shows, then the commonest way the values say, by section.
+
+    The commonest class leads because a value-based class can hold items by chance: main params re-derived
+    from the loaded bf16 weights equal the fresh build's where the weight is still its init (1.0, 0.0).
+    """
     sections = list(SECTION_LABELS.values())
-    return sorted(rows, key=lambda r: (HOW_ORDER.index(r["how"]) if r["how"] in HOW_ORDER else len(HOW_ORDER),
+    counts = _counts(rows)
+    return sorted(rows, key=lambda r: (r.get("basis") != "checkpoint listing", -counts[r["how"]],
+                                       HOW_ORDER.index(r["how"]) if r["how"] in HOW_ORDER else len(HOW_ORDER),
                                        sections.index(r["section"]) if r["section"] in sections else len(sections),
                                        r["rank"] if r["rank"] is not None else -1, r["name"]))
 
@@ -277,10 +288,16 @@ def _clip(name: str, room: int) -> str:
 
 
 def cause_line(slug: str, rows: list[dict[str, Any]]) -> str:
-    """`slug: section name how (rank r; +k more)`, the first row being the most telling, bounded."""
+    """`slug: section name how (rank r; +k more)`, the first row being the most telling, bounded.
+
+    When the items were lost in more than one way, the tail counts each: `(rank 0; +31 more: 27 loaded
+    wrong, 5 skipped by the load)`.
+    """
     first, more = rows[0], len(rows) - 1
     where = f"rank {first['rank']}" if first["rank"] is not None else "all ranks, one view"
-    tail = f" ({where}; +{more} more)" if more else f" ({where})"
+    counts = _counts(rows)
+    ways = ": " + ", ".join(f"{n} {how}" for how, n in counts.items()) if len(counts) > 1 else ""
+    tail = f" ({where}; +{more} more{ways})" if more else f" ({where})"
     fixed = f"{slug}: {first['section']}  {first['how']}{tail}"
     return f"{slug}: {first['section']} {_clip(first['name'], MAX_LINE - len(fixed))} {first['how']}{tail}"
 
@@ -326,6 +343,7 @@ def annotate(evidence: dict[str, Any], baseline: PhaseDocument | None, resumed: 
 
 
 def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """{how: how many rows}, in the rows' order."""
     out: dict[str, int] = {}
     for r in rows:
         out[r["how"]] = out.get(r["how"], 0) + 1

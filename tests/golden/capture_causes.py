@@ -4,7 +4,8 @@
 Each case is a self-test mutant injected at run time into Megatron-Core (jobs/rank/mutants.py), DP 1:
 `skipped` (model-weight-skipped: the load puts the fresh build's embedding back), `wrong`
 (exp-avg-sq-lossy-on-load: every exp_avg_sq passes through bf16 after the load) and `absent`
-(expert-bias-not-checkpointed: the routers' expert_bias is left out of the checkpoint). What is
+(expert-bias-not-checkpointed: the routers' expert_bias is left out of the checkpoint), and `mixed`
+(main-params-from-model: most items loaded wrong, a few equal to the fresh build's by chance). What is
 checked in is each phase's merged document, gzipped (tests/golden/causes/<case>/<phase>.json.gz),
 and the spec; tests/jobs/test_causes.py judges them.
 """
@@ -28,6 +29,8 @@ CASES = {
     "skipped": ("model-weight-skipped", None),
     "wrong": ("exp-avg-sq-lossy-on-load", None),
     "absent": ("expert-bias-not-checkpointed", "moe-aux-free"),
+    # main params re-derived from the loaded bf16 weights: wrong, except norm weights still at init (1.0, 0.0)
+    "mixed": ("main-params-from-model", "moe-fp32-router"),
 }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.contract import ParityResult
-from jobs.verdict.causes import ABSENT, SKIPPED, WRONG, cause_line, state_dict_name
+from jobs.verdict.causes import ABSENT, SKIPPED, WRONG, cause_line, restore_rows, state_dict_name
 from jobs.verdict.compare import evaluate
 from tests.golden import documents, expected
 
@@ -57,6 +57,18 @@ def test_a_tensor_the_checkpoint_dropped_is_named_in_the_final_state_cause() -> 
     # the listing the verdict read: the checkpoint holds the routers' weights, not their expert_bias
     keys = documents("causes/absent")["resume"]["probes"]["checkpoint_contents"]["keys"]
     assert "decoder.layers.mlp.router.weight" in keys and not any("expert_bias" in k for k in keys)
+
+
+def test_items_equal_to_the_fresh_build_by_chance_do_not_lead_the_line() -> None:
+    r = judged("causes/mixed")  # main-params-from-model: re-derived from the loaded bf16 weights
+    lost = r["evidence"]["main-params-mismatch"]["lost"]
+    # norm weights and biases still at their init (1.0, 0.0) re-derive to the fresh build's value
+    docs = documents("causes/mixed")
+    skipped = {i["name"] for i in restore_rows(docs["train_and_save"], docs["resume"])["main"] if i["how"] == SKIPPED}
+    assert skipped and all("norm" in n for n in skipped) and lost["hows"][WRONG] > lost["hows"][SKIPPED]
+    line = r["cause_lines"]["main-params-mismatch"]
+    assert line.startswith("main-params-mismatch: main params decoder.") and f"{WRONG} (rank 0; +" in line
+    assert line.endswith(f"more: {lost['hows'][WRONG]} {WRONG}, {lost['hows'][SKIPPED]} {SKIPPED})")
 
 
 def test_without_the_checkpoint_listing_a_lost_item_is_judged_by_its_values() -> None:
