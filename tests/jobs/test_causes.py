@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.contract import ParityResult
+from jobs.launch.local import format_step_table
 from jobs.verdict.causes import ABSENT, SKIPPED, WRONG, cause_line, restore_rows, state_dict_name
 from jobs.verdict.compare import evaluate
 from tests.golden import documents, expected
@@ -31,6 +32,11 @@ def test_a_weight_the_load_put_back_is_skipped_by_the_load() -> None:
     assert line == f"model-weights-mismatch: model embedding.word_embeddings.weight {SKIPPED} (rank 0)"
     (row,) = r["evidence"]["model-weights-mismatch"]["lost"]["items"]
     assert row["item"] == "module.embedding.word_embeddings.weight"  # the snapshot's name, kept beside it
+
+
+def test_run_local_prints_the_cause_line() -> None:
+    r = judged("causes/skipped")
+    assert f"cause: {r['cause_lines']['model-weights-mismatch']}" in format_step_table(r).splitlines()
 
 
 def test_a_lossy_moment_is_loaded_wrong_with_its_state_dict_name() -> None:
