@@ -290,11 +290,22 @@ def _clip(name: str, room: int) -> str:
 def cause_line(slug: str, rows: list[dict[str, Any]]) -> str:
     """`slug: section name how (rank r; +k more)`, the first row being the most telling, bounded.
 
+    `+k more` counts the other items lost (on any rank); the first item's ranks are named.
+
     When the items were lost in more than one way, the tail counts each: `(rank 0; +31 more: 27 loaded
     wrong, 5 skipped by the load)`.
     """
-    first, more = rows[0], len(rows) - 1
-    where = f"rank {first['rank']}" if first["rank"] is not None else "all ranks, one view"
+    first = rows[0]
+    # the same item lost alike on other ranks is one item: `(ranks 0, 1)`, not `+1 more`
+    same = [r for r in rows if (r["section"], r["name"], r["how"]) == (first["section"], first["name"], first["how"])]
+    ranks = sorted({r["rank"] for r in same if r["rank"] is not None})
+    more = len(rows) - len(same)
+    if first["rank"] is None:
+        where = "all ranks, one view"
+    elif len(ranks) == 1:
+        where = f"rank {ranks[0]}"
+    else:
+        where = "ranks " + ", ".join(map(str, ranks)) if len(ranks) <= 4 else f"{len(ranks)} ranks"
     counts = _counts(rows)
     ways = ": " + ", ".join(f"{n} {how}" for how, n in counts.items()) if len(counts) > 1 else ""
     tail = f" ({where}; +{more} more{ways})" if more else f" ({where})"

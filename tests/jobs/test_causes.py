@@ -105,5 +105,13 @@ def test_state_dict_names(section: str, item: str, expected: tuple[str, str]) ->
 
 def test_the_cause_line_is_bounded() -> None:
     row = {"section": "moments", "name": "x." * 400 + "weight/exp_avg", "how": WRONG, "rank": 1}
-    line = cause_line("optimizer-moments-mismatch", [row, row])
+    other = {**row, "name": "decoder.final_layernorm.bias/exp_avg"}
+    line = cause_line("optimizer-moments-mismatch", [row, other])
     assert len(line) <= 320 and line.endswith(f"weight/exp_avg {WRONG} (rank 1; +1 more)")
+
+
+def test_an_item_lost_alike_on_every_rank_is_one_item_with_its_ranks() -> None:
+    row = {"section": "model", "name": "embedding.word_embeddings.weight", "how": SKIPPED}
+    rows = [{**row, "rank": r} for r in range(6)] + [{**row, "name": "output_layer.weight", "rank": 0}]
+    assert cause_line("model-weights-mismatch", rows) == (
+        f"model-weights-mismatch: model embedding.word_embeddings.weight {SKIPPED} (6 ranks; +1 more)")
