@@ -77,6 +77,25 @@ def test_items_equal_to_the_fresh_build_by_chance_do_not_lead_the_line() -> None
     assert line.endswith(f"more: {lost['hows'][WRONG]} {WRONG}, {lost['hows'][SKIPPED]} {SKIPPED})")
 
 
+def test_the_checkpoint_listing_says_absent_or_not_asked_for() -> None:
+    """The skipped case's own listing, edited as a checkpoint without the embedding would read."""
+    key, item = "embedding.word_embeddings.weight", "module.embedding.word_embeddings.weight"
+
+    def judged_with(drop_key: bool) -> dict[str, object]:
+        docs = documents("causes/skipped")
+        contents = docs["resume"]["probes"]["checkpoint_contents"]
+        contents["requested"][0].pop(item)  # the load did not ask for it
+        if drop_key:
+            contents["keys"].remove(key)  # nor does the checkpoint hold it
+        r = evaluate(expected("causes/skipped")["spec"], docs["train_and_save"], docs["resume"])
+        return dict(r["evidence"]["model-weights-mismatch"]["lost"]["items"][0])
+
+    assert judged_with(drop_key=True) | {"item": item} == {
+        "section": "model", "name": key, "how": ABSENT, "item": item, "rank": 0, "basis": "checkpoint listing"}
+    assert judged_with(drop_key=False)["how"] == SKIPPED and judged_with(drop_key=False)["basis"] == \
+        "checkpoint listing"
+
+
 def test_without_the_checkpoint_listing_a_lost_item_is_judged_by_its_values() -> None:
     r = judged("causes/skipped", drop=("checkpoint_contents",))
     assert r["cause_lines"]["model-weights-mismatch"].endswith(f"word_embeddings.weight {SKIPPED} (rank 0)")
