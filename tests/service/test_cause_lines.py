@@ -61,3 +61,5 @@ def test_the_triage_page_names_the_lost_tensor(client: TestClient, lossy: tuple[
     page = html.unescape(client.get(f"/runs/{doc['id']}/triage").text)
     assert f'<p class="cause-line"><code>{line}</code></p>' in page
     assert f'<span class="reading">{line}; first divergent step 4</span>' in page
+    # the finding sentence counts each tensor once (the classified `lost` rows repeat the evidence's items)
+    assert "Optimizer moments not restored: 12 tensors on rank 0 (20 differences in all) — " in page
