@@ -62,4 +62,5 @@ def test_the_triage_page_names_the_lost_tensor(client: TestClient, lossy: tuple[
     assert f'<p class="cause-line"><code>{line}</code></p>' in page
     assert f'<span class="reading">{line}; first divergent step 4</span>' in page
     # the finding sentence counts each tensor once (the classified `lost` rows repeat the evidence's items)
+    assert f"  - `{line}`" in page  # the copy-as-issue Markdown, under its signature
     assert "Optimizer moments not restored: 12 tensors on rank 0 (20 differences in all) — " in page
