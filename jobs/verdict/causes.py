@@ -121,7 +121,7 @@ class Checkpoint:
     def _model_candidates(self, item: str) -> list[str]:
         name = strip_wrapper(item.removeprefix("buffer:"))
         # transformer layers (and experts) are saved stacked: decoder.layers.0.x -> decoder.layers.x
-        return list(dict.fromkeys([name, _LAYER.sub(r".\1.", name), _LAYER.sub(".", name)]))
+        return list(dict.fromkeys([name, _LAYER.sub(r".\1.", name)]))
 
     def holds(self, section: str, item: str, rank: int) -> bool | None:
         """Whether the checkpoint holds the item (None: the listing cannot tell)."""

@@ -8,7 +8,7 @@ import pytest
 
 from jobs.contract import ParityResult
 from jobs.launch.local import format_step_table
-from jobs.verdict.causes import ABSENT, SKIPPED, WRONG, cause_line, restore_rows, state_dict_name
+from jobs.verdict.causes import ABSENT, SKIPPED, WRONG, Checkpoint, cause_line, restore_rows, state_dict_name
 from jobs.verdict.compare import evaluate
 from tests.golden import documents, expected
 
@@ -134,3 +134,12 @@ def test_an_item_lost_alike_on_every_rank_is_one_item_with_its_ranks() -> None:
     rows = [{**row, "rank": r} for r in range(6)] + [{**row, "name": "output_layer.weight", "rank": 0}]
     assert cause_line("model-weights-mismatch", rows) == (
         f"model-weights-mismatch: model embedding.word_embeddings.weight {SKIPPED} (6 ranks; +1 more)")
+
+
+def test_an_item_the_load_did_not_ask_for_is_looked_up_under_its_stacked_layer_key() -> None:
+    ckpt = Checkpoint({"keys": ["decoder.layers.mlp.linear_fc1.weight", "iteration", "rng_state"], "requested": [{}]})
+    assert ckpt.holds("model", "module.decoder.layers.1.mlp.linear_fc1.weight", 0) is True
+    assert ckpt.holds("model", "module.decoder.layers.1.mlp.linear_fc2.weight", 0) is False
+    assert ckpt.holds("moments", "module.module.output_layer.weight/exp_avg", 0) is False  # no optimizer state
+    assert Checkpoint({"keys": ["iteration"], "incomplete": "metadata: OSError"}).holds("iteration", "iteration", 0) \
+        is None  # an incomplete listing tells nothing
