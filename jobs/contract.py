@@ -65,6 +65,10 @@ STATE_AFTER_SAVE: Literal["state_after_save"] = "state_after_save"
 STATE_AFTER_LOAD_RAW: Literal["state_after_load_raw"] = "state_after_load_raw"  # before any workaround
 STATE_AFTER_LOAD: Literal["state_after_load"] = "state_after_load"  # after them (only when one changed state)
 STATE_FINAL: Literal["state_final"] = "state_final"  # after step M, in both phases
+# The resume's state right before it reads the checkpoint (what an item the load skipped keeps).
+STATE_BEFORE_LOAD: Literal["state_before_load"] = "state_before_load"
+# What the checkpoint holds and what the load asked it for (jobs/rank/probes/checkpoint_contents.py).
+CHECKPOINT_CONTENTS: Literal["checkpoint_contents"] = "checkpoint_contents"
 # The resume's numeric distance from the saving run's final state (jobs/rank/probes/final_numeric.py).
 STATE_FINAL_DELTAS: Literal["state_final_deltas"] = "state_final_deltas"
 # Bug C: every rank's param groups right after optimizer.load_state_dict, before the scheduler.
@@ -189,6 +193,8 @@ class PhaseProbes(TypedDict, total=False):
     state_after_load: list[StateSnapshot]
     state_final: list[StateSnapshot]
     state_final_deltas: FinalDeltasReport
+    state_before_load: list[StateSnapshot]
+    checkpoint_contents: dict[str, Any]
     param_groups_after_optimizer_load: list[dict[str, str]]
     fp32_view_inplace: list[dict[str, Any]]
 
@@ -350,6 +356,9 @@ class ParityResult(TypedDict):
     isolation: NotRequired[str]
     # a resume at another DP size (spec.resume_dp): the layouts, batches, tolerance and isolation it ran with
     reshard: NotRequired[dict[str, Any]]
+    # signature -> one line naming what the resume lost (section, state-dict name, how), for every
+    # cause whose evidence is a state diff (jobs/verdict/causes.py); every surface shows it as is
+    cause_lines: NotRequired[dict[str, str]]
 
 
 def parity_result(

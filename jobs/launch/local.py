@@ -150,6 +150,7 @@ def format_step_table(result: ParityResult) -> str:
     verdict = result.get("verdict_label") or result.get("verdict")
     lines.append(f"verdict: {verdict}  (isolation: {result.get('isolation', '-')})")
     lines.append(f"signatures: {', '.join(result.get('signatures') or []) or '-'}")
+    lines += [f"cause: {line}" for line in (result.get("cause_lines") or {}).values()]  # what the resume lost
     if result.get("advisories"):
         lines.append(f"advisories: {', '.join(result['advisories'])}")
     if result.get("worked_around"):

@@ -341,6 +341,20 @@ def expert_bias_zeroed_on_load() -> list[Patch]:
     return [_after(Float16Module, "load_state_dict", zero)]
 
 
+def expert_bias_not_checkpointed() -> list[Patch]:
+    """Every router registers expert_bias as a non-persistent buffer (a one-word change to the router's
+    register_buffer): state_dict and sharded_state_dict leave it out, so the checkpoint lacks it, the
+    strict load does not miss it and the resume keeps the fresh build's zeros."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    def not_persistent(self: Any, result: Any, *a: Any, **k: Any) -> Any:
+        if getattr(self, "expert_bias", None) is not None:
+            self._non_persistent_buffers_set.add("expert_bias")
+        return result
+
+    return [_after(TopKRouter, "__init__", not_persistent)]
+
+
 def loss_scaler_not_restored() -> list[Patch]:
     from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 
@@ -465,6 +479,7 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "benign-state-in-new-storage": (RESUME, benign_state_in_new_storage),
     "common-state-iteration-stale": (RESUME, common_state_iteration_stale),
     "expert-bias-zeroed-on-load": (RESUME, expert_bias_zeroed_on_load),
+    "expert-bias-not-checkpointed": (BOTH, expert_bias_not_checkpointed),
     "loss-scaler-not-restored": (RESUME, loss_scaler_not_restored),
     "shared-expert-weight-skipped": (RESUME, shared_expert_weight_skipped),
     "async-save-stages-late": (SAVE, async_save_stages_late),

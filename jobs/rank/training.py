@@ -16,6 +16,7 @@ import torch
 from jobs.configs import get_config
 from jobs.contract import (
     BUCKETS,
+    CHECKPOINT_CONTENTS,
     FINGERPRINTS,
     FP32_VIEW_INPLACE,
     GROUPS_AFTER_OPTIMIZER_LOAD,
@@ -30,6 +31,7 @@ from jobs.contract import (
     STATE_AFTER_LOAD_RAW,
     STATE_AFTER_SAVE,
     STATE_AT_SAVE,
+    STATE_BEFORE_LOAD,
     STATE_FINAL,
     STATE_FINAL_DELTAS,
     Moment,
@@ -37,7 +39,7 @@ from jobs.contract import (
 )
 from jobs.rank import checkpoint, compat, dist, model
 from jobs.rank.context import RankContext
-from jobs.rank.probes import buckets, final_numeric, fingerprints, global_state, groups, index_map
+from jobs.rank.probes import buckets, checkpoint_contents, final_numeric, fingerprints, global_state, groups, index_map
 from jobs.rank.probes import state as state_probe
 from jobs.rank.workarounds import (
     adam_steps,
@@ -172,6 +174,11 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     primed = adam_steps(tr.optimizer)  # what the load priming left: the value the known step bug keeps
     if LOAD_ABSENT_STEP in spec.workarounds:
         ctx.doc["workarounds"][LOAD_ABSENT_STEP] = load_absent_step(tr.optimizer)
+    # Before the read (torch_dist fills model tensors in place): what a skipped item keeps, and what
+    # the load asks the checkpoint for, so the verdict can say how each lost item was lost.
+    before_view = _snapshots(ctx, tr, spec) if spec.reshards else None
+    local["before"] = None if spec.reshards else state_probe.snapshot(tr)
+    local["requested"] = checkpoint_contents.requested_model_keys(tr.ddp.module, state["model"])
     loaded = ctx.run("load", lambda: checkpoint.read(state, ckpt, spec.fully_parallel), timeout_s, agree=True)
 
     def groups_now() -> None:  # Bug C: before the scheduler rewrites lr / weight decay
@@ -211,6 +218,10 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     per_rank = _gather(ctx, local)
     probes = ctx.doc["probes"]
     probes[STATE_AFTER_LOAD_RAW] = raw_view or [r["raw"] for r in per_rank]
+    probes[STATE_BEFORE_LOAD] = before_view or [r["before"] for r in per_rank]
+    if ctx.rank == 0:  # one listing of the checkpoint, every rank's request
+        keys, incomplete = checkpoint_contents.checkpoint_keys(ckpt)
+        probes[CHECKPOINT_CONTENTS] = checkpoint_contents.report(keys, incomplete, [r["requested"] for r in per_rank])
     if "after" in local:
         probes[STATE_AFTER_LOAD] = after_view or [r["after"] for r in per_rank]
     probes[GROUPS_AFTER_OPTIMIZER_LOAD] = [r["groups"] for r in per_rank]

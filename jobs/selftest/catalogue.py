@@ -108,7 +108,8 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("model-weight-skipped", "model weights",
                "the model load keeps the fresh build's value of one weight", (MODEL_WEIGHTS_MISMATCH,),
                patches=f"{_F16}.load_state_dict",
-               evidence=((MODEL_WEIGHTS_MISMATCH, r"word_embeddings\.weight$"),)),
+               evidence=((MODEL_WEIGHTS_MISMATCH, r"word_embeddings\.weight$"),
+                         (MODEL_WEIGHTS_MISMATCH, r"^model embedding\.word_embeddings\.weight skipped by the load$"))),
         Mutant("main-params-from-model", "main params",
                "after the optimizer load, FP32 main params are re-derived from the bf16 model weights",
                (MAIN_PARAMS_MISMATCH,), patches=f"{_DO}.load_state_dict",
@@ -131,7 +132,8 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("exp-avg-sq-lossy-on-load", "moments",
                "after the optimizer load every exp_avg_sq has passed through bf16 (a lossy restore of one moment)",
                (OPTIMIZER_MOMENTS_MISMATCH,), patches=f"{_DO}.load_state_dict",
-               evidence=((OPTIMIZER_MOMENTS_MISMATCH, r"exp_avg_sq"),),
+               evidence=((OPTIMIZER_MOMENTS_MISMATCH, r"exp_avg_sq"),
+                         (OPTIMIZER_MOMENTS_MISMATCH, r"^moments .*/exp_avg_sq loaded wrong$")),
                note="small enough to hide inside a loss tolerance; the restored state is compared exactly, at "
                "one DP size and across a reshard"),
         Mutant("adam-step-loaded-elsewhere", "step",
@@ -143,7 +145,8 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("scheduler-one-step-behind", "scheduler", "the scheduler loads num_steps N-1",
                (SCHEDULER_STATE_MISMATCH,), patches="megatron.core.optimizer_param_scheduler."
                "OptimizerParamScheduler.load_state_dict",
-               evidence=((SCHEDULER_STATE_MISMATCH, r"^num_steps$"),)),
+               evidence=((SCHEDULER_STATE_MISMATCH, r"^num_steps$"),
+                         (SCHEDULER_STATE_MISMATCH, r"^scheduler scheduler\.num_steps loaded wrong$"))),
         Mutant("iteration-one-behind", "iteration", "the checkpoint records iteration N-1",
                (ITERATION_MISMATCH,), patches="jobs.rank.checkpoint.build_save_state",
                evidence=((ITERATION_MISMATCH, r"^iteration$"),), sibling="common-state-iteration-stale"),
@@ -155,7 +158,8 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("rng-tracker-not-restored", "rng", "Megatron's RNG tracker ignores set_states on load",
                (RNG_STATE_MISMATCH,), patches="megatron.core.tensor_parallel.random."
                "CudaRNGStatesTracker.set_states",
-               evidence=((RNG_STATE_MISMATCH, r"^tracker/"),),
+               evidence=((RNG_STATE_MISMATCH, r"^tracker/"),
+                         (RNG_STATE_MISMATCH, r"^RNG rng_state/tracker/\S+ skipped by the load$")),
                note="megatron-core has no RNG checkpointing of its own: the call comes from the harness's "
                "restore, as from Megatron-LM's trainer"),
         Mutant("save-rounds-main-params", "save side effect",
@@ -192,11 +196,20 @@ MUTANTS: dict[str, Mutant] = {
                "after the model load every router's expert_bias is zero (the fresh build's value)",
                (MODEL_WEIGHTS_MISMATCH,), patches=f"{_F16}.load_state_dict",
                evidence=((MODEL_WEIGHTS_MISMATCH, r"router\.expert_bias$"),), bases=("moe-aux-free",)),
+        Mutant("expert-bias-not-checkpointed", "expert bias (aux-loss-free routing)",
+               "every router registers expert_bias as a non-persistent buffer: the checkpoint lacks it and "
+               "the resume keeps the fresh build's zeros (the restore diff, which skips non-persistent "
+               "buffers, cannot see it; the final state does)",
+               (FINAL_STATE_MISMATCH,), patches="megatron.core.transformer.moe.router.TopKRouter.__init__",
+               evidence=((FINAL_STATE_MISMATCH, r"router\.expert_bias absent from the checkpoint$"),),
+               bases=("moe-aux-free",)),
         Mutant("loss-scaler-not-restored", "fp16 loss scaler",
                "the dynamic loss scaler ignores its checkpointed state (scale, growth, hysteresis) on load",
                (LOSS_SCALER_MISMATCH,), patches="megatron.core.optimizer.grad_scaler."
                "DynamicGradScaler.load_state_dict",
-               evidence=((LOSS_SCALER_MISMATCH, r"\.scale$"),), bases=("dense-fp16",)),
+               evidence=((LOSS_SCALER_MISMATCH, r"\.scale$"),
+                         (LOSS_SCALER_MISMATCH, r"^scaler optimizer\.grad_scaler\.scale skipped by the load$")),
+               bases=("dense-fp16",)),
         Mutant("shared-expert-weight-skipped", "shared experts",
                "the model load keeps the fresh build's value of the first shared-expert weight",
                (MODEL_WEIGHTS_MISMATCH,), patches=f"{_F16}.load_state_dict",
@@ -299,6 +312,11 @@ def judge(mutant: Mutant | None, result: Mapping[str, Any]) -> dict[str, Any]:
 def _named(ev: Mapping[str, Any]) -> list[str]:
     """The names (items and sections) one signature's evidence points at."""
     names = [str(n) for n in ev.get("names") or []]
+    # what the resume lost, as the cause line reads it: "section name how"
+    found = ev.get("lost")
+    lost: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    rows = [r for r in lost.get("items") or [] if isinstance(r, Mapping)]
+    names += [f"{r.get('section')} {r.get('name')} {r.get('how')}" for r in rows]
     names += [str(s) for s in ev.get("sections") or []]
     if isinstance(ev.get("section"), str):
         names.append(ev["section"])

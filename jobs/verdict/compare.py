@@ -32,6 +32,7 @@ from jobs.errors import with_rank_errors
 from jobs.signature_names import FINAL_STATE_MISMATCH, LOSS_DIVERGENCE_UNEXPLAINED, SIGNATURE_IDS, UNSUPPORTED_BY_BUILD
 from jobs.spec import RunSpec, SpecError
 from jobs.tolerance import ToleranceProfile
+from jobs.verdict import causes as lost
 from jobs.verdict import final_state
 from jobs.verdict.evidence import collect_evidence, probe_findings
 from jobs.verdict.profile import judged_profile, reshard_fields
@@ -248,6 +249,8 @@ def evaluate(
             }
         verdict = FAIL if causes or not lane["tolerance"]["pass"] else PASS
         signatures = causes
+    # every state-diff cause names what the resume lost (section, state-dict name, how), once, here
+    cause_lines = {n: line for n, line in lost.annotate(evidence, baseline_doc, resumed_doc).items() if n in signatures}
     if missing:  # evidence the spec requires is absent: whatever the rest says, the run is not judged
         verdict, errors = ERROR, [*missing, *errors]
     worked_around: list[SignatureId] = [n for n in SIGNATURE_IDS if n in hidden]
@@ -267,6 +270,7 @@ def evaluate(
         worked_around_evidence={n: hidden[n]["evidence"] for n in worked_around},
         workarounds_not_needed=not_needed,
         evidence=evidence,
+        cause_lines=cause_lines,
         probe_findings=probe_findings(baseline_doc, resumed_doc),
         first_divergent_step=lane["exact"]["first_divergent_step"],
         first_step_beyond_tolerance=lane["tolerance"]["first_step_beyond_tolerance"],

@@ -141,8 +141,11 @@ def reading(run: Any) -> Reading:
         base = "cancelled"
     shown = label(str(base), _qualifiers(run, summary))
     slugs = tuple(_get(run, "signatures") or ())
+    # a state-diff cause's line, made once by the verdict (jobs/verdict/causes.py), names what was lost
+    found = summary.get("cause_lines")
+    lines: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     if slugs:
-        cause = "; ".join(cause_sentence(s) for s in slugs)
+        cause = "; ".join(str(lines.get(s) or cause_sentence(s)) for s in slugs)
     elif _get(run, "error_message") and verdict != PASS:
         cause = clip(str(_get(run, "error_message")).strip().splitlines()[0], ERROR_CHARS)
     else:

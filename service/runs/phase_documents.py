@@ -73,6 +73,7 @@ class StoredSummary(TypedDict, total=False):
     advisories: list[SignatureId | str]
     worked_around: list[str]
     evidence: dict[str, Any]
+    cause_lines: dict[str, str]  # signature -> what the resume lost, as the verdict wrote it
     errors: list[ErrorRecord]
     phases: dict[str, PhaseSummary | None]
     packages: dict[str, Any]

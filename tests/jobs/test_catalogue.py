@@ -78,7 +78,10 @@ RESULT = {
     "verdict": "fail",
     "signatures": ["model-weights-mismatch"],
     "first_divergent_step": 3,
-    "evidence": {"model-weights-mismatch": {"names": ["module.embedding.word_embeddings.weight"]}},
+    "evidence": {"model-weights-mismatch": {
+        "names": ["module.embedding.word_embeddings.weight"],
+        "lost": {"items": [{"section": "model", "name": "embedding.word_embeddings.weight",
+                            "how": "skipped by the load"}]}}},
 }
 
 
@@ -88,7 +91,13 @@ def test_judge_checks_the_evidence_names() -> None:
     wrong = {**RESULT, "evidence": {"model-weights-mismatch": {"names": ["module.output_layer.weight"]}}}
     row = judge(m, wrong)
     assert row["outcome"] == "wrong evidence" and not row["ok"]
-    assert row["evidence_missing"] == ["model-weights-mismatch ~ word_embeddings\\.weight$"]
+    assert row["evidence_missing"][0] == "model-weights-mismatch ~ word_embeddings\\.weight$"
+    # the right tensor lost the wrong way: the cause must say the load skipped it
+    loaded = {"section": "model", "name": "embedding.word_embeddings.weight", "how": "loaded wrong"}
+    named_wrongly = {"names": ["module.embedding.word_embeddings.weight"], "lost": {"items": [loaded]}}
+    row = judge(m, {**RESULT, "evidence": {"model-weights-mismatch": named_wrongly}})
+    assert row["evidence_missing"] == [
+        "model-weights-mismatch ~ ^model embedding\\.word_embeddings\\.weight skipped by the load$"]
     # the expert-bias mutant must name a router's expert_bias, not any weight
     bias = MUTANTS["expert-bias-zeroed-on-load"]
     assert judge(bias, RESULT)["outcome"] == "wrong evidence"

@@ -47,7 +47,9 @@ def _rows_of(evidence: Any, rank: Any = None) -> list[dict[str, Any]]:
         name = evidence.get("name") or evidence.get("param")
         if isinstance(name, str):
             out.append({**evidence, "rank": rank, "name": name})
-        for value in evidence.values():
+        for key, value in evidence.items():
+            if key == "lost":  # the same items again, classified for the cause line (shown above the sentence)
+                continue
             out += _rows_of(value, rank)
     elif isinstance(evidence, list):
         for value in evidence:

@@ -50,6 +50,8 @@ def issue_markdown(ctx: dict[str, Any], base_url: str) -> str:
     for sig in ctx.get("signatures") or []:
         refs = " ".join(f"[{r.replace('https://github.com/', '')}]({r})" for r in sig["references"])
         lines.append(f"- `{sig['name']}`: {sig['title']}" + (f" — {refs}" if refs else ""))
+        if sig.get("cause_line"):  # what the resume lost, as the verdict named it
+            lines.append(f"  - `{sig['cause_line']}`")
     if not ctx.get("signatures"):
         lines.append(f"- none matched; error: {no_host_paths(clip(run.error_message or '—', 300))}")
     lines += ["", "### Last good vs this run", ""]

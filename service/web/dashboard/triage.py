@@ -127,6 +127,7 @@ def explained(run: Run, hows: dict[str, str] | None = None) -> list[dict[str, An
     """The run's signatures and advisories with their meaning, references, evidence and a finding sentence."""
     summary = read_summary(run.summary)
     evidence = summary.get("evidence") or {}
+    lines = summary.get("cause_lines") or {}
     out = []
     for name in [*run.signatures, *(summary.get("advisories") or [])]:
         sig = SIGNATURES.get(name)  # type: ignore[call-overload]  # stored names may predate the table
@@ -140,6 +141,8 @@ def explained(run: Run, hows: dict[str, str] | None = None) -> list[dict[str, An
             "kind": sig.kind if sig else "unknown",
             "references": list(sig.references) if sig else [],
             "evidence": found,
+            # what the resume lost (section, state-dict name, how), as the verdict wrote it
+            "cause_line": lines.get(name),
             "finding": sentence(title, found, hows or {}) if found else None,
         })
     return out
