@@ -320,12 +320,17 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         check="dp2-fp16-async-save",
     ),
     PullRequest(
-        "layerwise-groups-from-rank-0",
-        "LayerWiseDistributedOptimizer: take each param group's metadata from rank 0, which writes the common dict",
+        "layerwise-fp32-masters-not-saved",
+        "LayerWiseDistributedOptimizer: keep FP32 master params out of the checkpoint (re-derived from the bf16 weights)",
         "megatron/core/optimizer/layer_wise_optimizer.py",
-        "                nonempty_rank_group = next((g for g in all_rank_groups if g['params']), group)\n",
-        "                nonempty_rank_group = all_rank_groups[0]\n",
-        (LAYERWISE_METADATA_MISMATCH, PARAM_GROUP_SCALARS_MISMATCH),
+        "                sd['fp32_from_fp16_params'][:] = [\n"
+        "                    group if group else LocalNonpersistentObject(group)\n"
+        "                    for group in sd['fp32_from_fp16_params']\n"
+        "                ]\n",
+        "                sd['fp32_from_fp16_params'][:] = [\n"
+        "                    LocalNonpersistentObject(group) for group in sd['fp32_from_fp16_params']\n"
+        "                ]\n",
+        (MAIN_PARAMS_MISMATCH,),
         feature="layer-wise-optimizer",
         check="layerwise-dp2",
     ),
