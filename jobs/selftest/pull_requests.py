@@ -233,22 +233,14 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         check="dp2-dropout-zero-gather-scatter",
     ),
     PullRequest(
-        "tp-column-bias-replicated",
-        "ColumnParallelLinear: checkpoint the bias as a replicated tensor (it is small)",
-        "megatron/core/tensor_parallel/layers.py",
-        "        \"\"\"Sharding along axis 0, bias sharded\"\"\"\n"
-        "        state_dict = self.state_dict(prefix=\"\", keep_vars=True)\n"
-        "        return make_sharded_tensors_for_checkpoint(\n"
-        "            state_dict,\n"
-        "            prefix,\n"
-        "            {\"weight\": 0, \"bias\": 0},\n",
-        "        \"\"\"Sharding along axis 0, bias replicated\"\"\"\n"
-        "        state_dict = self.state_dict(prefix=\"\", keep_vars=True)\n"
-        "        return make_sharded_tensors_for_checkpoint(\n"
-        "            state_dict,\n"
-        "            prefix,\n"
-        "            {\"weight\": 0},\n",
-        (MODEL_WEIGHTS_MISMATCH,),
+        "tp-norm-grads-not-reduced",
+        "finalize_model_grads: TP-reduce only qk-layernorm grads (sequence-parallel norms left to their own backward)",
+        "megatron/core/distributed/finalize_model_grads.py",
+        "                elif (config.sequence_parallel and getattr(param, \"sequence_parallel\", False)) or (\n"
+        "                    config.qk_layernorm and (\"q_layernorm\" in name or \"k_layernorm\" in name)\n"
+        "                ):\n",
+        "                elif config.qk_layernorm and (\"q_layernorm\" in name or \"k_layernorm\" in name):\n",
+        (MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH),
         feature="tp-layers",
         check="tp2-dense-bf16",
     ),
@@ -305,7 +297,7 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         "    @_disable_gc()\n"
         "    def _start_async_call(self, async_req: AsyncRequest) -> None:\n"
         "        \"\"\"Spawn a process with `async_fn` as the target.\n",
-        (MODEL_WEIGHTS_MISMATCH, MAIN_PARAMS_MISMATCH),
+        (MAIN_PARAMS_MISMATCH, OPTIMIZER_MOMENTS_MISMATCH, MODEL_WEIGHTS_MISMATCH),
         more=(("megatron/core/dist_checkpointing/strategies/async_utils.py",
                "        # The following takes the same overhead\n"
                "        # as torch.distributed.barrier (single integer all-reduce)\n"
