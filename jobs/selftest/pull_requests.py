@@ -6,10 +6,15 @@ it: nothing is patched at run time and nothing edits an installed package. `pari
 (benchmarks/injected_prs.py) builds every one and runs the gate suite on it through the service;
 each must fail the gate (exit 1) with its cause named, and clean main must pass (exit 0).
 
-The changes span the files where resume bugs land: the DistributedOptimizer, the param buffer its
-main params come from, dist_checkpointing and the LR scheduler. `causes` lists the signatures any
-one of which names the fault (which check shows it depends on the layout); no test was written
-for them first, and the acceptance corpus holds others.
+The first six touch the DistributedOptimizer, dist_checkpointing and the LR scheduler; then at least
+one per feature the gate covers (`FEATURES`): the router, MoE experts, the grad scaler, the RNG
+tracker, MTP, async and fully-parallel dist_checkpointing, the param/grad buffer, TP, the layer-wise
+optimizer and the dp_zero_gather_scatter / fully_sharded_model_space formats. They are the classes a
+resume bug falls in: state the checkpoint does not carry, a load that skips a tensor or writes the
+wrong value into it, and state outside the checkpoint (a counter, a replica) that a resumed run does
+not have. `causes` lists the signatures any one of which names the fault (which check shows it
+depends on the layout); `check` is the gate check observed to fail on it (docs/detection.md). No
+test was written for them first, and the acceptance corpus holds others.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from jobs.signature_names import (
     ADAM_STEP_UNEXPLAINED,
     CHECKPOINT_SAVE_CRASH,
     FINAL_STATE_MISMATCH,
-    LAYERWISE_METADATA_MISMATCH,
     LOSS_DIVERGENCE_UNEXPLAINED,
     LOSS_SCALER_MISMATCH,
     LR_SCHEDULE_MISMATCH,
@@ -87,6 +91,22 @@ class PullRequest:
                 raise ValueError(f"{self.name}: {path} does not hold the changed lines exactly once")
             target.write_text(text.replace(old, new))
 
+
+# The features a Megatron-Core user turns on that the gate covers (issue 41): each has at least one PR.
+FEATURES: tuple[str, ...] = (
+    "router",
+    "moe-layers",
+    "grad-scaler",
+    "rng-tracker",
+    "mtp",
+    "dist-checkpointing-async-save",
+    "dist-checkpointing-fully-parallel",
+    "param-grad-buffer",
+    "tp-layers",
+    "layer-wise-optimizer",
+    "distrib-optimizer-dp-zero-gather-scatter",
+    "distrib-optimizer-fully-sharded-model-space",
+)
 
 PULL_REQUESTS: tuple[PullRequest, ...] = (
     PullRequest(
@@ -275,10 +295,14 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         "        # Because of a TE bug",
         (MODEL_WEIGHTS_MISMATCH,),
         more=(("megatron/core/dist_checkpointing/exchange_utils.py",
+               "@torch.no_grad()\n"
+               "@debug_time(\"exchange_loaded_tensors_broadcast\", logger)\n"
                "def exchange_loaded_tensors_broadcast(\n",
                "_RECV_POOL: Dict[Tuple[torch.Size, torch.dtype], torch.Tensor] = {}\n"
                "\n"
                "\n"
+               "@torch.no_grad()\n"
+               "@debug_time(\"exchange_loaded_tensors_broadcast\", logger)\n"
                "def exchange_loaded_tensors_broadcast(\n"),),
         feature="dist-checkpointing-fully-parallel",
         check="dp2-mtp-fully-parallel",
@@ -313,7 +337,7 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
     ),
     PullRequest(
         "layerwise-fp32-masters-not-saved",
-        "LayerWiseDistributedOptimizer: keep FP32 master params out of the checkpoint (re-derived from the bf16 weights)",
+        "LayerWiseDistributedOptimizer: keep FP32 masters out of the checkpoint (re-derived from the bf16 weights)",
         "megatron/core/optimizer/layer_wise_optimizer.py",
         "                sd['fp32_from_fp16_params'][:] = [\n"
         "                    group if group else LocalNonpersistentObject(group)\n"
@@ -336,9 +360,10 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         "        \"\"\"\n"
         "        Generate a sharded state dictionary for the multi token prediction layer.\n",
         "    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):\n"
-        "        # Checkpoints from before the enorm/hnorm split carry one MTP norm, as `enorm`.\n"
-        "        if f'{prefix}enorm.weight' in state_dict:\n"
-        "            state_dict[f'{prefix}hnorm.weight'] = state_dict[f'{prefix}enorm.weight']\n"
+        "        # Checkpoints from before the enorm/hnorm split carry one MTP norm, as `enorm`:\n"
+        "        # hnorm starts from it.\n"
+        "        for key in [k for k in state_dict if k.startswith(f'{prefix}enorm.')]:\n"
+        "            state_dict[f'{prefix}hnorm.' + key[len(f'{prefix}enorm.') :]] = state_dict[key]\n"
         "        return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)\n"
         "\n"
         "    def sharded_state_dict(\n"
