@@ -30,7 +30,21 @@ from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_e
 
 pytestmark = [pytest.mark.megatron]
 INDEX_MAP_PR = BY_NAME["index-map-global-position"]
-INDEX_CHECKS = ("dp2-moe-fp32-router", "dp2-moe-bf16-index-map")
+GATE = yaml.safe_load((ROOT / "suites" / "gate.yaml").read_text())
+
+
+def _index_checks(gate: dict) -> tuple[str, str]:
+    """The gate's two index-map checks: moe-fp32-router* at DP 2 with realign-param-index (Bug A present),
+    and the direct one (moe-bf16, no realign)."""
+    def plain_dp2(spec: dict) -> bool:
+        return spec.get("dp") == 2 and not any(spec.get(k) for k in ("resume_dp", "tp", "pp", "ep", "sharding"))
+    fp32 = next(c["name"] for c in gate["checks"] if plain_dp2(c["spec"])
+                and c["spec"]["config"].startswith("moe-fp32-router")
+                and "realign-param-index" in c["spec"].get("workarounds", []))
+    return fp32, "dp2-moe-bf16-index-map"
+
+
+INDEX_CHECKS = _index_checks(GATE)
 
 
 def _submit(url: str, token: str, wheel: Path, suite: str, junit: Path, branch: str) -> subprocess.CompletedProcess:
@@ -70,7 +84,7 @@ def _service(tmp_path: Path, suites: dict[str, list[str] | None]) -> Iterator[tu
     assert prepared.returncode == 0, prepared.stdout + prepared.stderr
     token = subprocess.run([*PARITY, "token", "create", "--name", "ci", "--scope", "admin", "--scope", "submit"],
                            env=env, capture_output=True, text=True, check=True).stdout.strip()
-    gate = yaml.safe_load((ROOT / "suites" / "gate.yaml").read_text())
+    gate = GATE
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     api = start(["serve", "--port", str(port)], env, tmp_path / "api.log")
@@ -111,9 +125,9 @@ def test_the_gate_passes_clean_main_and_fails_an_index_map_pull_request(tmp_path
         assert bad.returncode == 1, bad.stdout[-4000:] + bad.stderr[-4000:]
         failures = _failures(tmp_path / "broken.xml")
         # with Bug A present and realign-param-index requested, the new bug is named, not taken for Bug A
-        assert "optimizer-index-unexplained" in failures.get("dp2-moe-fp32-router", ""), failures
+        assert "optimizer-index-unexplained" in failures.get(INDEX_CHECKS[0], ""), failures
         # where Bug A cannot fire, no workaround stands between the gate and the map
-        assert "optimizer-index-misalignment" in failures.get("dp2-moe-bf16-index-map", ""), failures
+        assert "optimizer-index-misalignment" in failures.get(INDEX_CHECKS[1], ""), failures
 
 
 # The PR tier's second pull request, through only the gate check that catches it (one build, one run:
