@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from jobs.selftest.pull_requests import BY_NAME, PULL_REQUESTS, SNAPSHOT, PullRequest
+from jobs.signature_names import CHECKPOINT_LOAD_CRASH, CHECKPOINT_SAVE_CRASH
 from tests.plugins.ci_jobs import ROOT
 from tests.plugins.main_snapshot import SLICE_PR, main_wheel, prepare_base, python312
 from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
@@ -166,9 +167,12 @@ def test_the_gate_fails_every_injected_pull_request_with_its_cause(tmp_path: Pat
                                                                   committed_db: str) -> None:
     pr = BY_NAME[name]
     wheel = main_wheel(pr.name, pr.name, python312())
+    # a PR whose save or load raises ends its check in `error` (the suite exits 2 without a regression
+    # baseline on this fresh service); every other PR's check fails (exit 1)
+    exits = {1, 2} if set(pr.causes) & {CHECKPOINT_SAVE_CRASH, CHECKPOINT_LOAD_CRASH} else {1}
     with _service(tmp_path, {"gate": None}) as (url, token, gate):
         bad = _submit(url, token, wheel, "gate", tmp_path / "pr.xml", f"pr-{pr.name}")
-        assert bad.returncode == 1, bad.stdout[-4000:] + bad.stderr[-4000:]
+        assert bad.returncode in exits, bad.stdout[-4000:] + bad.stderr[-4000:]
         failures = _failures(tmp_path / "pr.xml")
         assert any(_named(pr, message) for message in failures.values()), (pr.causes, failures)
         if pr.check:
