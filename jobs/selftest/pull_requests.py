@@ -226,6 +226,17 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         check="ep2-moe-aux-free",
     ),
     PullRequest(
+        "moe-expert-bias-local-counts",
+        "MoE load balancing: update the expert bias from this rank's token counts (drop the per-step all-reduce)",
+        "megatron/core/transformer/moe/moe_utils.py",
+        "        # All Reduce Across TPxCPxDP group\n"
+        "        torch.distributed.all_reduce(tokens_per_expert, group=tp_dp_cp_group)\n",
+        "        # Each rank balances the tokens it routed: no all-reduce on the step's critical path\n",
+        (MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH),
+        feature="moe-layers",
+        check="ep2-moe-aux-free",
+    ),
+    PullRequest(
         "grad-scaler-growth-restarts",
         "DynamicGradScaler: restart the growth interval when a checkpoint is loaded",
         "megatron/core/optimizer/grad_scaler.py",
