@@ -411,11 +411,20 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         "                                src_tensors[\"param\"] = None\n",
         (MAIN_PARAMS_MISMATCH,),
         feature="distrib-optimizer-fully-sharded-model-space",
-        check="dp2-equal-shards-model-space",
     ),
 )
 
 BY_NAME = {pr.name: pr for pr in PULL_REQUESTS}
+
+# PRs the gate cannot judge on this snapshot, and why (no gate check can tell them from clean main): kept,
+# applied and built like the rest, but left out of GATED until the reason goes.
+UNJUDGEABLE: dict[str, str] = {
+    "model-space-main-params-not-loaded": "Megatron-LM main d98e8a6 cannot save fully_sharded_model_space "
+    "(sharded_param_state_fs_model_space builds flattened_range ShardedTensors, which dist_checkpointing "
+    "refuses), so the gate has no check of that format",
+}
+# What the gate must fail, each with one of its causes (benchmarks/injected_prs.py, the nightly test).
+GATED: tuple[PullRequest, ...] = tuple(pr for pr in PULL_REQUESTS if pr.name not in UNJUDGEABLE)
 
 
 def source_tree(dest: Path, pull_request: PullRequest | None = None, snapshot: Path = SNAPSHOT) -> Path:

@@ -23,7 +23,7 @@ from xml.etree import ElementTree as ET
 import pytest
 import yaml
 
-from jobs.selftest.pull_requests import BY_NAME, PULL_REQUESTS, SNAPSHOT, PullRequest
+from jobs.selftest.pull_requests import BY_NAME, GATED, SNAPSHOT, PullRequest
 from jobs.signature_names import CHECKPOINT_LOAD_CRASH, CHECKPOINT_SAVE_CRASH
 from tests.plugins.ci_jobs import ROOT
 from tests.plugins.main_snapshot import SLICE_PR, main_wheel, prepare_base, python312
@@ -145,24 +145,11 @@ def test_the_gate_check_for_a_feature_fails_its_pull_request_with_its_cause(tmp_
         assert _named(pr, failures.get(pr.check, "")), (pr.causes, failures)
 
 
-# PRs the gate cannot judge on this snapshot, and why: each is an expected (strict) failure, so the day
-# the gate can judge it the nightly says so.
-UNJUDGEABLE = {
-    "model-space-main-params-not-loaded": "main d98e8a6 cannot save fully_sharded_model_space (its "
-    "_get_param_state_sharded_tensors sets flattened_range, which its ShardedTensor refuses): clean main "
-    "fails that check too",
-}
-
-
 # The nightly tier: every injected pull request through the whole gate. Each must fail it (exit 1), its
 # own check among the failing ones with one of its causes named.
 @pytest.mark.nightly
 @pytest.mark.timeout(3000)
-@pytest.mark.parametrize("name", [
-    pytest.param(pr.name, marks=pytest.mark.xfail(reason=UNJUDGEABLE[pr.name], strict=True))
-    if pr.name in UNJUDGEABLE else pr.name
-    for pr in PULL_REQUESTS
-])
+@pytest.mark.parametrize("name", [pr.name for pr in GATED])  # UNJUDGEABLE ones: no check can tell them
 def test_the_gate_fails_every_injected_pull_request_with_its_cause(tmp_path: Path, name: str,
                                                                   committed_db: str) -> None:
     pr = BY_NAME[name]
