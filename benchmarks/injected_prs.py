@@ -8,6 +8,8 @@ docs/detection.md.
 
     PARITY_SERVICE_URL=… PARITY_TOKEN=… .venv/bin/python benchmarks/injected_prs.py [--only NAME …]
     .venv/bin/python benchmarks/injected_prs.py      # a service of its own (embedded Postgres, local executor)
+    .venv/bin/python benchmarks/injected_prs.py --own-check --docs   # each PR through only its catching check,
+                                                                      # the table written into docs/detection.md
 
 Wheels are cached under $PARITY_CI_CACHE (default /var/tmp/parity-ci), keyed by the snapshot's hash.
 """
@@ -25,10 +27,12 @@ import time
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs.selftest.pull_requests import BY_NAME, PULL_REQUESTS, SNAPSHOT, source_tree  # noqa: E402
+from jobs.selftest.pull_requests import BY_NAME, GATED, SNAPSHOT, source_tree  # noqa: E402
 from service.environments import interpreters  # noqa: E402
 
 PARITY = [sys.executable, "-m", "service.cli.main"]
@@ -46,12 +50,14 @@ def wheel(name: str, python: str) -> Path:
     return sorted(out.glob("megatron_core-*.whl"))[0]
 
 
-def gate(url: str, token: str, whl: Path, name: str, work: Path) -> tuple[int, dict[str, str], float]:
-    """Submit the gate on one wheel; return (exit code, {failing check: message}, seconds)."""
+def gate(
+    url: str, token: str, whl: Path, name: str, work: Path, suite: str = "gate",
+) -> tuple[int, dict[str, str], float]:
+    """Submit a suite (the gate, or one check of it) on a wheel: (exit code, {failing check: message}, seconds)."""
     junit = work / f"{name}.xml"
     t0 = time.time()
     done = subprocess.run(
-        [*PARITY, "submit", "--url", url, "--token", token, "--suite", "gate", "--wheel", str(whl), "--wait",
+        [*PARITY, "submit", "--url", url, "--token", token, "--suite", suite, "--wheel", str(whl), "--wait",
          "--junit", str(junit), "--label", f"branch=pr-{name}", "--label", "base_branch=main", "--timeout", "3600"],
         capture_output=True, text=True, cwd=ROOT,
     )
@@ -88,31 +94,66 @@ def own_service(work: Path) -> tuple[str, str, list[subprocess.Popen[bytes]]]:
     return url, token, procs
 
 
+DOCS = ROOT / "docs" / "detection.md"
+BEGIN, END = "<!-- injected-prs:begin -->", "<!-- injected-prs:end -->"
+
+
+def write_docs(rows: list[str]) -> None:
+    """Replace the table between the markers in docs/detection.md's "Injected pull requests" section."""
+    text = DOCS.read_text()
+    start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
+    DOCS.write_text(text[:start] + "\n" + "\n".join(rows) + "\n" + text[stop:])
+
+
+def apply_suites(url: str, token: str, work: Path) -> None:
+    """The gate, and for each PR's catching check a one-check suite `gate-<check>` of it."""
+    gate = yaml.safe_load((ROOT / "suites" / "gate.yaml").read_text())
+    files = [ROOT / "suites" / "gate.yaml"]
+    for check in gate["checks"]:
+        one = work / f"gate-{check['name']}.yaml"
+        one.write_text(yaml.safe_dump({**gate, "name": f"gate-{check['name']}", "checks": [check]}))
+        files.append(one)
+    for path in files:
+        subprocess.run([*PARITY, "suite", "apply", str(path), "--url", url, "--token", token], check=True, cwd=ROOT)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", help="run only these PRs (and clean main)")
     parser.add_argument("--python", default=interpreters.configured(None).get("3.12", "python3.12"),
                         help="the Python main's wheel is built with (default: the configured 3.12)")
+    parser.add_argument("--own-check", action="store_true",
+                        help="run each PR through only the gate check that catches it (clean main: the whole gate)")
+    parser.add_argument("--docs", action="store_true", help="write the table into docs/detection.md")
     args = parser.parse_args()
-    names = ["clean", *[pr.name for pr in PULL_REQUESTS if not args.only or pr.name in args.only]]
+    prs = [pr for pr in GATED if not args.only or pr.name in args.only]  # not the UNJUDGEABLE ones
     work = Path(tempfile.mkdtemp(prefix="parity-prs-"))
     url, token = os.environ.get("PARITY_SERVICE_URL", ""), os.environ.get("PARITY_TOKEN", "")
     procs: list[subprocess.Popen[bytes]] = []
     if not url:
         url, token, procs = own_service(work)
     try:
-        subprocess.run([*PARITY, "suite", "apply", str(ROOT / "suites" / "gate.yaml"), "--url", url, "--token", token],
-                       check=True, cwd=ROOT)
-        print("| build | exit | expected | seconds | failing checks: causes |")
-        print("|---|---|---|---|---|")
+        apply_suites(url, token, work)
+        rows = ["| build | feature | suite | exit | expected | its cause named | seconds | failing checks: causes |",
+                "|---|---|---|---|---|---|---|---|"]
+        print("\n".join(rows), flush=True)
         ok = True
-        for name in names:
-            code, failing, seconds = gate(url, token, wheel(name, args.python), name, work)
-            expected = 0 if name == "clean" else 1
-            ok &= code == expected
+        for pr in [None, *prs]:
+            name = "clean" if pr is None else pr.name
+            suite = f"gate-{pr.check}" if pr is not None and args.own_check and pr.check else "gate"
+            code, failing, seconds = gate(url, token, wheel(name, args.python), name, work, suite)
+            expected = 0 if pr is None else 1
+            named = "-" if pr is None else (
+                "yes" if any(cause in msg for msg in failing.values() for cause in pr.causes) else "**no**")
+            good = code == expected and named != "**no**"
+            ok &= good
             causes = "; ".join(f"{check}: {msg}" for check, msg in failing.items()) or "-"
-            print(f"| {name} | {code} | {'yes' if code == expected else '**NO**'} | {seconds:.0f} | {causes} |",
-                  flush=True)
+            row = (f"| {name} | {pr.feature if pr else '-'} | {suite} | {code} "
+                   f"| {'yes' if code == expected else '**NO**'} | {named} | {seconds:.0f} | {causes} |")
+            rows.append(row)
+            print(row, flush=True)
+        if args.docs:
+            write_docs(rows)
         return 0 if ok else 1
     finally:
         for proc in procs:

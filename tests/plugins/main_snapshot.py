@@ -52,8 +52,12 @@ def main_wheel(name: str, change: str | None, python: str) -> Path:
         return sorted(out.glob("megatron_core-*.whl"))[0]
 
 
-# the wheels the PR tier's tests build (tests/service/test_gate_on_main.py: clean main, and the index-map PR)
-PR_TIER_WHEELS = (("clean", None), ("index-map-global-position", "index-map-global-position"))
+# the PR tier's second injected PR, run through only the gate check that catches it (a cheap check)
+SLICE_PR = "layerwise-fp32-masters-not-saved"
+# the wheels the PR tier's tests build (tests/service/test_gate_on_main.py: clean main, the index-map PR
+# and the slice's PR)
+PR_TIER_WHEELS = (("clean", None), ("index-map-global-position", "index-map-global-position"),
+                  (SLICE_PR, SLICE_PR))
 
 
 def prepare_base(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
