@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import pwd
+import secrets
 import signal
 import subprocess
 import time
@@ -100,7 +101,8 @@ def _leased_name(settings: Settings, holder: Path) -> str | None:
 
 
 def lease(settings: Settings, holder: Path) -> JobUser | None:
-    """The user the job writing `holder` runs as: its lease, made now if it has none (None: no job user).
+    """The user the job writing `holder` runs as: its lease, made now if it has none (None: no job user);
+    a new one is a free user picked at random.
 
     A new lease first kills whatever its uid still runs (a scheduler that died before giving it back).
     NoFreeJobUser when every pool user is leased.
@@ -115,6 +117,9 @@ def lease(settings: Settings, holder: Path) -> JobUser | None:
     held = next((name for name, folder in leased_to.items() if folder == str(holder)), None)
     if held is not None:
         return JobUser.lookup(held)
+    # a random free user, never the lowest: a job that could predict which uid a later job of another tenant
+    # gets could prepare for it (the review's setuid shell waited in /var/tmp for the victim's uid)
+    secrets.SystemRandom().shuffle(users)
     fd = _folder(settings)
     try:
         for user in users:

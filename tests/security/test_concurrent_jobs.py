@@ -292,6 +292,24 @@ def test_a_user_serves_one_live_job_and_comes_back_with_nothing_running(base: Pa
     assert not _leases_under(settings, base)
 
 
+def test_a_lease_picks_a_random_free_user(base: Path) -> None:
+    """The review's attacker knew which uid the victim's next job would get (the lowest free one) and left a
+    setuid shell for it: a lease picks at random among the free users, so a job cannot aim at the next one."""
+    _require_pool()
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER)
+    seen = []
+    try:
+        for n in range(20):  # 20 leases of one user at a time: with two or more free, one name 20 times is ~2^-19
+            user = job_leases.lease(settings, base / f"job-{n}")
+            assert user is not None
+            seen.append(user.name)
+            job_leases.release(settings, base / f"job-{n}")
+    finally:
+        for n in range(20):
+            job_leases.release(settings, base / f"job-{n}")
+    assert len(set(seen)) > 1, seen
+
+
 def _uid_of(pid: int) -> int | None:
     import psutil
 

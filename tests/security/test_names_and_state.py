@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import sys
 import zipfile
 from pathlib import Path
 
@@ -61,9 +62,10 @@ def test_a_submit_token_may_not_take_a_reserved_environment_name(
     assert client.post("/api/v1/runs", headers=make_token("submit", name="main", tracks=("main",)),
                        json={"spec": SPEC, "labels": {"branch": "main"}}).status_code == 202
     assert db_session.scalar(select(Environment.python).where(Environment.name == "default")) == \
-        (get_settings().job_python or __import__("sys").executable)
+        (get_settings().job_python or sys.executable)
     # a name the token's tracks grant is its own to take
-    mine = client.post("/api/v1/environments", headers=ci, json={"name": "pr-7", "requirements": ["megatron-core==0.16.1"]})
+    mine = client.post("/api/v1/environments", headers=ci,
+                       json={"name": "pr-7", "requirements": ["megatron-core==0.16.1"]})
     assert mine.status_code == 201, mine.text
     admin = client.post("/api/v1/environments", headers=make_token("admin"),
                         json={"name": "main", "requirements": ["megatron-core==0.15.3"]})
