@@ -128,7 +128,7 @@ def launch_builds(session: Session, *, settings: Settings, executor: str | None 
                 job = launcher.submit_phase(
                     executor=executor, folder=job_folder, python=sys.executable, tasks=1,
                     settings=settings, name=f"parity-env-{env.id}", function=build_environment,
-                    args=(str(folder), lines, pythons), env_names=pip_environment(),
+                    args=(str(folder), lines, pythons), env_names=pip_environment(), network=True,
                 )
             except job_leases.NoFreeJobUser as exc:  # every job user serves a live job: build later
                 log.info("build %s waits: %s", env.id, exc)
