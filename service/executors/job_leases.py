@@ -27,7 +27,9 @@ import logging
 import os
 import pwd
 import secrets
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -172,15 +174,68 @@ def leased(settings: Settings, holder: Path) -> bool:
 
 
 def stop(settings: Settings, holder: Path) -> int:
-    """The job writing `holder` is over: kill every process of its leased user (none without a lease)."""
+    """The job writing `holder` is over: kill every process of its leased user (none without a lease), then
+    remove every file that user left in the node's shared folders (`remove_files_of`)."""
     held = _leased_name(settings, holder)
     if held is None:
         return 0
     try:
-        return kill_user(JobUser.lookup(held))
+        user = JobUser.lookup(held)
     except JobUserError as exc:
         log.warning("not killing the processes of %s (lease of %s): %s", held, holder, exc)
         return 0
+    left = kill_user(user)
+    remove_files_of(user)  # nothing of the uid runs now: nothing makes them again
+    return left
+
+
+# Where any uid may leave a file on a node: a local job sees its own of the first three (job_sandbox.py), a
+# Slurm job or a waived one the node's; what a job's uid owns there is removed before the uid serves anyone
+# else (the review's setuid shells in /var/tmp and /dev/shm waited there for the uid's next job).
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+
+
+def remove_files_of(user: JobUser, roots: tuple[str, ...] = SHARED_FOLDERS) -> int:
+    """Remove every entry `user` owns below `roots` (a folder it owns, whole); how many. Descends only where
+    the uid may pass (nothing of it can lie below a folder it cannot enter), never follows a link nor leaves
+    the root's file system."""
+    groups = set(os.getgrouplist(user.name, user.gid))
+    removed = 0
+    for root in roots:
+        try:
+            device = os.stat(root, follow_symlinks=False).st_dev
+        except OSError:
+            continue
+        for _dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+            for name in [*filenames, *dirnames]:
+                try:
+                    st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if st.st_uid == user.uid:
+                    try:
+                        if stat.S_ISDIR(st.st_mode):
+                            shutil.rmtree(name, dir_fd=dirfd)
+                        else:
+                            os.unlink(name, dir_fd=dirfd)
+                        removed += 1
+                    except OSError as exc:
+                        log.warning("%s's %s/%s not removed: %s", user.name, _dirpath, name, exc)
+            dirnames[:] = [d for d in dirnames if _passable(dirfd, d, user.uid, groups, device)]
+    if removed:
+        log.info("removed %d entries %s left in the node's shared folders", removed, user.name)
+    return removed
+
+
+def _passable(dirfd: int, name: str, uid: int, groups: set[int], device: int) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if st.st_dev != device or not stat.S_ISDIR(st.st_mode):
+        return False
+    bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid in groups else stat.S_IXOTH
+    return bool(st.st_mode & bit)
 
 
 def release(settings: Settings, holder: Path) -> None:

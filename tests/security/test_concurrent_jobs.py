@@ -230,7 +230,7 @@ def test_a_daemon_a_local_job_leaves_dies_with_its_user_without_a_cgroup(base: P
     nothing may kill it without killing every other job."""
     _require_pool()
     settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER, job_users=MODES[mode],
-                        job_cgroup="off")
+                        job_cgroup="off", job_isolation_waive="cgroup,limits")
     job, folder = _daemon_job(settings, base, "local")
     pid = 0
     try:
