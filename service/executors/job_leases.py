@@ -185,8 +185,25 @@ def stop(settings: Settings, holder: Path) -> int:
         log.warning("not killing the processes of %s (lease of %s): %s", held, holder, exc)
         return 0
     left = kill_user(user)
+    cancel_slurm_jobs_of(user)  # the review's `sbatch --begin=now+75` ran as the uid after its lease
     remove_files_of(user)  # nothing of the uid runs now: nothing makes them again
     return left
+
+
+def cancel_slurm_jobs_of(user: JobUser) -> None:
+    """Cancel every Slurm job `user` has, queued or running (none can be another job's: the uid was leased
+    to this one alone). Job users may not submit at all where scripts/slurm-up.sh's job_submit rule holds;
+    this is for a cluster without it. No Slurm configured here: nothing to cancel (and no ctld to wait for)."""
+    configured = os.environ.get("SLURM_CONF") or os.path.exists("/etc/slurm/slurm.conf")
+    if shutil.which("scancel") is None or not configured:
+        return
+    try:
+        done = subprocess.run(["scancel", "--quiet", "-u", user.name], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("scancel -u %s: %s", user.name, exc)
+        return
+    if done.returncode != 0 and "Invalid user" not in done.stderr:
+        log.warning("scancel -u %s: %s", user.name, done.stderr.strip() or done.returncode)
 
 
 # Where any uid may leave a file on a node: a local job sees its own of the first three (job_sandbox.py), a
