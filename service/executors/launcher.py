@@ -75,7 +75,7 @@ JOB_ENV_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
     "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "SLURM_CONF",
     # job-side knobs read by jobs/ (fault injection in tests, checkpoint save manager, fast exit)
-    "PARITY_INJECT_FAULT", "PARITY_SAVE_MANAGER_QUEUE", "PARITY_FAST_EXIT",
+    "PARITY_INJECT_FAULT", "PARITY_HOLD_AT_STEP", "PARITY_SAVE_MANAGER_QUEUE", "PARITY_FAST_EXIT",
 })
 JOB_ENV_PREFIXES = ("LC_", "SLURM_", "SUBMITIT_", "OMP_", "MKL_", "NCCL_", "GLOO_", "TORCH_")
 _ENV_LOCK = threading.Lock()
