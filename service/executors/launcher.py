@@ -181,7 +181,8 @@ def _submit(
     quoted = shlex.quote(python)
     ex: submitit.Executor
     if executor == "slurm":
-        slurm = _SlurmExecutor(folder=folder, python=quoted, max_num_timeout=0)
+        # no exec in the job gains a privilege (a setuid file is an ordinary one to it), as a local job's sandbox
+        slurm = _SlurmExecutor(folder=folder, python=f"setpriv --no-new-privs {quoted}", max_num_timeout=0)
         slurm.exit_after_sbatch = os.environ.get(FAULT_AFTER_SBATCH) == "1"
         params: dict[str, Any] = dict(
             ntasks_per_node=tasks // nodes, nodes=nodes, cpus_per_task=settings.slurm_cpus_per_task,

@@ -68,3 +68,9 @@ def leave_files(shared: str) -> list[str]:
         (Path(folder) / f"left-{os.getpid()}.txt").write_text("x")
         made += [str(mine), str(Path(folder) / f"left-{os.getpid()}.txt")]
     return made
+
+
+def no_new_privs() -> str:
+    """This process's NoNewPrivs flag, as /proc says it ("1": no exec gains a privilege)."""
+    status = Path("/proc/self/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("NoNewPrivs"))

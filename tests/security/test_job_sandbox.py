@@ -23,7 +23,7 @@ import pytest
 from service.core.settings import Settings
 from service.executors import isolation, job_leases, launcher
 from tests.plugins.job_user import JOB_USER, require_job_user
-from tests.plugins.sandbox_probes import leave_files, try_to_gain
+from tests.plugins.sandbox_probes import leave_files, no_new_privs, try_to_gain
 
 FORKS = 100
 
@@ -125,3 +125,23 @@ def test_what_a_uid_leaves_in_the_nodes_shared_folders_goes_with_its_lease(base:
         assert shared.is_dir()  # not the uid's: stays
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_runs_with_no_new_privs(base: Path, slurm: str) -> None:
+    """A Slurm job's program starts under `setpriv --no-new-privs`: a setuid file on the node gains it nothing."""
+    import cloudpickle
+
+    import tests.plugins.sandbox_probes as probes
+
+    require_job_user()
+    cloudpickle.register_pickle_by_value(probes)
+    settings = Settings(executor="slurm", run_folder=base / "runs", job_user=JOB_USER)
+    folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
+    job = launcher.submit_phase(executor="slurm", folder=folder, python=sys.executable, tasks=1, settings=settings,
+                                name="nnp", function=no_new_privs, args=())
+    try:
+        assert launcher._submitit_job(job).result() == "1"
+    finally:
+        launcher.end_job(job, settings)
+        job_leases.release(settings, folder.parent)
