@@ -186,7 +186,9 @@ def stop(settings: Settings, holder: Path) -> int:
         return 0
     left = kill_user(user)
     cancel_slurm_jobs_of(user)  # the review's `sbatch --begin=now+75` ran as the uid after its lease
-    remove_files_of(user)  # nothing of the uid runs now: nothing makes them again
+    # nothing of the uid runs now: nothing makes them again; its own folders (in the run folder, below the
+    # node's /tmp where a clone in `mktemp -d` keeps it) are taken back by the caller, never removed
+    remove_files_of(user, spare=(settings.resolved_run_folder, settings.resolved_artifact_folder))
     return left
 
 
@@ -212,11 +214,13 @@ def cancel_slurm_jobs_of(user: JobUser) -> None:
 SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
 
 
-def remove_files_of(user: JobUser, roots: tuple[str, ...] = SHARED_FOLDERS) -> int:
-    """Remove every entry `user` owns below `roots` (a folder it owns, whole); how many. Descends only where
-    the uid may pass (nothing of it can lie below a folder it cannot enter), never follows a link nor leaves
-    the root's file system."""
+def remove_files_of(user: JobUser, roots: tuple[str, ...] = SHARED_FOLDERS, *, spare: tuple[Path, ...] = ()) -> int:
+    """Remove every entry `user` owns below `roots` (a folder it owns, whole), except in and above `spare`
+    (the service's run folder: the job's granted folders); how many. Descends only where the uid may pass
+    (nothing of it can lie below a folder it cannot enter), never follows a link nor leaves the root's file
+    system."""
     groups = set(os.getgrouplist(user.name, user.gid))
+    kept = {os.path.realpath(p) for p in spare}
     removed = 0
     for root in roots:
         try:
@@ -224,12 +228,14 @@ def remove_files_of(user: JobUser, roots: tuple[str, ...] = SHARED_FOLDERS) -> i
         except OSError:
             continue
         for _dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+            dirnames[:] = [d for d in dirnames if os.path.join(_dirpath, d) not in kept]
             for name in [*filenames, *dirnames]:
                 try:
                     st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                if st.st_uid == user.uid:
+                path = os.path.join(_dirpath, name)
+                if st.st_uid == user.uid and not any(k == path or k.startswith(path + os.sep) for k in kept):
                     try:
                         if stat.S_ISDIR(st.st_mode):
                             shutil.rmtree(name, dir_fd=dirfd)

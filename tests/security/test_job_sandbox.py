@@ -122,6 +122,8 @@ def test_what_a_uid_leaves_in_the_nodes_shared_folders_goes_with_its_lease(base:
     try:
         left = [Path(p) for p in _run(settings, base, str(shared), function=leave_files)]
         assert left and not [p for p in left if os.path.lexists(p)], f"the job's uid kept {left}"
+        # its own folder (the run folder lies below the node's /var/tmp here) is taken back, never removed
+        assert (base / "runs" / "run-1" / "train" / "attempt-1" / "submitit").is_dir()
         assert shared.is_dir()  # not the uid's: stays
     finally:
         shutil.rmtree(shared, ignore_errors=True)
