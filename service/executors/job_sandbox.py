@@ -100,6 +100,8 @@ def private_mounts(spec: dict[str, Any]) -> None:
         for entry in _kept_entries(os.path.realpath(hidden), keep):
             source = f"/proc/self/fd/{old[hidden]}/{entry}"
             target = os.path.join(hidden, entry)
+            if not os.path.exists(source):
+                continue  # not made yet (an artifact folder before the first upload): nothing to reach
             if os.path.isdir(source):
                 os.makedirs(target, exist_ok=True)
             elif not os.path.exists(target):

@@ -208,7 +208,7 @@ def _submit(
         local.cgroups = job_cgroup.jobs_root(settings.job_cgroup) if "cgroup" in promised else None
         local.limits = (settings.job_pids_max, settings.job_memory_max_bytes()) if "limits" in promised else None
         local.sandbox = _sandbox(settings, folder, python, promised, writable=(folder.parent, *also_writable),
-                                 network=network)
+                                 network=network, pythonpath=pythonpath)
         ex = local
     else:
         raise ValueError(f"executor: {executor!r} is not one of slurm, local")
@@ -225,14 +225,14 @@ def _submit(
 
 
 def _sandbox(settings: Settings, folder: Path, python: str, promised: frozenset[str], *,
-             writable: tuple[Path, ...], network: bool) -> dict[str, Any]:
+             writable: tuple[Path, ...], network: bool, pythonpath: str = "") -> dict[str, Any]:
     """job_sandbox.py's SPEC for a local job (its cgroups and user are added at the start)."""
     spec: dict[str, Any] = {"network": "network" in promised and not network, "mounts": "mounts" in promised}
     if spec["mounts"]:
         own = Path(private_environment(folder.parent)["TMPDIR"])
         # what the job must reach, wherever it lives: under the node's /tmp it is bound back into the job's own
         needed = [folder, *writable, settings.resolved_run_folder, settings.resolved_artifact_folder, Path(python),
-                  Path(sys.executable), REPO_ROOT]
+                  Path(sys.executable), REPO_ROOT, *(Path(p) for p in pythonpath.split(os.pathsep) if p)]
         spec.update(folders={"/tmp": str(own), "/var/tmp": str(own.parent / VAR_TMP)},
                     shm_size=parse_size(settings.job_shm_size, "PARITY_JOB_SHM_SIZE"),
                     keep=sorted({str(p) for n in needed for p in (n.absolute(), n.resolve())}),
