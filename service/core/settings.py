@@ -245,7 +245,11 @@ class Settings(BaseSettings):
     def waived_isolations(self) -> frozenset[str]:
         """The isolations PARITY_JOB_ISOLATION_WAIVE lets a local job go without (unset: all unless root)."""
         if self.job_isolation_waive is None:
-            return frozenset() if os.geteuid() == 0 else frozenset(ISOLATIONS)
+            if os.geteuid() == 0:
+                return frozenset()
+            # not root: only a cgroup delegated to this user (PARITY_JOB_CGROUP names it) can still be had
+            delegated = self.job_cgroup not in ("auto", "off")
+            return frozenset(ISOLATIONS) - ({"cgroup"} if delegated else set())
         names = {n.strip() for n in self.job_isolation_waive.split(",") if n.strip()}
         return frozenset(ISOLATIONS) if "all" in names else frozenset(names)
 

@@ -227,9 +227,9 @@ def _assert_contained(scene: Scene, stage: str, report: dict[str, Any], executor
     assert not report["read_secret_file"]["ok"] and denied in report["read_secret_file"]["detail"], shown
     if MUNGE_KEY.exists():  # the munge key (0400 munge): unreadable; a local job's /var/tmp is its own, where
         # the single-node Slurm's key (/var/tmp/parity-slurm) is not there at all
-        why = ("Permission denied", "No such file") if executor == "local" else ("Permission denied",)
+        stops = ("Permission denied", "No such file") if executor == "local" else ("Permission denied",)
         detail = report["read_munge_key"]["detail"]
-        assert not report["read_munge_key"]["ok"] and any(w in detail for w in why), shown
+        assert not report["read_munge_key"]["ok"] and any(w in detail for w in stops), shown
     # /proc/<scheduler>/environ: another uid's, refused by the kernel
     assert not report["read_scheduler_environ"]["ok"], shown
     assert "refused" in report["read_scheduler_environ"]["detail"], shown
