@@ -80,6 +80,31 @@ if grep -qs '^cgroup /sys/fs/cgroup/freezer cgroup .*freezer' /proc/self/mounts;
 else
   PROCTRACK=proctrack/linuxproc
 fi
+# Job users never submit Slurm jobs of their own (the review's job ran `sbatch --begin=now+75`, which ran as
+# the pool user after its lease): a job_submit rule refuses every job the job users ask for themselves.
+# The scheduler's own sbatch is root's (--uid/--gid); a job's srun inside its allocation is a step, which
+# job_submit never sees. What a cluster without the rule lets through is cancelled with the lease
+# (service/executors/job_leases.py).
+JOB_UIDS=$(getent passwd | awk -F: -v base="${PARITY_SLURM_JOB_USER:-parity-job}" \
+  '$1 == base || index($1, base "-") == 1 { printf "[%s]=true,", $3 }')
+cat >"$ETC/job_submit.lua.new" <<EOF
+-- written by scripts/slurm-up.sh; edits are overwritten
+local job_users = {${JOB_UIDS}}
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  if job_users[submit_uid] then
+    slurm.log_user("job users may not submit Slurm jobs (uid %d)", submit_uid)
+    return slurm.ERROR
+  end
+  return slurm.SUCCESS
+end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  if job_users[modify_uid] then
+    return slurm.ERROR
+  end
+  return slurm.SUCCESS
+end
+return slurm.SUCCESS
+EOF
 cat >"$ETC/slurm.conf.new" <<EOF
 # written by scripts/slurm-up.sh; edits are overwritten
 ClusterName=$CLUSTER
@@ -100,6 +125,8 @@ SlurmctldDebug=info
 SlurmdDebug=info
 # proctrack/cgroup on a cgroup v1 hierarchy when the host has one, else /proc (see above)
 ProctrackType=$PROCTRACK
+# job users may not submit (job_submit.lua beside this file)
+JobSubmitPlugins=lua
 TaskPlugin=task/none
 # CR_CPU: a task takes a CPU (not a whole core), so 2 tasks fit on any 2-CPU machine
 SelectType=select/cons_tres
@@ -150,7 +177,7 @@ ConstrainRAMSpace=no
 ConstrainDevices=no
 EOF
 changed=0
-for f in slurm.conf slurmdbd.conf cgroup.conf; do
+for f in slurm.conf slurmdbd.conf cgroup.conf job_submit.lua; do
   if cmp -s "$ETC/$f.new" "$ETC/$f"; then rm "$ETC/$f.new"; else mv "$ETC/$f.new" "$ETC/$f"; changed=1; fi
 done
 chmod 600 "$ETC/slurmdbd.conf" # slurmdbd refuses a world-readable file holding a password

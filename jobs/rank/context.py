@@ -57,6 +57,21 @@ def _inject_fault(stage: str, rank: int) -> None:
     raise RuntimeError(f"injected fault in stage {stage} on rank {rank}")
 
 
+def hold_if_asked(folder: Path, rank: int, step: int) -> None:
+    """Test hook for faults that must land mid-run: PARITY_HOLD_AT_STEP="step:release-file".
+
+    After that step (between stages: no stage timer runs), while the release file does not exist, the rank
+    writes `held.rank<r>` in its attempt folder and waits: a test strikes the attempt then, knowing it is
+    mid-run (a fault raced against a short attempt once struck nothing), and creates the file after.
+    """
+    target, _, release = os.environ.get("PARITY_HOLD_AT_STEP", "").partition(":")
+    if not release or target != str(step) or os.path.exists(release):
+        return
+    (folder / f"held.rank{rank}").write_text(str(os.getpid()))
+    while not os.path.exists(release):
+        time.sleep(0.05)
+
+
 class RankContext:
     """Per-rank state of one phase: its document, its folder, and the current stage."""
 

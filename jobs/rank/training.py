@@ -38,7 +38,7 @@ from jobs.contract import (
     StepRecord,
 )
 from jobs.rank import checkpoint, compat, dist, model
-from jobs.rank.context import RankContext
+from jobs.rank.context import RankContext, hold_if_asked
 from jobs.rank.probes import buckets, checkpoint_contents, final_numeric, fingerprints, global_state, groups, index_map
 from jobs.rank.probes import state as state_probe
 from jobs.rank.workarounds import (
@@ -381,6 +381,7 @@ def run_steps(
     for step in range(first, spec.steps + 1):
         record = ctx.run("step", functools.partial(_one_step, tr, step, holders, micro), STEP_TIMEOUT_S)
         ctx.doc["steps"].append(record)
+        hold_if_asked(ctx.folder, ctx.rank, step)
         if ctx.pending_save is not None:  # an async save: training went on; finalize it once written
             poll = functools.partial(checkpoint.finish_async, ctx.pending_save, blocking=False)
             if ctx.run("save", poll, save_timeout_s):

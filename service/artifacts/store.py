@@ -120,6 +120,7 @@ class Received:
 # the artifact folder may be passed (a build job reads its own wheel by its sha256), never listed: a job
 # must not enumerate every tenant's uploads
 ROOT_MODE = 0o711
+STORED_MODE = 0o700  # an artifact's own folder: the service's alone
 
 
 def incoming(settings: Settings) -> Path:
@@ -194,9 +195,12 @@ def store(session: Session, *, received: Received, filename: str, token: ApiToke
             art.token_id, art.uploaded_by = token.id, token.name  # bytes brought back count for who brought them
         if new or not Path(art.path).is_file():
             dest = Path(art.path)
-            dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            # the service's only: a job (any tenant's build) must not read another tenant's wheel; a build
+            # gets a copy of its own wheels in its folder (service/environments/build_steps.py)
+            dest.parent.mkdir(parents=True, exist_ok=True, mode=STORED_MODE)
+            dest.parent.chmod(STORED_MODE)
             os.replace(received.temp, dest)
-            dest.chmod(0o644)
+            dest.chmod(0o600)
             art.state, new = "stored", True
         art.last_used_at = utcnow()
         session.flush()
@@ -213,9 +217,12 @@ def get_artifact(session: Session, *, sha256: str) -> Artifact:
     return art
 
 
-def list_artifacts(session: Session, *, limit: int = 100) -> list[Artifact]:
-    """The newest artifacts first."""
-    return list(session.scalars(select(Artifact).order_by(Artifact.created_at.desc()).limit(limit)))
+def list_artifacts(session: Session, *, limit: int = 100, token_id: int | None = None) -> list[Artifact]:
+    """The newest artifacts first (only those counted for `token_id` when given)."""
+    query = select(Artifact)
+    if token_id is not None:
+        query = query.where(Artifact.token_id == token_id)
+    return list(session.scalars(query.order_by(Artifact.created_at.desc()).limit(limit)))
 
 
 def resolve_lines(session: Session, lines: Iterable[str], *, touch: bool = True) -> list[str]:

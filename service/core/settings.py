@@ -6,7 +6,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,6 +20,8 @@ def default_data_dir() -> Path:
     return Path(base) / "megatron-parity"
 
 
+# what a local job is isolated by, each promised when the scheduler is root (PARITY_JOB_ISOLATION_WAIVE)
+ISOLATIONS = ("cgroup", "limits", "mounts", "network")
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_QUOTA_BYTES = 1 << 50  # 1 PiB: anything larger is a typo, and overflows what rlimits take
 
@@ -78,6 +80,19 @@ class Settings(BaseSettings):
     # a setsid daemon included, outlives it): "auto" (a writable cgroup v2 hierarchy, as root), "off", or
     # the path of a cgroup v2 folder the scheduler may write (service/executors/job_cgroup.py)
     job_cgroup: str = "auto"
+    # What a local job's cgroup allows (service/executors/job_cgroup.py): processes and threads at once
+    # (pids.max; a fork bomb stops there) and memory (memory.max, with the K/M/G/T suffixes of the quota;
+    # its tmpfs /dev/shm counts in it too); "max" for no cap
+    job_pids_max: str = "4096"
+    job_memory_max: str = "32G"
+    # the size of a local job's own /dev/shm (a tmpfs, nosuid,nodev; torch's shared memory lives there)
+    job_shm_size: str = "2G"
+    # Isolations a local job may run without, comma-separated: cgroup (its processes killed whole), limits
+    # (pids.max, memory.max), mounts (its own /tmp, /var/tmp, /dev/shm, nosuid), network (its own loopback
+    # only), or "all". Anything promised and not set up stops every job from starting, naming what is
+    # missing; a waived one is logged at every job. Unset: none waived when the scheduler is root, all when it
+    # is not (a laptop: nothing can be isolated without root, the weaker mode docs/security.md describes).
+    job_isolation_waive: str | None = None
 
     # what a submit token may build (service/environments/build_policy.py): project names (released
     # versions, pinned), git+https repository URLs (at a full commit), `artifact` (artifact:<sha256>)
@@ -201,6 +216,46 @@ class Settings(BaseSettings):
     def _check_quota(cls, value: str) -> str:
         parse_size(value)
         return value
+
+    @field_validator("job_memory_max", "job_shm_size", "job_pids_max")
+    @classmethod
+    def _check_job_limits(cls, value: str, info: Any) -> str:
+        name = f"PARITY_{info.field_name.upper()}"
+        if value.strip() == "max" and info.field_name != "job_shm_size":
+            return "max"
+        if info.field_name == "job_pids_max":
+            if not value.strip().isdigit() or int(value) < 16:
+                raise ValueError(f"{name}: {value!r} is not a number of processes (16 or more) or 'max'")
+            return value.strip()
+        parse_size(value, name)
+        return value
+
+    @field_validator("job_isolation_waive")
+    @classmethod
+    def _check_waive(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        names = {n.strip() for n in value.split(",") if n.strip()}
+        bad = sorted(names - {*ISOLATIONS, "all"})
+        if bad:
+            raise ValueError(f"PARITY_JOB_ISOLATION_WAIVE: unknown {', '.join(map(repr, bad))}; allowed: "
+                             f"{', '.join(ISOLATIONS)} or all")
+        return value
+
+    def waived_isolations(self) -> frozenset[str]:
+        """The isolations PARITY_JOB_ISOLATION_WAIVE lets a local job go without (unset: all unless root)."""
+        if self.job_isolation_waive is None:
+            if os.geteuid() == 0:
+                return frozenset()
+            # not root: only a cgroup delegated to this user (PARITY_JOB_CGROUP names it) can still be had
+            delegated = self.job_cgroup not in ("auto", "off")
+            return frozenset(ISOLATIONS) - ({"cgroup"} if delegated else set())
+        names = {n.strip() for n in self.job_isolation_waive.split(",") if n.strip()}
+        return frozenset(ISOLATIONS) if "all" in names else frozenset(names)
+
+    def job_memory_max_bytes(self) -> int | None:
+        """PARITY_JOB_MEMORY_MAX in bytes (None: no cap)."""
+        return None if self.job_memory_max == "max" else parse_size(self.job_memory_max, "PARITY_JOB_MEMORY_MAX")
 
     @field_validator("token_max_artifact_bytes")
     @classmethod

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session
 from jobs.protocol import UnreadableDocument, read_job_file
 from models import Environment, Run
 from models.base import utcnow
+from service.artifacts.lines import artifact_sha
 from service.artifacts.store import resolve_lines
 from service.core.errors import DomainError
 from service.core.run_state import TERMINAL, RunState, transition
@@ -49,6 +51,52 @@ def pip_environment() -> frozenset[str]:
     return frozenset(k for k in os.environ if k.startswith(keep) or k.lower().endswith("_proxy") or k in names)
 
 
+UPLOADS = "uploads"  # a build folder's copies of the artifacts it installs
+
+
+def own_copies(folder: Path, lines: list[str], resolved: list[str]) -> list[str]:
+    """`resolved` with each uploaded artifact's stored path replaced by a copy in folder/uploads.
+
+    Stored artifacts are the service's only (0600): a job user, whichever tenant's job it runs, reads no
+    upload but the ones its own build installs, which it gets here. Made by directory descriptor, never
+    through a link an earlier attempt's job left in its folder; what is there is replaced.
+    """
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            if stat.S_ISDIR(os.stat(UPLOADS, dir_fd=top, follow_symlinks=False).st_mode):
+                shutil.rmtree(UPLOADS, dir_fd=top)
+            else:
+                os.unlink(UPLOADS, dir_fd=top)
+        except FileNotFoundError:
+            pass
+        os.mkdir(UPLOADS, 0o700, dir_fd=top)
+        uploads = os.open(UPLOADS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+        try:
+            out = []
+            for line, path in zip(lines, resolved, strict=True):
+                sha = artifact_sha(line.strip())
+                if sha is None:
+                    out.append(path)
+                    continue
+                name = Path(path).name
+                os.mkdir(sha, 0o700, dir_fd=uploads)
+                inner = os.open(sha, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=uploads)
+                try:
+                    dest = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=inner)
+                    with open(path, "rb") as src, os.fdopen(dest, "wb") as fh:
+                        shutil.copyfileobj(src, fh)
+                finally:
+                    os.close(inner)
+                out.append(str(folder / UPLOADS / sha / name))
+            return out
+        finally:
+            os.close(uploads)
+    finally:
+        os.close(top)
+
+
 def launch_builds(session: Session, *, settings: Settings, executor: str | None = None, limit: int = 2) -> int:
     """Submit (or adopt) up to `limit` pending builds on `executor` (default: settings'). Returns how many."""
     executor = executor or pick_executor(settings)
@@ -63,8 +111,9 @@ def launch_builds(session: Session, *, settings: Settings, executor: str | None 
         if job_id is None:
             if job_folder.exists():  # a previous (failed) attempt's files: start clean
                 shutil.rmtree(job_folder)
-            try:  # the job installs uploaded artifacts from their stored files
-                lines = resolve_lines(session, list(env.requirements or []))
+            try:  # the job installs uploaded artifacts from copies in its own folder (the store is the service's)
+                lines = own_copies(folder, list(env.requirements or []),
+                                   resolve_lines(session, list(env.requirements or [])))
             except DomainError as exc:
                 env.error_message = exc.detail
                 set_state(env, "failed")
@@ -79,7 +128,7 @@ def launch_builds(session: Session, *, settings: Settings, executor: str | None 
                 job = launcher.submit_phase(
                     executor=executor, folder=job_folder, python=sys.executable, tasks=1,
                     settings=settings, name=f"parity-env-{env.id}", function=build_environment,
-                    args=(str(folder), lines, pythons), env_names=pip_environment(),
+                    args=(str(folder), lines, pythons), env_names=pip_environment(), network=True,
                 )
             except job_leases.NoFreeJobUser as exc:  # every job user serves a live job: build later
                 log.info("build %s waits: %s", env.id, exc)

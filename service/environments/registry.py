@@ -20,11 +20,12 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from models import ApiToken, Environment
+from models import ApiToken, Environment, Track
 from models.base import utcnow
 from service.artifacts.store import resolve_lines
-from service.core.errors import Conflict, DomainError, NotFound, QuotaExceeded
+from service.core.errors import Conflict, DomainError, Forbidden, NotFound, QuotaExceeded
 from service.core.settings import Settings
+from service.core.tracks import may_write
 from service.environments import interpreters
 from service.environments.requirements import RequirementError, content_hash, normalize
 
@@ -156,6 +157,36 @@ def ensure_default_environment(session: Session, *, settings: Settings) -> Envir
     return env
 
 
+# The name the service gives a nameless build (`build-<12 hex>`, predictable from public requirement lines):
+# a client that took one first would make the service's own build a 409. (A source's commit builds,
+# `<source>@<commit>`, a watched track's runs, carry an @ that no client's name may hold: EnvironmentIn.)
+SERVICE_NAMED = re.compile(r"^build-[0-9a-f]{12}")
+
+
+def check_name_claim(session: Session, name: str, token: ApiToken | None) -> None:
+    """403 when a (non-admin) token names a build with a name that is not its to take.
+
+    An environment's name is a track (a run with no branch label writes the track of its environment's
+    name) and `default` is what every run that names no environment runs on: a name is taken only by a
+    token that may write that track, never `default`, a watched track's name or a name of the service's.
+    """
+    if token is None or "admin" in token.scopes:
+        return
+    why = None
+    if name == DEFAULT_ENVIRONMENT:
+        why = "is the environment every run without one runs on (an admin's)"
+    elif SERVICE_NAMED.search(name):
+        why = "has the form of a name the service gives builds (build-<hash>)"
+    elif session.scalar(select(Track.id).where(Track.name == name)) is not None:
+        why = "is a watched track's name"
+    elif not may_write(token, name):
+        allowed = ", ".join(repr(p) for p in token.tracks or ()) or "none"
+        why = f"is a track this token may not write (its tracks: {allowed})"
+    if why:
+        raise Forbidden(f"name: {name[:200]!r} {why}; leave name out (the build is called build-<hash>) or "
+                        "ask an admin", field="name")
+
+
 def _unique_name(session: Session, name: str) -> None:
     if session.scalar(select(Environment.id).where(Environment.name == name)) is not None:
         raise Conflict(f"name: environment {name!r} already exists", field="name")
@@ -228,6 +259,8 @@ def request_build(
             env.token_id = token.id if token else None
         env.last_used_at = utcnow()
         return env, False
+    if name is not None:
+        check_name_claim(session, name, token)
     name = name or f"build-{digest[:12]}"
     _unique_name(session, name)
     _charge_build(session, token, settings)

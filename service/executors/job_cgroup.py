@@ -3,8 +3,8 @@
 A process group is not enough: a job's `setsid` daemon leaves the group (and the session), keeps
 running as the job user and can write into later jobs' live folders. A cgroup (v2) holds every
 process a job starts, whatever it does with sessions, and `cgroup.kill` ends them all at once. The
-controller is started as root by a tiny shell that moves itself into the job's cgroup, then drops to
-the job user (setpriv) and execs, so nothing of the job runs before it is inside. The scheduler
+controller is started as root by job_sandbox.py, which moves itself into the job's cgroup before it
+builds the job's namespaces and drops to the job user, so nothing of the job runs before it is inside. The scheduler
 becomes a child subreaper, so the killed daemons' zombies are its to reap (`reap_orphans`).
 
 PARITY_JOB_CGROUP: unset or "auto" uses a cgroup v2 hierarchy when the scheduler may write it (root on
@@ -19,7 +19,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -99,33 +98,6 @@ def _probe(root: Path) -> None:
 def cgroup_of(root: Path, folder: Path) -> Path:
     """The cgroup of the local job submitted from `folder` (found again from the folder after a restart)."""
     return root / hashlib.sha1(str(folder).encode()).hexdigest()[:20]
-
-
-@lru_cache(maxsize=1)
-def private_mounts() -> bool:
-    """Whether this process may give a job a mount namespace of its own (root, and the host allows it)."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "true"], capture_output=True,
-                           timeout=30)
-    return probe.returncode == 0
-
-
-def enter(cgroup: Path, command: list[str], uid: int | None, gid: int | None,
-          private_tmp: Path | None = None) -> list[str]:
-    """`command` started inside `cgroup`, as uid/gid when given (the move happens before the drop).
-
-    private_tmp: mounted over /tmp in a mount namespace of the job's own (when the host allows one), so
-    what the job writes to /tmp is in its folder, counted in its quota, and gone with it.
-    """
-    cgroup.mkdir(exist_ok=True)
-    drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if uid is not None else []
-    own_tmp: list[str] = []
-    if private_tmp is not None and private_mounts():
-        own_tmp = ["unshare", "--mount", "--propagation", "private", "--",
-                   "/bin/sh", "-c", 'mount --bind "$1" /tmp && shift && exec "$@"', "sh", str(private_tmp)]
-    return ["/bin/sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(cgroup / "cgroup.procs"),
-            *own_tmp, *drop, *command]
 
 
 def become_subreaper() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 # the subfolder of a granted folder that holds the job's own HOME and TMPDIR (made fresh by
 # launcher.hand_over before every job)
 PRIVATE = ".private"
+VAR_TMP = "var-tmp"  # beside TMPDIR: a local job's own /var/tmp (service/executors/job_sandbox.py)
 
 
 def private_environment(granted: Path) -> dict[str, str]:
@@ -49,7 +50,7 @@ def make_private(granted: Path) -> dict[str, str]:
         elif left is not None:
             os.unlink(PRIVATE, dir_fd=top)  # a file or a link: itself, never its target
         parts = ("home", "home/.config", "home/.cache", "home/.cache/pip", "home/.local", "home/.local/share",
-                 "home/.local/state", "tmp")
+                 "home/.local/state", "tmp", VAR_TMP)
         _make_dirs(top, PRIVATE, parts)
     finally:
         os.close(top)

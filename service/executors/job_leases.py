@@ -26,7 +26,10 @@ import json
 import logging
 import os
 import pwd
+import secrets
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -100,7 +103,8 @@ def _leased_name(settings: Settings, holder: Path) -> str | None:
 
 
 def lease(settings: Settings, holder: Path) -> JobUser | None:
-    """The user the job writing `holder` runs as: its lease, made now if it has none (None: no job user).
+    """The user the job writing `holder` runs as: its lease, made now if it has none (None: no job user);
+    a new one is a free user picked at random.
 
     A new lease first kills whatever its uid still runs (a scheduler that died before giving it back).
     NoFreeJobUser when every pool user is leased.
@@ -115,6 +119,9 @@ def lease(settings: Settings, holder: Path) -> JobUser | None:
     held = next((name for name, folder in leased_to.items() if folder == str(holder)), None)
     if held is not None:
         return JobUser.lookup(held)
+    # a random free user, never the lowest: a job that could predict which uid a later job of another tenant
+    # gets could prepare for it (the review's setuid shell waited in /var/tmp for the victim's uid)
+    secrets.SystemRandom().shuffle(users)
     fd = _folder(settings)
     try:
         for user in users:
@@ -167,15 +174,91 @@ def leased(settings: Settings, holder: Path) -> bool:
 
 
 def stop(settings: Settings, holder: Path) -> int:
-    """The job writing `holder` is over: kill every process of its leased user (none without a lease)."""
+    """The job writing `holder` is over: kill every process of its leased user (none without a lease), then
+    remove every file that user left in the node's shared folders (`remove_files_of`)."""
     held = _leased_name(settings, holder)
     if held is None:
         return 0
     try:
-        return kill_user(JobUser.lookup(held))
+        user = JobUser.lookup(held)
     except JobUserError as exc:
         log.warning("not killing the processes of %s (lease of %s): %s", held, holder, exc)
         return 0
+    left = kill_user(user)
+    cancel_slurm_jobs_of(user)  # the review's `sbatch --begin=now+75` ran as the uid after its lease
+    # nothing of the uid runs now: nothing makes them again; its own folders (in the run folder, below the
+    # node's /tmp where a clone in `mktemp -d` keeps it) are taken back by the caller, never removed
+    remove_files_of(user, spare=(settings.resolved_run_folder, settings.resolved_artifact_folder))
+    return left
+
+
+def cancel_slurm_jobs_of(user: JobUser) -> None:
+    """Cancel every Slurm job `user` has, queued or running (none can be another job's: the uid was leased
+    to this one alone). Job users may not submit at all where scripts/slurm-up.sh's job_submit rule holds;
+    this is for a cluster without it. No Slurm configured here: nothing to cancel (and no ctld to wait for)."""
+    configured = os.environ.get("SLURM_CONF") or os.path.exists("/etc/slurm/slurm.conf")
+    if shutil.which("scancel") is None or not configured:
+        return
+    try:
+        done = subprocess.run(["scancel", "--quiet", "-u", user.name], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("scancel -u %s: %s", user.name, exc)
+        return
+    if done.returncode != 0 and "Invalid user" not in done.stderr:
+        log.warning("scancel -u %s: %s", user.name, done.stderr.strip() or done.returncode)
+
+
+# Where any uid may leave a file on a node: a local job sees its own of the first three (job_sandbox.py), a
+# Slurm job or a waived one the node's; what a job's uid owns there is removed before the uid serves anyone
+# else (the review's setuid shells in /var/tmp and /dev/shm waited there for the uid's next job).
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+
+
+def remove_files_of(user: JobUser, roots: tuple[str, ...] = SHARED_FOLDERS, *, spare: tuple[Path, ...] = ()) -> int:
+    """Remove every entry `user` owns below `roots` (a folder it owns, whole), except in and above `spare`
+    (the service's run folder: the job's granted folders); how many. Descends only where the uid may pass
+    (nothing of it can lie below a folder it cannot enter), never follows a link nor leaves the root's file
+    system."""
+    groups = set(os.getgrouplist(user.name, user.gid))
+    kept = {os.path.realpath(p) for p in spare}
+    removed = 0
+    for root in roots:
+        try:
+            device = os.stat(root, follow_symlinks=False).st_dev
+        except OSError:
+            continue
+        for _dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+            dirnames[:] = [d for d in dirnames if os.path.join(_dirpath, d) not in kept]
+            for name in [*filenames, *dirnames]:
+                try:
+                    st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                path = os.path.join(_dirpath, name)
+                if st.st_uid == user.uid and not any(k == path or k.startswith(path + os.sep) for k in kept):
+                    try:
+                        if stat.S_ISDIR(st.st_mode):
+                            shutil.rmtree(name, dir_fd=dirfd)
+                        else:
+                            os.unlink(name, dir_fd=dirfd)
+                        removed += 1
+                    except OSError as exc:
+                        log.warning("%s's %s/%s not removed: %s", user.name, _dirpath, name, exc)
+            dirnames[:] = [d for d in dirnames if _passable(dirfd, d, user.uid, groups, device)]
+    if removed:
+        log.info("removed %d entries %s left in the node's shared folders", removed, user.name)
+    return removed
+
+
+def _passable(dirfd: int, name: str, uid: int, groups: set[int], device: int) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if st.st_dev != device or not stat.S_ISDIR(st.st_mode):
+        return False
+    bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid in groups else stat.S_IXOTH
+    return bool(st.st_mode & bit)
 
 
 def release(settings: Settings, holder: Path) -> None:

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -25,10 +26,10 @@ import submitit
 from submitit.core.core import Job
 
 from jobs.protocol import read_job_file_tail
-from service.core.settings import Settings, get_settings
-from service.executors import job_cgroup, job_leases
+from service.core.settings import Settings, get_settings, parse_size
+from service.executors import isolation, job_cgroup, job_leases, job_limits
 from service.executors import job_user as jobuser
-from service.executors.job_home import make_private, private_environment
+from service.executors.job_home import VAR_TMP, make_private, private_environment
 from service.executors.local_jobs import IsolatedLocalExecutor, kill_group, local_process, start_time
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ JOB_ENV_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
     "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "SLURM_CONF",
     # job-side knobs read by jobs/ (fault injection in tests, checkpoint save manager, fast exit)
-    "PARITY_INJECT_FAULT", "PARITY_SAVE_MANAGER_QUEUE", "PARITY_FAST_EXIT",
+    "PARITY_INJECT_FAULT", "PARITY_HOLD_AT_STEP", "PARITY_SAVE_MANAGER_QUEUE", "PARITY_FAST_EXIT",
 })
 JOB_ENV_PREFIXES = ("LC_", "SLURM_", "SUBMITIT_", "OMP_", "MKL_", "NCCL_", "GLOO_", "TORCH_")
 _ENV_LOCK = threading.Lock()
@@ -128,9 +129,13 @@ class _SlurmExecutor(submitit.SlurmExecutor):
 def submit_phase(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
     function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(), nodes: int = 1,
-    gate: Path | None = None, also_writable: tuple[Path, ...] = (), nice: int = 0,
+    gate: Path | None = None, also_writable: tuple[Path, ...] = (), nice: int = 0, network: bool = False,
 ) -> PhaseJob:
     """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
+
+    network: the job reaches the node's network (a build: pip fetches from its index). Without it a local
+    job has a network namespace of its own with only loopback (isolation.py): not the host's Postgres or
+    API, and no other job's ports to clash with.
 
     nice: Slurm's `--nice` (a lower priority: background work yields to user jobs); the local
     executor orders its work before submitting (service/scheduler/submitter.py).
@@ -151,7 +156,8 @@ def submit_phase(
     run_as = hand_over(settings, folder, gate=gate, also_writable=also_writable)
     try:
         return _submit(executor=executor, folder=folder, python=python, tasks=tasks, settings=settings, name=name,
-                       function=function, args=args, env_names=env_names, nodes=nodes, run_as=run_as, nice=nice)
+                       function=function, args=args, env_names=env_names, nodes=nodes, run_as=run_as, nice=nice,
+                       also_writable=also_writable, network=network)
     except Exception:  # nothing runs: the folders and the user go back at once
         for granted in (folder.parent, *also_writable):
             jobuser.take_back(granted, run_as, root=settings.resolved_run_folder)
@@ -162,6 +168,7 @@ def submit_phase(
 def _submit(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str, function: Any,
     args: tuple[Any, ...], env_names: frozenset[str], nodes: int, run_as: jobuser.JobUser | None, nice: int = 0,
+    also_writable: tuple[Path, ...] = (), network: bool = False,
 ) -> PhaseJob:
     private = private_environment(folder.parent)
     fsize = settings.run_disk_quota_bytes
@@ -174,7 +181,8 @@ def _submit(
     quoted = shlex.quote(python)
     ex: submitit.Executor
     if executor == "slurm":
-        slurm = _SlurmExecutor(folder=folder, python=quoted, max_num_timeout=0)
+        # no exec in the job gains a privilege (a setuid file is an ordinary one to it), as a local job's sandbox
+        slurm = _SlurmExecutor(folder=folder, python=f"setpriv --no-new-privs {quoted}", max_num_timeout=0)
         slurm.exit_after_sbatch = os.environ.get(FAULT_AFTER_SBATCH) == "1"
         params: dict[str, Any] = dict(
             ntasks_per_node=tasks // nodes, nodes=nodes, cpus_per_task=settings.slurm_cpus_per_task,
@@ -196,15 +204,16 @@ def _submit(
         local = IsolatedLocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
         local.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
         local.run_as, local.max_file_bytes = run_as, fsize
-        local.cgroups = job_cgroup.jobs_root(settings.job_cgroup)
-        # the job's own /tmp, unless something it needs lives under the node's /tmp (the mount would hide it)
-        needed = [folder, settings.resolved_run_folder, settings.resolved_artifact_folder, Path(python), REPO_ROOT]
-        hidden = any(p.resolve().is_relative_to("/tmp") for p in needed)
-        local.private_tmp = None if hidden else Path(private["TMPDIR"])
+        promised = isolation.required(settings)  # IsolationMissing names what this host cannot give
+        local.cgroups = job_cgroup.jobs_root(settings.job_cgroup) if "cgroup" in promised else None
+        local.limits = (settings.job_pids_max, settings.job_memory_max_bytes()) if "limits" in promised else None
+        local.sandbox = _sandbox(settings, folder, python, promised, writable=(folder.parent, *also_writable),
+                                 network=network, pythonpath=pythonpath)
         ex = local
     else:
         raise ValueError(f"executor: {executor!r} is not one of slurm, local")
-    local_path = {"PYTHONPATH": pythonpath} if executor == "local" else {}
+    # gloo binds to the address the host's name resolves to, which a job's own network may not have
+    local_path = {"PYTHONPATH": pythonpath, "GLOO_SOCKET_IFNAME": "lo"} if executor == "local" else {}
     with only_job_environment(settings.job_env_names() | env_names, {**local_path, **private}):
         job = ex.submit(function, *args)
     started = None
@@ -213,6 +222,22 @@ def _submit(
         started = start_time(int(job.job_id))
     log.info("submitted %s as %s job %s in %s", name, executor, job.job_id, folder)
     return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks, started=started)
+
+
+def _sandbox(settings: Settings, folder: Path, python: str, promised: frozenset[str], *,
+             writable: tuple[Path, ...], network: bool, pythonpath: str = "") -> dict[str, Any]:
+    """job_sandbox.py's SPEC for a local job (its cgroups and user are added at the start)."""
+    spec: dict[str, Any] = {"network": "network" in promised and not network, "mounts": "mounts" in promised}
+    if spec["mounts"]:
+        own = Path(private_environment(folder.parent)["TMPDIR"])
+        # what the job must reach, wherever it lives: under the node's /tmp it is bound back into the job's own
+        needed = [folder, *writable, settings.resolved_run_folder, settings.resolved_artifact_folder, Path(python),
+                  Path(sys.executable), REPO_ROOT, *(Path(p) for p in pythonpath.split(os.pathsep) if p)]
+        spec.update(folders={"/tmp": str(own), "/var/tmp": str(own.parent / VAR_TMP)},
+                    shm_size=parse_size(settings.job_shm_size, "PARITY_JOB_SHM_SIZE"),
+                    keep=sorted({str(p) for n in needed for p in (n.absolute(), n.resolve())}),
+                    writable=[str(w) for w in writable])
+    return spec
 
 
 def hand_over(
@@ -353,7 +378,10 @@ def end_job(job: PhaseJob, settings: Settings) -> int:
     except job_cgroup.CgroupError as exc:
         log.warning("not ending local job %s: %s", job.job_id, exc)
         return left
-    left += job_cgroup.kill(job_cgroup.cgroup_of(root, Path(job.folder))) if root is not None else 0
+    if root is not None:
+        cgroup = job_cgroup.cgroup_of(root, Path(job.folder))
+        left += job_cgroup.kill(cgroup)
+        job_limits.remove(cgroup.name)  # its caps' v1 cgroups, empty now
     if left:
         log.info("local job %s left %d processes running; killed", job.job_id, left)
     local = _LOCAL_JOBS.get(job.job_id)

@@ -20,19 +20,22 @@ import psutil
 import submitit
 from submitit.local import local as submitit_local
 
-from service.executors import job_cgroup
+from service.executors import job_cgroup, job_limits
+from service.executors.isolation import IsolationMissing, sandbox_command
 from service.executors.job_user import JobUser
 
 
 class IsolatedLocalExecutor(submitit.LocalExecutor):
-    """submitit's LocalExecutor, with the controller started as the leader of its own session,
-    as the job user when one is set, with RLIMIT_FSIZE (no file bigger than the run's quota), and inside
-    a cgroup of its own when `cgroups` names where to make it (service/executors/job_cgroup.py)."""
+    """submitit's LocalExecutor, with the controller started as the leader of its own session, with
+    RLIMIT_FSIZE (no file bigger than the run's quota) and, as root, inside its sandbox (job_sandbox.py):
+    its cgroup (`cgroups`: where to make it, service/executors/job_cgroup.py) with its caps (`limits`),
+    its own mounts and network as `sandbox` says, no_new_privs, and the job user (`run_as`)."""
 
     run_as: JobUser | None = None
     max_file_bytes: int | None = None
     cgroups: Path | None = None
-    private_tmp: Path | None = None  # mounted over /tmp for the job (with cgroups: root may)
+    limits: tuple[str, int | None] | None = None  # (pids.max, memory.max bytes or None) on the job's cgroup
+    sandbox: dict[str, Any] | None = None  # job_sandbox.py's SPEC, without the cgroups and the user
 
     def _submit_command(self, command: str) -> submitit_local.LocalJob[Any]:
         ntasks = self.parameters.get("tasks_per_node", 1)
@@ -51,14 +54,29 @@ class IsolatedLocalExecutor(submitit.LocalExecutor):
         who: dict[str, Any] = {}
         if self.run_as is not None:
             env.update(self.run_as.environment())
-        if self.cgroups is not None:
-            # into the job's cgroup first (as root), then setpriv drops to the job user and execs
-            cgroup = job_cgroup.cgroup_of(self.cgroups, Path(self.folder))
-            job_cgroup.kill(cgroup)  # whatever an earlier job from this folder left
-            uid, gid = (self.run_as.uid, self.run_as.gid) if self.run_as is not None else (None, None)
-            command_line = job_cgroup.enter(cgroup, command_line, uid, gid, self.private_tmp)
+        if self.sandbox is not None:
+            spec: dict[str, Any] = dict(self.sandbox)
+            procs: list[str] = []
+            if self.cgroups is not None:
+                # into the job's cgroup first (as root), before anything of the job runs
+                cgroup = job_cgroup.cgroup_of(self.cgroups, Path(self.folder))
+                job_cgroup.kill(cgroup)  # whatever an earlier job from this folder left
+                cgroup.mkdir(exist_ok=True)
+                procs.append(str(cgroup / "cgroup.procs"))
+                if self.limits is not None:
+                    try:
+                        procs += [str(p) for p in job_limits.apply(cgroup, pids_max=self.limits[0],
+                                                                   memory_max=self.limits[1])]
+                    except job_limits.LimitsError as exc:
+                        job_cgroup.kill(cgroup)
+                        raise IsolationMissing(f"local jobs cannot start: limits: {exc} "
+                                               "(PARITY_JOB_ISOLATION_WAIVE=limits runs them without)") from None
+                job_cgroup.become_subreaper()
+            spec["cgroups"] = procs
+            if self.run_as is not None:
+                spec.update(uid=self.run_as.uid, gid=self.run_as.gid)
+            command_line = sandbox_command(spec, command_line)
             who = dict(umask=0o022) if self.run_as is not None else {}
-            job_cgroup.become_subreaper()
         elif self.run_as is not None:
             # setuid/setgid in the child before exec, no supplementary groups (root's would leak in)
             who = dict(user=self.run_as.uid, group=self.run_as.gid, extra_groups=[], umask=0o022)

@@ -58,9 +58,10 @@ def get_regression(regression_id: RowId, session: SessionDep, base: BaseUrl, _: 
 def acknowledge(
     regression_id: RowId, body: AckIn, session: SessionDep, base: BaseUrl, token: SubmitToken
 ) -> RegressionOut:
-    """Take ownership of a regression as the token's name, with a note and an upstream issue link."""
+    """Take ownership of a regression as the token's name, with a note and an upstream issue link (403 unless
+    the token may write the regression's track)."""
     # the owner is who is asking, never free text: a body field let any token acknowledge as anyone
-    reg = regression_tracker.acknowledge(session, regression_id, who=token.name, note=body.note,
+    reg = regression_tracker.acknowledge(session, regression_id, grant=token, note=body.note,
                                          upstream_url=body.upstream_url)
     return regression_out(reg, base)
 

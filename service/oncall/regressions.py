@@ -10,7 +10,8 @@ from sqlalchemy.orm import Session
 from jobs.verdict_names import FAILED
 from models import Regression, Run
 from models.base import utcnow
-from service.core.errors import Conflict, InvalidSpec, NotFound
+from service.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
+from service.core.tracks import Grant, may_write
 from service.oncall import notification_events as events
 from service.oncall.flagging import NEUTRAL
 
@@ -61,12 +62,21 @@ def on_verdict(session: Session, run: Run) -> Regression | None:
 
 
 def acknowledge(
-    session: Session, regression_id: int, *, who: str, note: str = "", upstream_url: str | None = None
+    session: Session, regression_id: int, *, grant: Grant, note: str = "", upstream_url: str | None = None
 ) -> Regression:
-    """Record who owns a regression (and why, and the upstream issue); notifies once."""
+    """Record who owns a regression (the grant's name; and why, and the upstream issue); notifies once.
+
+    A regression is its track's state, as a verdict there is: only a token that may write the track (the
+    check every route that queues runs makes: service/core/tracks.py) may acknowledge or annotate it.
+    """
     reg = session.scalar(select(Regression).where(Regression.id == regression_id).with_for_update())
     if reg is None:
         raise NotFound(f"regression {regression_id} does not exist", field="regression_id")
+    if not may_write(grant, reg.track):
+        allowed = ", ".join(repr(p) for p in grant.tracks) or "none"
+        raise Forbidden(f"track: token {grant.name!r} may not acknowledge regression {regression_id} on track "
+                        f"{reg.track!r}; its tracks: {allowed}", field="track")
+    who = grant.name
     if reg.state == "resolved":
         raise Conflict(f"regression {regression_id} is already resolved", field="state")
     if upstream_url and not upstream_url.startswith(("http://", "https://")):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from datetime import timedelta
 from functools import partial
@@ -165,6 +166,10 @@ def _finished(
     info = doc["info"]
     phase.save_s, phase.load_s = info.get("save_seconds"), info.get("load_seconds")
     ok = doc["status"] == "ok"
+    if not ok and (why := setup_network_failure(doc["error"])):
+        # the ranks could not meet before training started: the node's, not the build's (retried)
+        _infra_failure(session, phase, run, f"job {phase.job_id}: {why}", settings, executor)
+        return
     _end(session, phase, run, PhaseState.SUCCEEDED if ok else PhaseState.FAILED, "" if ok else _doc_error(doc["error"]))
     if ok and plan_of(run).forks_resume(phase.name):
         _resume_in_same_job(session, phase, run, settings, executor)
@@ -174,6 +179,22 @@ def _finished(
     else:
         # both phases done, or a phase crashed inside the job: either way the evaluator decides
         transition(session, run, RunState.EVALUATING, f"{phase.name} returned {doc['status']}")
+
+
+# A rendezvous that could not bind or reach its port (the review's squatter held 20000-32767, and every
+# other tenant's run then ended `error`): a failure of the node before any of the build's training ran.
+SETUP_STAGES = ("import", "init")
+SETUP_NETWORK = re.compile(r"EADDRINUSE|address already in use|EADDRNOTAVAIL|cannot assign requested address", re.I)
+
+
+def setup_network_failure(error: Any) -> str | None:
+    """What failed, when a phase's error is a rendezvous network failure before training started; else None."""
+    if not isinstance(error, dict) or error.get("stage") not in SETUP_STAGES:
+        return None
+    text = f"{error.get('type', '')}: {error.get('message', '')}"
+    if not SETUP_NETWORK.search(text):
+        return None
+    return f"rendezvous failed in stage {error['stage']} before training started ({text[:300]})"
 
 
 def _resume_in_same_job(session: Session, saved: Phase, run: Run, settings: Settings, executor: str) -> None:

@@ -15,3 +15,12 @@ def leave_a_daemon(pid_file: str) -> int:
                                "else None; time.sleep(600)"], start_new_session=True)
     Path(pid_file).write_text(str(daemon.pid))
     return daemon.pid
+
+
+def queue_a_later_slurm_job() -> dict[str, object]:
+    """A job that queues a Slurm job of its own to run after its lease ends (the review's `sbatch --begin`)."""
+    import os
+    import subprocess
+
+    done = subprocess.run(["sbatch", "--begin=now+300", "--parsable", "--wrap", "id"], capture_output=True, text=True)
+    return {"user": os.getuid(), "rc": done.returncode, "out": done.stdout.strip(), "err": done.stderr.strip()}

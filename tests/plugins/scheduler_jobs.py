@@ -44,3 +44,28 @@ def sleep_forever(marker: str) -> None:
         fh.write(f"{os.getpid()}\n")
     while True:
         time.sleep(1)
+
+
+def fail_rendezvous(attempt_folder: str, doc: dict[str, Any]) -> None:
+    """Job payload: rank 0's rendezvous finds its port taken (as the review's squatter made it), for real, and
+    the rank writes the error document a rank writes for a failure in its import stage."""
+    import json
+    import socket
+    from pathlib import Path
+
+    import submitit
+    import torch
+
+    from jobs.contract import exception_record
+
+    rank = submitit.JobEnvironment().global_rank
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        try:
+            torch.distributed.TCPStore("127.0.0.1", squatter.getsockname()[1], is_master=True, wait_for_workers=False)
+            error = None
+        except Exception as exc:  # noqa: BLE001 - whatever torch raises is what the rank records
+            error = exception_record(exc, "import", rank)
+    out = {**doc, "rank": rank, "status": "error", "error": error}
+    (Path(attempt_folder) / f"result.rank{rank}.json").write_text(json.dumps(out))

@@ -223,6 +223,39 @@ def test_a_daemon_a_slurm_job_leaves_is_killed_when_the_job_ends(base: Path, slu
         job_leases.release(settings, folder.parent)
 
 
+@pytest.mark.slurm
+def test_a_slurm_job_a_job_queued_is_refused_or_cancelled_with_its_lease(base: Path, slurm: str) -> None:
+    """The review's job ran `sbatch --begin=now+75`: its Slurm job ran as the pool user after the lease was
+    given back. Job users may not submit where scripts/slurm-up.sh's job_submit rule holds; what one queued
+    anyway (a cluster without the rule) is cancelled with its lease, before the uid serves anyone else."""
+    import cloudpickle
+
+    import tests.plugins.daemons as daemons
+
+    _require_pool()
+    cloudpickle.register_pickle_by_value(daemons)
+    settings = Settings(executor="slurm", run_folder=base / "runs", job_user=JOB_USER)
+    folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
+    job = launcher.submit_phase(executor="slurm", folder=folder, python=sys.executable, tasks=1, settings=settings,
+                                name="sbatch-later", function=daemons.queue_a_later_slurm_job, args=())
+    user = job_leases.user_of(settings, folder.parent)
+    assert user is not None
+    try:
+        out = launcher._submitit_job(job).result()
+        _wait(lambda: launcher.poll([job])[job].kind == "done", 120, "Slurm to see the job end")
+        launcher.end_job(job, settings)
+    finally:
+        job_leases.release(settings, folder.parent)
+    queued = subprocess.run(["squeue", "-h", "-u", user.name, "-o", "%i %T"], capture_output=True, text=True)
+    assert queued.stdout.strip() == "", f"{user.name} still has Slurm jobs after its lease: {queued.stdout} ({out})"
+    if out["rc"] == 0:  # a cluster without the rule: the job was queued, and is gone now
+        state = subprocess.run(["sacct", "-n", "-X", "-j", str(out["out"]), "-o", "State"], capture_output=True,
+                               text=True).stdout
+        assert "CANCELLED" in state or not state.strip(), state
+    else:
+        assert "job users may not submit" in str(out["err"]), out
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_daemon_a_local_job_leaves_dies_with_its_user_without_a_cgroup(base: Path, mode: str) -> None:
     """The kill by uid alone (PARITY_JOB_CGROUP=off: no cgroup holds the job, as on a host without a
@@ -230,7 +263,7 @@ def test_a_daemon_a_local_job_leaves_dies_with_its_user_without_a_cgroup(base: P
     nothing may kill it without killing every other job."""
     _require_pool()
     settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER, job_users=MODES[mode],
-                        job_cgroup="off")
+                        job_cgroup="off", job_isolation_waive="cgroup,limits")
     job, folder = _daemon_job(settings, base, "local")
     pid = 0
     try:
@@ -290,6 +323,24 @@ def test_a_user_serves_one_live_job_and_comes_back_with_nothing_running(base: Pa
                        base / "after-the-deletion"]:
             job_leases.release(settings, folder)
     assert not _leases_under(settings, base)
+
+
+def test_a_lease_picks_a_random_free_user(base: Path) -> None:
+    """The review's attacker knew which uid the victim's next job would get (the lowest free one) and left a
+    setuid shell for it: a lease picks at random among the free users, so a job cannot aim at the next one."""
+    _require_pool()
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER)
+    seen = []
+    try:
+        for n in range(20):  # 20 leases of one user at a time: with two or more free, one name 20 times is ~2^-19
+            user = job_leases.lease(settings, base / f"job-{n}")
+            assert user is not None
+            seen.append(user.name)
+            job_leases.release(settings, base / f"job-{n}")
+    finally:
+        for n in range(20):
+            job_leases.release(settings, base / f"job-{n}")
+    assert len(set(seen)) > 1, seen
 
 
 def _uid_of(pid: int) -> int | None:

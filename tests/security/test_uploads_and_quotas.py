@@ -156,10 +156,11 @@ def test_a_quota_setting_that_is_not_a_size_names_itself(monkeypatch: pytest.Mon
         get_settings.cache_clear()
 
 
-def test_a_job_may_read_its_wheel_but_not_list_every_upload(
+def test_a_job_may_neither_list_the_uploads_nor_read_one(
     client: TestClient, make_token, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The review's jobs listed artifacts/ and read every tenant's wheel: the folder is passable, not listable."""
+    """The review's jobs listed artifacts/ and read every tenant's wheel: the folder is passable, not listable, and
+    a stored wheel is the service's only (a build installs a copy in its own folder: test_names_and_state.py)."""
     import os
     import pwd
     import shutil
@@ -182,6 +183,7 @@ def test_a_job_may_read_its_wheel_but_not_list_every_upload(
         as_job = ["setpriv", f"--reuid={job.pw_uid}", f"--regid={job.pw_gid}", "--clear-groups", "--"]
         listing = subprocess.run([*as_job, "ls", str(base / "artifacts")], capture_output=True, text=True)
         assert listing.returncode != 0 and art["sha256"] not in listing.stdout, listing.stdout
-        assert subprocess.run([*as_job, "cat", str(wheel)], capture_output=True).stdout == wheel.read_bytes()
+        read = subprocess.run([*as_job, "cat", str(wheel)], capture_output=True)
+        assert read.returncode != 0 and read.stdout == b"" and wheel.read_bytes(), read
     finally:
         shutil.rmtree(base, ignore_errors=True)

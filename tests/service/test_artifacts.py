@@ -51,7 +51,7 @@ def test_an_upload_is_stored_once_by_content(client: TestClient, make_token, db_
     stored = [p for p in folder.rglob("*") if p.is_file()]
     assert stored == [folder / sha / WHEEL] and stored[0].read_bytes() == body
     assert client.get(f"/api/v1/artifacts/{sha}").json()["sha256"] == sha
-    assert [a["sha256"] for a in client.get("/api/v1/artifacts").json()] == [sha]
+    assert [a["sha256"] for a in client.get("/api/v1/artifacts", headers=headers).json()] == [sha]
 
 
 def test_uploads_have_their_own_limit_far_above_the_json_one(

@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -54,9 +53,11 @@ from tests.plugins.scheduler_harness import (
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.postgres, pytest.mark.timeout(1200)]
 SAME = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 2, "workarounds": GOOD,
         "isolation": "process"}  # test_protocol_equality's "process" case: one run-local reference for both
-# long enough that a fault lands while the attempt runs (it lands within a poll of the worker turning
-# busy, ~0.1 s); each fault's retry runs it again from the start, so no longer than that
+# an attempt a fault strikes: it holds after HOLD_STEP until the test has struck (PARITY_HOLD_AT_STEP), so
+# the fault always lands mid-run (raced against the attempt, it once landed after the last document and
+# struck nothing, three times in a row); the runs before reach no such step
 LONG = {**SAME, "steps": 20, "save_step": 10}
+HOLD_STEP = 12
 IDLE_S = 20
 
 
@@ -140,8 +141,13 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
         runs = base / "runs"
         as_job_user = {"PARITY_JOB_USER": JOB_USER, "PARITY_RUN_FOLDER": str(runs)}
     register_environment("pooled", sys.executable)
+    holds = (runs.parent if as_job_user else tmp_path) / "holds"  # passable for a job user, writable by us only
+    holds.mkdir(mode=0o755)
+    release = holds / "release"
+    release.touch()  # nothing holds until a fault is about to strike
     env = service_env(tmp_path, PARITY_EXECUTOR=executor, PARITY_LOCAL_MAX_RUNNING="2",
-                      PARITY_POOL=f"env=pooled:tasks=2:size=1:idle={IDLE_S}:hang=10", **as_job_user)
+                      PARITY_POOL=f"env=pooled:tasks=2:size=1:idle={IDLE_S}:hang=10",
+                      PARITY_HOLD_AT_STEP=f"{HOLD_STEP}:{release}", **as_job_user)
     scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
     alive = [scheduler]
     try:
@@ -180,17 +186,17 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
 
         # a worker task SIGKILLed mid-run, then a worker allocation ended: each an infrastructure retry
         for fault in ("task killed", "allocation ended") if full else ("allocation ended",):
-            for _ in range(3):  # a fault that landed after the last document was written struck nothing: again
-                run_id = queue(LONG, environment="pooled")
-                worker, hit = wait_for(partial(_busy_with, runs, run_id), 300, "a busy worker", 0.1, alive)
-                struck_at = time.time()
-                if fault == "task killed":
-                    _kill_task(worker)
-                else:
-                    _end_allocation(worker, executor)
-                wait_for(partial(_finished, run_id), 600, f"the run after {fault}", alive=alive)
-                if not _struck_nothing(run_id, struck_at):
-                    break
+            release.unlink()
+            run_id = queue(LONG, environment="pooled")
+            # the attempt holds mid-run (after step HOLD_STEP, both ranks): the fault cannot come too late
+            wait_for(partial(_held, run_id), 300, "the attempt to hold mid-run", 0.1, alive)
+            worker, hit = wait_for(partial(_busy_with, runs, run_id), 60, "a busy worker", 0.1, alive)
+            if fault == "task killed":
+                _kill_task(worker)
+            else:
+                _end_allocation(worker, executor)
+            release.touch()  # the retry runs through
+            wait_for(partial(_finished, run_id), 600, f"the run after {fault}", alive=alive)
             row, attempts = run_row(run_id), phases(run_id)
             assert row.verdict == "pass", (fault, row.state, row.error_message)
             # One order runs both phases, and the worker may already be in resume while train_and_save's
@@ -222,15 +228,10 @@ def _finished(run_id: int) -> object:
     return run_row(run_id).finished_at
 
 
-def _struck_nothing(run_id: int, struck_at: float) -> bool:
-    """Whether every attempt of the run succeeded at once and wrote its last document before `struck_at`:
-    the fault came between that write and the worker's return to idle, with nothing left to strike (the
-    service rightly keeps complete documents: one such run once failed this walk in CI)."""
-    plan, attempts = RunPlan.of(run_row(run_id).spec), phases(run_id)
-    if any(p.state != "succeeded" for p in attempts):
-        return False
-    written = [path.stat().st_mtime for p in attempts for path in plan.result_paths(Path(p.folder or "."), p.name)]
-    return bool(written) and max(written) < struck_at
+def _held(run_id: int) -> bool:
+    """Whether every rank of one of the run's live attempts holds after HOLD_STEP (jobs/rank/context.py)."""
+    return any(len(list(Path(p.folder).glob("held.rank*"))) == 2 for p in phases(run_id)
+               if p.folder and p.state in ("submitted", "running"))
 
 
 def _leases(runs: Path) -> list[str]:

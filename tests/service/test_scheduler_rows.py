@@ -32,7 +32,7 @@ from service.scheduler.evaluation import evaluate_pending
 from service.scheduler.reconciler import reconcile
 from service.scheduler.submitter import job_of, launcher_folder, new_phase
 from tests.plugins.scheduler_harness import phases, queue, run_row, wait_for
-from tests.plugins.scheduler_jobs import SPEC, phase_doc, sleep_forever, write_document
+from tests.plugins.scheduler_jobs import SPEC, fail_rendezvous, phase_doc, sleep_forever, write_document
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def _submit(run_id: int, settings: Settings, function: object, *args: object) ->
         assert run is not None
         phase = new_phase(session, run=run, name="train_and_save", attempt=1, settings=settings, executor="local")
         transition(session, run, RunState.TRAIN_SUBMITTED, "test")
-        if function is write_document:  # the ranks' documents go to the attempt's own folder
+        if function in (write_document, fail_rendezvous):  # the ranks' documents go to the attempt's own folder
             args = (str(phase.folder), *args)
         job = launcher.submit_phase(executor="local", folder=launcher_folder(phase), python=sys.executable,
                                     tasks=int(SPEC["dp"]), settings=settings, name="t", function=function, args=args)
@@ -256,3 +256,26 @@ def test_a_phase_past_its_wall_clock_limit_is_stopped_and_retried(settings: Sett
     assert not _alive(ranks), "the old attempt must be stopped before a retry exists"
     assert AttemptFolder(Path(rows[1].folder or "")).folder.name == "attempt-2"
     assert run_row(run_id).state == "train_submitted"
+
+
+def test_a_rendezvous_that_finds_its_port_taken_is_retried_not_judged(settings: Settings) -> None:
+    """Issue 44 row 3: a squatter held the rendezvous ports and every other tenant's run ended `error`. A real
+    TCPStore bind failing with EADDRINUSE before training started is the node's failure: the attempt is
+    retried, and the run is never evaluated on it; a build's own failure in the same stage still is."""
+    pytest.importorskip("torch")
+    squatted, broken = queue(SPEC), queue(SPEC)
+    _submit(squatted, settings, fail_rendezvous, phase_doc("train_and_save"))
+    own = {**phase_doc("train_and_save"), "status": "error",
+           "error": {"type": "ModuleNotFoundError", "message": "No module named 'megatron'", "traceback": "",
+                     "stage": "import", "rank": 0}}
+    _submit(broken, settings, write_document, own)
+    wait_for(lambda: _job_done(squatted) and _job_done(broken), 120, "both jobs to finish")
+    _reconcile(settings)
+    assert [(p.attempt, p.state) for p in phases(squatted)] == [(1, "infra_failed"), (2, "pending")]
+    run = run_row(squatted)
+    assert run.state == "train_submitted" and run.verdict is None, (run.state, run.error_message)
+    with session_scope() as session:
+        why = session.scalars(select(PhaseEvent.reason).where(
+            PhaseEvent.run_id == squatted, PhaseEvent.to_state == "infra_failed")).one()
+    assert "rendezvous failed in stage import" in why and "EADDRINUSE" in why.upper(), why
+    assert run_row(broken).state == "evaluating"  # the build's own import error: judged, as before

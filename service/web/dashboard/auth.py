@@ -42,6 +42,9 @@ class Viewer:
     can_write: bool
     csrf: str = ""  # the token its forms carry: csrf_key, signed
     csrf_key: str = ""  # what a genuine form's token must carry: the session's nonce, or the proxy user
+    # what its writes may touch (service/core/tracks.Grant): a session's token's scopes and track patterns
+    scopes: tuple[str, ...] = ()
+    tracks: tuple[str, ...] = ()
 
 
 ANONYMOUS = Viewer(name="", via="anonymous", can_write=False)
@@ -167,7 +170,10 @@ def current_viewer(request: Request, session: SessionDep, settings: SettingsDep)
     user = _proxy_user(request, settings)
     if user:
         key = f"proxy:{user}"
-        return Viewer(name=user, via="proxy", can_write=True, csrf=csrf_token(settings, key), csrf_key=key)
+        # the proxy authenticates the organisation's own people (PARITY_PROXY_ADDRESSES is the admin's
+        # choice): they triage every track, as an on-call engineer does
+        return Viewer(name=user, via="proxy", can_write=True, csrf=csrf_token(settings, key), csrf_key=key,
+                      scopes=("submit",), tracks=("*",))
     raw = request.cookies.get(COOKIE)
     if raw:
         body, why = read_cookie(settings, raw)
@@ -178,7 +184,7 @@ def current_viewer(request: Request, session: SessionDep, settings: SettingsDep)
                 writes = bool({"submit", "admin"} & set(token.scopes))
                 key = str(body.get("csrf") or "")
                 return Viewer(name=token.name, via="session", can_write=writes, csrf=csrf_token(settings, key),
-                              csrf_key=key)
+                              csrf_key=key, scopes=tuple(token.scopes), tracks=tuple(token.tracks or ()))
             why = "logged out, or token revoked or expired"
         request.state.session_problem = why
     header = request.headers.get("authorization", "")

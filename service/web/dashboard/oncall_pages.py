@@ -136,7 +136,7 @@ def acknowledge(regression_id: RowId, session: SessionDep, settings: SettingsDep
     if not check_csrf(settings, viewer, form):
         raise PageError(403, "forged or expired form: reload the page and try again")
     try:
-        regression_tracker.acknowledge(session, regression_id, who=viewer.name, note=form.get("note", "")[:4000],
+        regression_tracker.acknowledge(session, regression_id, grant=viewer, note=form.get("note", "")[:4000],
                                        upstream_url=form.get("upstream_url", "").strip() or None)
     except DomainError as exc:
         raise PageError(exc.status_code, exc.detail) from None

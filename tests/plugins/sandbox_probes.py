@@ -1,0 +1,76 @@
+"""Job payloads that try what the review's hostile builds did from inside a local job (issue 44): gain a
+privilege through a setuid file, reach the node's Postgres, squat a port, fork and allocate without end.
+A module of its own so a test can pickle it by value for a job user that cannot import the checkout's tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def try_to_gain(setuid_id: str, port: int, forks: int) -> dict[str, object]:
+    """Everything a job may try at once; each outcome as data (the test judges)."""
+    out: dict[str, object] = {"uid": os.getuid()}
+    status = Path("/proc/self/status").read_text()
+    out["no_new_privs"] = next(line.split()[1] for line in status.splitlines() if line.startswith("NoNewPrivs"))
+    # a setuid-root program the host has: run, it must not make this job root
+    ran = subprocess.run([setuid_id, "-u"], capture_output=True, text=True)
+    out["setuid_euid"] = ran.stdout.strip()
+    # the review's setuid shells: made here, each must be useless and gone with the job
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+        copy = Path(folder, f"sh-{os.getpid()}")
+        shutil.copy("/bin/sh", copy)
+        os.chmod(copy, 0o6755)
+        flags = os.statvfs(copy).f_flag
+        out[f"nosuid {folder}"] = bool(flags & os.ST_NOSUID and flags & os.ST_NODEV)
+    # the node's Postgres and the port the test holds on the node's loopback
+    try:
+        socket.create_connection(("127.0.0.1", 5432), timeout=3).close()
+        out["postgres"] = "connected"
+    except OSError as exc:
+        out["postgres"] = type(exc).__name__
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            out["bind"] = "bound"
+        except OSError as exc:
+            out["bind"] = exc.strerror
+    # processes without end: how many live at once before the cap says no
+    children = []
+    try:
+        for _ in range(forks):
+            children.append(subprocess.Popen(["sleep", "30"]))
+    except OSError as exc:
+        out["fork_refused"] = exc.strerror
+    out["forked"] = len(children)
+    for child in children:
+        child.kill()
+        child.wait()
+    # memory without end, in a child (the cap's OOM kill must not take the answer with it)
+    hog = subprocess.run([sys.executable, "-c", "b = bytearray(768 << 20); b[::4096] = b'x' * len(b[::4096])"],
+                         capture_output=True)
+    out["hog"] = hog.returncode
+    return out
+
+
+def leave_files(shared: str) -> list[str]:
+    """Files, a folder and a setuid shell in the node's shared folders, as a job whose /tmp is the node's."""
+    made = []
+    for folder in ("/tmp", "/var/tmp", "/dev/shm", shared):
+        mine = Path(folder, f"left-{os.getpid()}")
+        mine.mkdir()
+        shutil.copy("/bin/sh", mine / "sh")
+        os.chmod(mine / "sh", 0o6755)
+        (Path(folder) / f"left-{os.getpid()}.txt").write_text("x")
+        made += [str(mine), str(Path(folder) / f"left-{os.getpid()}.txt")]
+    return made
+
+
+def no_new_privs() -> str:
+    """This process's NoNewPrivs flag, as /proc says it ("1": no exec gains a privilege)."""
+    status = Path("/proc/self/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("NoNewPrivs"))

@@ -1,0 +1,149 @@
+"""A local job gains nothing, reaches nothing and leaves nothing: the review's hostile builds, from inside a job.
+
+Rows 1, 3, 5 and 7 of issue 44: a job made setuid shells in `/var/tmp` and `/dev/shm` that a later job of its
+uid used; it reached the node's Postgres on 127.0.0.1:5432; it held the ports every other tenant's rendezvous
+needed; it had no cap on processes or memory. Each job now starts in job_sandbox.py (no_new_privs, its own
+network with loopback only, its own nosuid /tmp, /var/tmp and /dev/shm, a cgroup with pids.max and
+memory.max); a host that cannot give one of them starts no job, naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.core.settings import Settings
+from service.executors import isolation, job_leases, launcher
+from tests.plugins.job_user import JOB_USER, require_job_user
+from tests.plugins.sandbox_probes import leave_files, no_new_privs, try_to_gain
+
+FORKS = 100
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    # /tmp/pytest-of-root is 0700: a job user could not reach a run folder below it
+    folder = Path("/var/tmp") / f"parity-sandbox-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o711)
+    folder.chmod(0o711)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def setuid_id() -> Iterator[str]:
+    """A setuid-root `id` on the node's root file system (not below a folder the job gets its own of)."""
+    folder = Path("/opt") / f"parity-setuid-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o755)
+    try:
+        shutil.copy(shutil.which("id") or "/usr/bin/id", folder / "id")
+        os.chmod(folder / "id", 0o4755)
+        yield str(folder / "id")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(settings: Settings, base: Path, *args: object, function: Any = try_to_gain) -> Any:
+    import cloudpickle
+
+    import tests.plugins.sandbox_probes as probes
+
+    cloudpickle.register_pickle_by_value(probes)
+    folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
+    job = launcher.submit_phase(executor="local", folder=folder, python=sys.executable, tasks=1, settings=settings,
+                                name="hostile", function=function, args=args)
+    try:
+        return launcher._LOCAL_JOBS[job.job_id].result()
+    finally:
+        launcher.end_job(job, settings)
+        job_leases.release(settings, folder.parent)
+
+
+def test_a_hostile_job_gains_reaches_and_keeps_nothing(base: Path, setuid_id: str) -> None:
+    require_job_user()
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER, job_pids_max="64",
+                        job_memory_max="512M", job_shm_size="64M")
+    if isolation.missing(settings):
+        pytest.skip(f"this host cannot isolate a local job: {isolation.missing(settings)}")
+    with socket.socket() as held:  # a port on the node's loopback, as the review's squatter held 20000-32767
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        out = _run(settings, base, setuid_id, held.getsockname()[1], FORKS)
+    uid = out["uid"]
+    assert uid != 0 and out["no_new_privs"] == "1", out
+    assert out["setuid_euid"] == str(uid), f"a setuid-root program made the job {out['setuid_euid']}"
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+        assert out[f"nosuid {folder}"], f"the job's {folder} allows setuid files or devices: {out}"
+        left = [p for p in Path(folder).glob("sh-*") if p.lstat().st_uid == uid]
+        assert not left, f"the job left {left} in the node's {folder}"
+    assert out["postgres"] == "ConnectionRefusedError", f"the job reached the node's Postgres: {out['postgres']}"
+    assert out["bind"] == "bound", f"the job's rendezvous port clashed with the node's: {out['bind']}"
+    assert out["forked"] < 64 and out.get("fork_refused"), f"no pids.max: {out['forked']} of {FORKS} ran at once"
+    assert out["hog"] == -9, f"no memory.max: a 768 MiB allocation under a 512 MiB cap ended {out['hog']}"
+
+
+def test_a_host_that_cannot_isolate_starts_no_job(base: Path) -> None:
+    """PARITY_JOB_CGROUP=off stands in for a host without a cgroup: the job does not start and the error
+    names what is missing and the setting that would waive it; waived, it runs (the laptop's choice)."""
+    if os.geteuid() != 0:
+        pytest.skip("as another user nothing is promised (every isolation is waived by default)")
+    settings = Settings(executor="local", run_folder=base / "runs", job_cgroup="off")
+    with pytest.raises(isolation.IsolationMissing, match=r"cgroup: .*PARITY_JOB_ISOLATION_WAIVE=cgroup,limits"):
+        _run(settings, base, "/usr/bin/id", 0, 0)
+    assert not (base / "runs" / "run-1" / "train" / "attempt-1" / "submitit").exists() or not any(
+        (base / "runs" / "run-1" / "train" / "attempt-1" / "submitit").glob("*_submitted.pkl"))
+    waived = Settings(executor="local", run_folder=base / "runs", job_cgroup="off",
+                      job_isolation_waive="cgroup,limits")
+    out = _run(waived, base, shutil.which("id") or "/usr/bin/id", 0, 0)
+    assert out["no_new_privs"] == "1" and out["postgres"] == "ConnectionRefusedError", out
+    with pytest.raises(ValueError, match="PARITY_JOB_ISOLATION_WAIVE: unknown 'net'"):
+        Settings(job_isolation_waive="net")
+
+
+def test_what_a_uid_leaves_in_the_nodes_shared_folders_goes_with_its_lease(base: Path) -> None:
+    """Where the node's /tmp, /var/tmp and /dev/shm are the job's to write (a Slurm job; a local one with
+    mounts waived), every entry its uid made there, a folder with a setuid shell inside one made by someone
+    else included, is removed before the uid serves another job (job_leases.remove_files_of)."""
+    require_job_user()
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER, job_isolation_waive="mounts")
+    shared = Path("/tmp") / f"parity-shared-{uuid.uuid4().hex[:8]}"  # a world-writable folder of another user's
+    shared.mkdir()
+    shared.chmod(0o1777)
+    try:
+        left = [Path(p) for p in _run(settings, base, str(shared), function=leave_files)]
+        assert left and not [p for p in left if os.path.lexists(p)], f"the job's uid kept {left}"
+        # its own folder (the run folder lies below the node's /var/tmp here) is taken back, never removed
+        assert (base / "runs" / "run-1" / "train" / "attempt-1" / "submitit").is_dir()
+        assert shared.is_dir()  # not the uid's: stays
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_runs_with_no_new_privs(base: Path, slurm: str) -> None:
+    """A Slurm job's program starts under `setpriv --no-new-privs`: a setuid file on the node gains it nothing."""
+    import cloudpickle
+
+    import tests.plugins.sandbox_probes as probes
+
+    require_job_user()
+    cloudpickle.register_pickle_by_value(probes)
+    settings = Settings(executor="slurm", run_folder=base / "runs", job_user=JOB_USER)
+    folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
+    job = launcher.submit_phase(executor="slurm", folder=folder, python=sys.executable, tasks=1, settings=settings,
+                                name="nnp", function=no_new_privs, args=())
+    try:
+        assert launcher._submitit_job(job).result() == "1"
+    finally:
+        launcher.end_job(job, settings)
+        job_leases.release(settings, folder.parent)
