@@ -25,7 +25,9 @@ class RunState(StrEnum):
 
 
 S = RunState
+# the finished states, named once: everything that asks "is it done?" reads these two
 TERMINAL = frozenset({S.PASSED, S.FAILED, S.ERROR, S.CANCELLED})
+UNFINISHED = frozenset(s for s in RunState if s not in TERMINAL)
 IN_FLIGHT = frozenset({S.TRAIN_SUBMITTED, S.TRAIN_RUNNING, S.RESUME_SUBMITTED, S.RESUME_RUNNING})
 
 # from -> allowed targets. A phase may finish before the reconciler ever sees it running, so

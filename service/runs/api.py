@@ -7,7 +7,6 @@ from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 from sqlalchemy import select
 
@@ -18,15 +17,11 @@ from service.core.deps import (
     RunId,
     SessionDep,
     SettingsDep,
-    SubmitClaimDep,
     SubmitToken,
-    check_read,
-    request_session,
-    session_overridden,
 )
-from service.core.errors import InvalidSpec, TooManyRequests
+from service.core.errors import InvalidSpec
 from service.core.inputs import MAX_OFFSET, Instant
-from service.core.links import BaseUrl, public_base
+from service.core.links import BaseUrl
 from service.core.run_state import RunState
 from service.core.schemas import (
     ERROR_RESPONSES,
@@ -39,8 +34,7 @@ from service.core.schemas import (
     RunPage,
     StepMetricOut,
 )
-from service.core.settings import Settings, get_settings
-from service.core.tokens import authenticate, forget
+from service.core.settings import Settings
 from service.core.tracks import authorize_track
 from service.core.verdicts import reading
 from service.environments.registry import (
@@ -51,7 +45,7 @@ from service.environments.registry import (
 )
 from service.oncall.flagging import regression_text
 from service.runs import records as run_service
-from service.runs.admission import Caps, admitted, check_caps
+from service.runs.admission import Caps
 
 # the contract's verdicts plus the service's known-failure, whatever names they grow
 VERDICT_PATTERN = "^(" + "|".join(re.escape(v) for v in RUN_VERDICTS) + ")$"
@@ -111,34 +105,13 @@ def create_run(
     session: SessionDep,
     settings: SettingsDep,
     base: BaseUrl,
-    claim: SubmitClaimDep,
+    token: SubmitToken,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Response:
     """Queue a parity run. A repeated Idempotency-Key returns the run it created first."""
     spec = body.spec.run_spec  # parsed once, with the body
     # the track this run writes (its branch label, else its environment) must be the token's: before any write
-    authorize_track(claim.token, labels=body.labels, environment=body.environment)
-    limits = caps(settings)
-    if claim.seen:
-        # the usual case: one statement (records.queue_run); anything unusual falls through to create_run
-        queued: Run | None
-        try:
-            check_caps(session, limits, claim.token.name)
-        except TooManyRequests:
-            if idempotency_key is None:
-                raise
-            queued = None  # a replay is answered even over the caps: create_run looks for it first
-        else:
-            queued = run_service.queue_run(
-                session, spec=spec, environment=body.environment, labels=body.labels, requester=claim.token.name,
-                token_id=claim.token.id, idempotency_key=idempotency_key, job_python=settings.job_python,
-            )
-        if queued is not None:
-            admitted(session, claim.token.name)
-            return json_response(run_out(queued, base), status_code=202,
-                                 headers={"Location": f"/api/v1/runs/{queued.id}"})
-        forget(claim.secret)  # revoked, expired or deleted since this process saw it: look it up again
-    token = claim.token if not claim.seen else authenticate(session, token=claim.secret, scope="submit")
+    authorize_track(token, labels=body.labels, environment=body.environment)
     if body.environment == DEFAULT_ENVIRONMENT:
         environment = ensure_default_environment(session, settings=settings)
     else:
@@ -152,7 +125,7 @@ def create_run(
         requester=token.name,
         token_id=token.id,
         idempotency_key=idempotency_key,
-        caps=limits,
+        caps=caps(settings),
     )
     headers = {"Location": f"/api/v1/runs/{run.id}"}
     if not created:
@@ -215,25 +188,10 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunOut)
-async def get_run(run_id: RunId, request: Request) -> Response:
+def get_run(run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAccess) -> Response:
     """One run with its phases, verdict, signatures and links."""
-    # what CI polls: one round trip on the event loop, no thread, no transaction (db.read_pool
-    # says why) and no dependencies to resolve (request_session says why). A token check, an absent
-    # run and a test's bound session take the session path (get_run), one thread trip.
-    settings = get_settings()
-    base = public_base(settings, request)
-    if not settings.reads_require_token and not session_overridden(request):
-        run = await run_service.read_run(run_id)
-        if run is not None:
-            return json_response(run_out(run, base, with_phases=True))
-    return await run_in_threadpool(_get_run_checked, request, run_id, base)
-
-
-def _get_run_checked(request: Request, run_id: int, base: str) -> Response:
-    with request_session(request) as session:
-        check_read(session, request)
-        return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,
-                                     with_phases=True))
+    run = run_service.get_run(session, run_id=run_id, with_phases=True)
+    return json_response(run_out(run, base, with_phases=True))
 
 
 @router.get("/{run_id}/metrics", response_model=RunMetrics)
