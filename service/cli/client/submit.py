@@ -20,30 +20,13 @@ from service.cli.client.ci_report import junit_xml, reading_of, run_summary
 from service.cli.client.config import service_target
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
 from service.cli.client.resend import new_key, post_resent
-from service.cli.client.shape_arg import add_shape_argument, parse_shape
+from service.cli.client.spec_args import add_spec_arguments, spec_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="queue a parity run on the service (for CI)")
-    p.add_argument("--config", help="the config to check (or --suite)")
     p.add_argument("--suite", help="run every check of this suite (parity suite list) as one suite run")
-    p.add_argument("--dp", type=int, default=2)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--save-step", type=int, default=10)
-    p.add_argument("--sharding")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--tolerance")
-    p.add_argument("--workaround", action="append", default=[])
-    add_shape_argument(p)
-    p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
-    p.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
-    p.add_argument("--pp", type=int, help="pipeline-parallel size (default 1)")
-    p.add_argument("--ep", type=int, help="expert-parallel size (default 1; MoE configs, must divide dp)")
-    p.add_argument("--resume-dp", type=int, help="resume at this DP size instead of --dp (same global batch)")
-    p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
-    p.add_argument("--async-save", action="store_true", help="save through Megatron's async path")
-    p.add_argument("--fully-parallel", action="store_true", help="save and load with the fully-parallel wrappers")
-    p.add_argument("--mutant", action="append", default=[], help=argparse.SUPPRESS)  # self-test runs only
+    add_spec_arguments(p)  # --config (or --suite), --dp, --steps, …: one per RunSpec field (spec_args.py)
     p.add_argument("--environment", default="default")
     p.add_argument("--requirement", "-r", action="append", default=[],
                    help="build (or reuse) an environment from these requirement lines and run on it (repeatable)")
@@ -73,21 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def build_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST /runs body from command-line options."""
-    spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
-    for key in ("sharding", "seed", "tolerance", "isolation", "tp", "pp", "ep", "resume_dp"):
-        if getattr(args, key, None) is not None:  # a hand-built Namespace may lack the newer options
-            spec[key] = getattr(args, key)
-    if args.workaround:
-        spec["workarounds"] = args.workaround
-    if getattr(args, "mutant", None):
-        spec["mutants"] = args.mutant
-    if getattr(args, "nodes", None) is not None:  # multi-node
-        spec["nodes"] = args.nodes
-    if getattr(args, "shape", None):
-        spec["shape"] = parse_shape(args.shape)
-    for flag in ("async_save", "fully_parallel"):  # checkpoint I/O strategies: absent when off
-        if getattr(args, flag, False):
-            spec[flag] = True
+    spec = spec_of(args)
     return {"spec": spec, "environment": args.environment, "labels": parse_labels(args.label)}
 
 
