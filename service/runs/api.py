@@ -7,11 +7,14 @@ from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from jobs.verdict_names import RUN_VERDICTS
 from models import ProbeFinding, Run, StepMetric
+from service.core.db import get_engine
 from service.core.deps import (
     ReadAccess,
     RunId,
@@ -22,7 +25,7 @@ from service.core.deps import (
 from service.core.errors import InvalidSpec
 from service.core.inputs import MAX_OFFSET, Instant
 from service.core.links import BaseUrl
-from service.core.run_state import RunState
+from service.core.run_state import TERMINAL, RunState
 from service.core.schemas import (
     ERROR_RESPONSES,
     PhaseOut,
@@ -44,6 +47,7 @@ from service.environments.registry import (
     use_environment,
 )
 from service.oncall.flagging import regression_text
+from service.runs import changes
 from service.runs import records as run_service
 from service.runs.admission import Caps
 
@@ -192,6 +196,44 @@ def get_run(run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAccess) ->
     """One run with its phases, verdict, signatures and links."""
     run = run_service.get_run(session, run_id=run_id, with_phases=True)
     return json_response(run_out(run, base, with_phases=True))
+
+
+# A long poll's longest wait: a waiting client asks again at least this often (a proxy's idle timeout
+# is longer), and a missed notification delays an answer by no more than this.
+MAX_WAIT_S = 20.0
+
+
+async def database_url() -> str:
+    """The configured database's URL (resolved in a thread the first time: it may start Postgres)."""
+    return await run_in_threadpool(lambda: get_engine().url.render_as_string(hide_password=False))
+
+
+def _read_released(session: Session, run_id: int, base: str) -> RunOut:
+    # the read ends its transaction at once: a waiting request holds no pooled connection
+    try:
+        return run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base, with_phases=True)
+    finally:
+        session.rollback()
+
+
+@router.get("/{run_id}/wait", response_model=RunOut)
+async def wait_for_run(
+    run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAccess,
+    after: Annotated[int, Query(ge=0, description="the state_version the caller last saw")],
+    timeout_s: Annotated[float, Query(gt=0, le=MAX_WAIT_S, description="the longest wait")] = MAX_WAIT_S,
+) -> Response:
+    """The run once its state_version is past `after` (or it is finished), else as it is after timeout_s.
+
+    What `parity submit --wait` asks: one request per change or per timeout_s, answered within a
+    notification's round trip of the scheduler's commit (service/runs/changes.py)."""
+    await run_in_threadpool(session.rollback)  # the token check's connection goes back before the wait
+    listening = await changes.listener(await database_url())
+    with listening.watch([run_id]) as waiter:  # before the read: a change in between is not missed
+        out = await run_in_threadpool(_read_released, session, run_id, base)
+        if out.state_version <= after and RunState(out.state) not in TERMINAL:
+            await waiter.wait(timeout_s)
+            out = await run_in_threadpool(_read_released, session, run_id, base)
+    return json_response(out)
 
 
 @router.get("/{run_id}/metrics", response_model=RunMetrics)

@@ -142,6 +142,8 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
         "id": suite_run.id, "suite": suite.name, "version": suite.version, "environment": suite_run.environment,
         "labels": suite_run.labels, "requester": suite_run.requester, "created_at": suite_run.created_at.isoformat(),
         "state": "running" if verdict == "pending" else "finished",
+        # grows with every state change of any of its runs: what a wait asks past (GET .../wait?after=)
+        "changes": sum(c["run"]["state_version"] for c in checks),
         "verdict": None if verdict == "pending" else verdict,
         "counts": {k: sum(c["outcome"] == k for c in checks) for k in OUTCOMES},
         "checks": checks,

@@ -21,6 +21,7 @@ from service.cli.client.config import service_target
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
 from service.cli.client.resend import new_key, post_resent
 from service.cli.client.spec_args import add_spec_arguments, spec_of
+from service.cli.client.waiting import WaitFailed, long_poll
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,12 +106,6 @@ def step_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def poll_interval(waited_s: float) -> float:
-    """Seconds between polls: 0.25 s for the first minute (a GET is cheap; each second here is CI's),
-    growing to 2 s for long waits."""
-    return min(2.0, 0.25 + max(0.0, waited_s - 60.0) / 60.0)
-
-
 def run(args: argparse.Namespace) -> int:
     if not (args.config or getattr(args, "suite", None)) or (args.config and getattr(args, "suite", None)):
         print("parity submit: give --config (one check) or --suite (every check of a suite)", file=sys.stderr)
@@ -163,14 +158,12 @@ def run(args: argparse.Namespace) -> int:
                     queued = run_doc["state"] == "queued"
                     pulse.beat(waiting_for([run_doc], environment_of(client, run_doc["environment"]) if queued
                                            else None))
-                time.sleep(poll_interval(time.monotonic() - started))
-                try:
-                    run_doc = get_json(client, f"/api/v1/runs/{run_doc['id']}")
-                except (httpx.TransportError, ServerBusy) as exc:  # a restart is not a verdict: keep waiting
-                    print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr, flush=True)
+                # answered when the run changed, else after at most MAX_WAIT_S (waiting.py)
+                run_doc = long_poll(client, f"/api/v1/runs/{run_doc['id']}/wait", after=run_doc["state_version"],
+                                    deadline=deadline)
             timed_out = run_doc["state"] not in TERMINAL
             code = report(client, run_doc, timed_out=timed_out, junit=args.junit, strict=args.strict)
-        except (ClientFailure, httpx.HTTPError) as exc:
+        except (ClientFailure, WaitFailed, httpx.HTTPError) as exc:
             # exit 1 means "parity failed": an auth or transport problem must never read as a regression
             print(f"parity submit: {exc}", file=sys.stderr)
             if forge:
