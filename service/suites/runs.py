@@ -19,6 +19,7 @@ from service.core.checks import track_regex
 from service.core.errors import Conflict, NotFound
 from service.core.links import regression_url
 from service.core.settings import Settings
+from service.core.state_names import FINISHED_RUN_STATES
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
     ensure_default_environment,
@@ -31,7 +32,7 @@ from service.runs.api import run_out
 from service.runs.records import Caps, create_run
 from service.suites.definitions import get_suite
 
-TERMINAL = {"passed", "failed", "error", "cancelled"}
+TERMINAL = FINISHED_RUN_STATES
 RESERVED_LABELS = ("suite", "suite_run", "suite_check")
 
 
