@@ -33,10 +33,11 @@ class IsolatedLocalExecutor(submitit.LocalExecutor):
     max_file_bytes: int | None = None
     cgroups: Path | None = None
     private_tmp: Path | None = None  # mounted over /tmp for the job (with cgroups: root may)
+    job_env: dict[str, str] | None = None  # all the job sees of the service's environment (launcher)
 
     def _submit_command(self, command: str) -> submitit_local.LocalJob[Any]:
         ntasks = self.parameters.get("tasks_per_node", 1)
-        env = dict(os.environ)
+        env = dict(self.job_env if self.job_env is not None else os.environ)
         env.update(
             SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
             SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
