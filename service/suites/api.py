@@ -8,7 +8,6 @@ from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator
 
-from service.core.checks import track_patterns
 from service.core.deps import AdminToken, ReadAccess, SessionDep, SettingsDep, SubmitToken
 from service.core.errors import InvalidSpec
 from service.core.limits import MAX_LABELS
@@ -109,7 +108,7 @@ def suite_run_list(
 ) -> dict[str, Any]:
     """Suite runs, latest first, a page at a time; filter by branch label, suite, pull requests only."""
     return runs.suite_run_list(session, page=page, page_size=page_size, branch=branch, suite=suite, base=base,
-                               prs_only=track_patterns(settings.long_lived_tracks) if prs else None)
+                               prs_only=settings.long_lived_tracks if prs else None)
 
 
 @runs_router.get("/{suite_run_id}")
