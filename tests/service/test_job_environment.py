@@ -35,7 +35,7 @@ def _submit(executor: Literal["local", "slurm"], tmp_path: Path, monkeypatch: py
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PARITY_INJECT_FAULT", "none:9")  # a job-side knob on the allow-list
     settings = Settings(executor=executor, run_folder=tmp_path / "runs", slurm_time_limit_min=5,
-                        job_env="EXTRA_ALLOWED")
+                        job_env=["EXTRA_ALLOWED"])
     monkeypatch.setenv("EXTRA_ALLOWED", "yes")
     before = dict(os.environ)
     job = launcher.submit_phase(

@@ -26,7 +26,7 @@ def test_comma_separated_settings_are_lists(monkeypatch: pytest.MonkeyPatch, tmp
     assert settings.long_lived_tracks == ["main", "release*"]
     assert settings.sbatch_extra() == {"account": "ml", "hold": True}
     assert settings.notify_allow_host_set() == {"hooks.example.com"}
-    assert Settings(run_folder=tmp_path, build_allow="megatron-core").build_allow_set() == {"megatron-core"}
+    assert Settings(run_folder=tmp_path, build_allow=["megatron-core"]).build_allow_set() == {"megatron-core"}
     monkeypatch.setenv("PARITY_LONG_LIVED_TRACKS", "main,bad track")
     with pytest.raises(ValueError, match="PARITY_LONG_LIVED_TRACKS: 'bad track'"):
         Settings(run_folder=tmp_path)
