@@ -20,7 +20,10 @@ throughput this machine could give if only the service and Postgres ran.
 --rate R adds two drives at a fixed offered load of at most R req/s (the floor and GET /runs/{id}): at
 saturation every request also waits for the ones queued before it, so a saturation p99 is mostly
 queueing (the bare floor's own is 20-40 ms here); a p99 at a stated rate is the latency a caller sees.
-Targets on a 2-core machine: POST /runs >= 500 req/s; GET /runs/{id} p99 <= 20 ms.
+--suite-checks N (default 12) also times POST /suite-runs of one N-check suite, one at a time (p50, p95).
+Targets on a 2-core machine (issue #43: what the product needs, PARITY_MAX_IN_FLIGHT=500 and checks of
+10-55 s): POST /runs >= 100 req/s; one suite POST of 12 checks <= 100 ms p95; GET /runs/{id} p99 <= 50 ms
+at 100 req/s offered.
 """
 
 from __future__ import annotations
@@ -202,6 +205,29 @@ def drive_with_wrk(args: argparse.Namespace, token: str, base: str, bare: str,
     return 0
 
 
+def time_suite_posts(base: str, env: dict[str, str], checks: int, posts: int) -> None:
+    """POST /suite-runs of one suite of `checks` checks, `posts` times one after another: p50 and p95."""
+    admin = subprocess.run(
+        [sys.executable, "-m", "service.cli.main", "token", "create", "--name", "bench-admin", "--scope", "admin",
+         "--track", "*"], env=env, capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
+    headers = {"Authorization": f"Bearer {admin}"}
+    suite = {"name": "bench", "description": "api_load", "checks": [
+        {"name": f"check-{i}", "spec": {**SPEC, "seed": 1000 + i}} for i in range(checks)]}
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+        assert client.post("/api/v1/suites", json=suite).status_code in (200, 201)
+        took = []
+        for i in range(posts):
+            body = {"suite": "bench", "labels": {"commit": f"c{i}-{uuid.uuid4().hex[:8]}", "branch": "bench"}}
+            t0 = time.perf_counter()
+            resp = client.post("/api/v1/suite-runs", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
+            took.append((time.perf_counter() - t0) * 1000)
+            assert resp.status_code in (200, 201, 202), resp.text
+    took.sort()
+    p95 = took[min(len(took) - 1, int(0.95 * len(took)))]
+    print(f"POST /api/v1/suite-runs ({checks} checks, {posts} one at a time): p50 {statistics.median(took):.1f} ms, "
+          f"p95 {p95:.1f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=1_000_000)
@@ -215,6 +241,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=0,
                     help="also drive the floor and GET /runs/{id} at this offered rate (req/s, wrk only): "
                          "latency at a stated load, beside the saturation figures")
+    ap.add_argument("--suite-checks", type=int, default=12, help="checks in the suite whose POST is timed (0: none)")
+    ap.add_argument("--suite-posts", type=int, default=40, help="suite POSTs timed, one at a time")
     ap.add_argument("--database", help="reuse this seeded database and keep it (seeding 1M runs takes minutes; "
                                        "a before/after pair should read the same data)")
     args = ap.parse_args()
@@ -284,6 +312,8 @@ def main() -> int:
                 return client.get(f"{bare}/bare/async").status_code == 200
 
             get(httpx.Client())  # warm-up
+            if args.suite_checks:
+                time_suite_posts(base, env, args.suite_checks, args.suite_posts)
             if args.client == "wrk":
                 return drive_with_wrk(args, token, base, bare, servers)
             calls = {"floor: bare sync GET": bare_sync, "floor: bare async GET": bare_async,

@@ -7,6 +7,7 @@ inverse and rejects unknown keys, so a typo in CI is an error rather than a sile
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -14,7 +15,7 @@ from jobs import parallel_layout
 from jobs.configs import CONFIGS, config_names
 from jobs.contract import WORKAROUND_NAMES
 from jobs.selftest.catalogue import mutant_names
-from jobs.shape import ShapeError, apply_shape, shape_fields, validate_shape
+from jobs.shape import SHAPE_FIELDS, ShapeError, apply_shape, shape_fields, validate_shape
 from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
 
 MAX_DP = 8
@@ -88,37 +89,74 @@ def _int(field: str, value: Any, lo: int, hi: int | None = None) -> int:
     return value
 
 
+def about(help: str, *, ge: int | None = None, le: int | None = None, lt: int | None = None,
+          choices: Sequence[Any] | None = None, each: Sequence[str] | None = None,
+          keys: Sequence[str] | None = None, suggested: Any = None, flag: str | None = None,
+          hidden: bool = False) -> dict[str, Any]:
+    """A RunSpec field's description (its dataclass metadata), the one source of the API's model
+    (service/core/check_spec.py) and the client's options (service/cli/client/spec_args.py).
+
+    help: one line; ge/le/lt: integer bounds; choices: a name field's allowed values; each: the allowed
+    names of a list field; keys: the allowed keys of an object field; suggested: the client's value
+    for a required field left off the command line; flag: the option's name where it is not the
+    field's (a list field takes one name per flag); hidden: a field the client's help does not show.
+    Bounds here are what a schema can say alone; the cross-field rules stay in __post_init__.
+    """
+    out: dict[str, Any] = {"help": help, "ge": ge, "le": le, "lt": lt, "suggested": suggested, "flag": flag,
+                           "hidden": hidden}
+    for name, values in (("choices", choices), ("each", each), ("keys", keys)):
+        out[name] = tuple(values) if values is not None else None
+    return out
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """One parity check: train M steps saving at N, resume from N in fresh processes, compare."""
+    """One parity check: train M steps saving at N, resume from N in fresh processes, compare.
 
-    config: str
-    dp: int
-    steps: int
-    save_step: int
-    sharding: str = DEFAULT_SHARDING
-    seed: int = 1234
-    tolerance: str = DEFAULT_TOLERANCE
-    workarounds: tuple[str, ...] = ()
+    Every field carries its description (`about`): a field added here reaches the API's model and the
+    client's options with nothing else to edit (tests/service/test_check_spec.py holds all three).
+    """
+
+    config: str = field(metadata=about("A named config (GET /api/v1/configs)", choices=config_names()))
+    dp: int = field(metadata=about("Data-parallel ranks (at most the config's max_dp)", ge=1, le=MAX_DP,
+                                   suggested=2))
+    steps: int = field(metadata=about("Training steps M (more than the config's LR warmup)", ge=2, le=MAX_STEPS,
+                                      suggested=20))
+    save_step: int = field(metadata=about("The step N the checkpoint is saved at (N < M)", ge=1, lt=MAX_STEPS,
+                                          suggested=10))
+    sharding: str = field(default=DEFAULT_SHARDING, metadata=about(
+        "Distributed-optimizer checkpoint format", choices=SHARDING_TYPES))
+    seed: int = field(default=1234, metadata=about("The run's random seed", ge=0, le=2**63 - 1))
+    tolerance: str = field(default=DEFAULT_TOLERANCE, metadata=about(
+        "The tolerance profile the run is judged by", choices=TOLERANCES))
+    workarounds: tuple[str, ...] = field(default=(), metadata=about(
+        "Workarounds of known upstream bugs", each=WORKAROUNDS, flag="workaround"))
     # Injected resume bugs (jobs/selftest/catalogue.py): only the detector's self-test sets them.
-    mutants: tuple[str, ...] = ()
-    isolation: str = DEFAULT_ISOLATION
+    mutants: tuple[str, ...] = field(default=(), metadata=about(
+        "Injected resume bugs (the detector's self-test)", each=mutant_names(), flag="mutant", hidden=True))
+    isolation: str = field(default=DEFAULT_ISOLATION, metadata=about(
+        "process: one job forks each phase; job: each phase its own job", choices=ISOLATION_MODES))
     # The resume phase runs with resume_dp ranks (None: dp, a resume at the same DP size).
-    resume_dp: int | None = None
+    resume_dp: int | None = field(default=None, metadata=about(
+        "Resume at another DP size (absent: dp; the same global batch); differs from dp", ge=1, le=MAX_DP))
     # Slurm nodes the ranks are spread over.
-    nodes: int = DEFAULT_NODES
+    nodes: int = field(default=DEFAULT_NODES, metadata=about("Slurm nodes the ranks are spread over; divides dp",
+                                                             ge=1, le=MAX_DP))
     # Overrides of the preset's model shape (jobs/shape.py; {} = the preset).
-    shape: dict[str, Any] = field(default_factory=dict, hash=False)
+    shape: dict[str, Any] = field(default_factory=dict, hash=False, metadata=about(
+        "Overrides of the config's model shape", keys=tuple(SHAPE_FIELDS)))
     # Tensor, pipeline and expert parallel sizes beside dp, which stays the data-parallel size;
     # world size = dp * tp * pp (jobs/parallel_layout.py).
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
+    tp: int = field(default=1, metadata=about("Tensor-parallel size", ge=1, le=parallel_layout.MAX_TP))
+    pp: int = field(default=1, metadata=about("Pipeline-parallel size", ge=1,
+                                              le=max(parallel_layout.SUPPORTED_PP)))
+    ep: int = field(default=1, metadata=about("Expert-parallel size (MoE configs; divides dp)", ge=1,
+                                              le=parallel_layout.MAX_EP))
     # Checkpoint I/O strategies, usable with any config: Megatron's async save path (async_sharded_save +
     # AsyncCallsQueue: training goes on while a forked writer writes step N) and the fully-parallel
     # save/load wrappers over the DP group.
-    async_save: bool = False
-    fully_parallel: bool = False
+    async_save: bool = field(default=False, metadata=about("Megatron's async checkpoint save"))
+    fully_parallel: bool = field(default=False, metadata=about("The fully-parallel save/load wrappers"))
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)

@@ -5,7 +5,15 @@ registers every table on Base.metadata."""
 from models.access import ApiToken, EndedSession
 from models.base import Base
 from models.environment import Artifact, Environment, Source
-from models.oncall import HistorySummary, KnownFailure, NotificationChannel, OutboxMessage, Regression, Track
+from models.oncall import (
+    HistorySummary,
+    KnownFailure,
+    NotificationChannel,
+    OutboxMessage,
+    Regression,
+    RegressionEvent,
+    Track,
+)
 from models.run import Phase, PhaseEvent, ProbeFinding, Run, RunEvent, SchedulerHeartbeat, StepMetric
 from models.suite import Bisect, Suite, SuiteRun
 
@@ -24,6 +32,7 @@ __all__ = [
     "PhaseEvent",
     "ProbeFinding",
     "Regression",
+    "RegressionEvent",
     "Run",
     "RunEvent",
     "SchedulerHeartbeat",

@@ -10,7 +10,7 @@ from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, UniqueConstr
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base, CreatedAt
+from models.base import Base, CreatedAt, utcnow
 from models.jsonsafe import SafeText
 
 
@@ -49,6 +49,18 @@ class Regression(CreatedAt, Base):
     bisect_id: Mapped[str | None] = mapped_column(String(12))
     first_bad_commit: Mapped[str | None] = mapped_column(String(64))
     first_bad_subject: Mapped[str | None] = mapped_column(String(500))
+
+
+# Each change of a regression's state, as run_events records a run's (service/oncall/regression_state.py).
+class RegressionEvent(Base):
+    __tablename__ = "regression_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    regression_id: Mapped[int] = mapped_column(ForeignKey("regressions.id", ondelete="CASCADE"), index=True)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(SafeText, default="")
+    at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 # Known upstream bugs: on these environments (names or a Megatron-Core version range), signature S is known.

@@ -31,7 +31,8 @@ os.environ.setdefault("PARITY_NOTIFY_ALLOW_PRIVATE", "1")
 
 # Fixtures that reach the Postgres server: a test using any of them is marked `postgres`
 # (`pytest -m "not postgres"` runs what needs nothing at all).
-POSTGRES_FIXTURES = frozenset({"database_url", "settings_env", "db_session", "committed_db", "client", "live_api"})
+POSTGRES_FIXTURES = frozenset({"database_url", "template_database", "test_database_url", "settings_env", "db_session",
+                               "committed_db", "client", "live_api"})
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

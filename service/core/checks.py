@@ -94,11 +94,6 @@ def track_of(labels: dict[str, str] | None, environment_name: str) -> str:
     return branch or environment_name
 
 
-def track_patterns(patterns: str) -> list[str]:
-    """PARITY_LONG_LIVED_TRACKS as a list of patterns."""
-    return [p for p in (i.strip() for i in patterns.split(",")) if p]
-
-
 def track_regex(patterns: list[str]) -> str:
     """The patterns as one anchored regular expression (`*` any run of characters), for Python and Postgres."""
     return "^(" + "|".join(re.escape(p).replace(r"\*", ".*") for p in patterns) + ")$" if patterns else "^$"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
@@ -14,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
-from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -184,64 +182,11 @@ def session_scope() -> Iterator[Session]:
 
 
 def reset_engine() -> None:
-    """Forget the cached engine (tests and settings changes); counts cached per engine go with it."""
+    """Forget the cached engine (tests and settings changes)."""
     if get_engine.cache_info().currsize:
         get_engine().dispose()
     get_engine.cache_clear()
     _session_factory.cache_clear()
-
-
-@contextmanager
-def autocommit(session: Session) -> Iterator[Connection]:
-    """A connection on which each statement is its own transaction (no BEGIN/COMMIT round trips).
-
-    The session's own connection when it is bound to one (tests: an outer transaction rolled back
-    afterwards), so the statement sees and joins what the test wrote.
-    """
-    bind = session.get_bind()
-    if isinstance(bind, Connection):
-        yield session.connection()
-        return
-    with bind.connect() as conn:
-        yield conn.execution_options(isolation_level="AUTOCOMMIT")
-
-
-READ_POOL_MAX = 10  # per API process, beside the sync engine's 10 + 20: well inside Postgres's 100
-CONNECT_TIMEOUT_S = 5  # a database that is away answers 503 after this, not a hung request
-_read_pools: dict[tuple[int, int], AsyncConnectionPool] = {}
-
-
-async def read_pool() -> AsyncConnectionPool:
-    """This event loop's psycopg pool on the configured database, for reads on the loop (GET /runs/{id}).
-
-    A sync route costs a trip through the threadpool for the route and another for the session's end,
-    and under load every trip queues for the GIL behind the other request threads: the tail of GET
-    /runs/{id} was that queue, not Postgres. psycopg's own pool, not SQLAlchemy's async one: at 500
-    req/s offered that one put the median read at 15 ms against 3-4 ms here, the same statement on the
-    same database (docs/measurements.md). Autocommit: a read is one round trip, no BEGIN/ROLLBACK.
-    Reads only: every write keeps its one owner, the request's Session.
-    """
-    if get_engine.cache_info().currsize:
-        engine = get_engine()
-    else:  # the first call resolves and checks the URL: blocking, so not on the loop
-        engine = await asyncio.to_thread(get_engine)
-    # keyed by loop: a pool's connections belong to the loop that opened them (tests start several)
-    key = (id(asyncio.get_running_loop()), id(engine))
-    found = _read_pools.get(key)
-    if found is None:
-        conninfo = make_url(engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
-        found = _read_pools[key] = AsyncConnectionPool(
-            conninfo, min_size=1, max_size=READ_POOL_MAX, open=False, timeout=CONNECT_TIMEOUT_S,
-            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S})
-        await found.open(wait=False)
-    return found
-
-
-async def close_read_pools() -> None:
-    """Close every read pool this loop opened (app shutdown)."""
-    loop = id(asyncio.get_running_loop())
-    for key in [k for k in _read_pools if k[0] == loop]:
-        await _read_pools.pop(key).close()
 
 
 # Run Alembic migrations programmatically (`parity db upgrade`, tests, the demo). Alembic is imported

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Path, Request
+from fastapi import Depends, Header, Path
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from models import ApiToken
 from service.core.db import end_session, new_session
 from service.core.settings import Settings, get_settings
-from service.core.tokens import SeenToken, authenticate, recall
+from service.core.tokens import authenticate
 
 
 async def get_session() -> AsyncIterator[Session]:
@@ -36,44 +34,11 @@ async def get_session() -> AsyncIterator[Session]:
 
 async def _end(session: Session, *, commit: bool) -> None:
     if not session.in_transaction():
-        # nothing began (a read served on the event loop, a refused request): no round trip to make, so
+        # nothing began (a request refused before its first statement): no round trip to make, so
         # no threadpool trip either; closing an idle session does no I/O
         session.close()
         return
     await run_in_threadpool(end_session, session, commit=commit)
-
-
-@contextmanager
-def request_session(request: Request) -> Iterator[Session]:
-    """A session for a route that declares no SessionDep and opens one only on its slow path.
-
-    Such a route (GET /runs/{id}, what CI polls) skips FastAPI's dependency resolution, about a
-    third of its CPU; it still honours an override of get_session (tests: a session bound to the
-    test's outer transaction) as the dependency would. Read-only: nothing is committed.
-    """
-    override = request.app.dependency_overrides.get(get_session)
-    if override is not None:
-        given = override()
-        try:
-            yield next(given)
-        finally:
-            given.close()
-        return
-    session = new_session()
-    try:
-        yield session
-    finally:
-        end_session(session, commit=False)
-
-
-def session_overridden(request: Request) -> bool:
-    """True when a test replaced get_session (its session, not the event loop's pool, must serve reads)."""
-    return get_session in request.app.dependency_overrides
-
-
-def check_read(session: Session, request: Request) -> ApiToken | None:
-    """require_read for a route without dependencies (sync: call it in the threadpool)."""
-    return _read_token(session, get_settings(), request.headers.get("authorization"))
 
 
 def _read_token(session: Session, config: Settings, authorization: str | None) -> ApiToken | None:
@@ -124,34 +89,6 @@ async def require_read(
     return await run_in_threadpool(_read_token, session, config, authorization)
 
 
-@dataclass(frozen=True)
-class SubmitClaim:
-    """Who asks to submit: a token row checked now, or one this process checked before (seen).
-
-    A seen token is not re-read: the write it asks for must itself require the token to be
-    unrevoked (service/runs/records.queue_run does, in the INSERT), and on refusal the route calls
-    authenticate() with the secret for the precise error.
-    """
-
-    token: ApiToken | SeenToken
-    secret: str | None
-
-    @property
-    def seen(self) -> bool:
-        """True when the token was not looked up for this request."""
-        return isinstance(self.token, SeenToken)
-
-
-async def claim_submit(session: SessionDep, authorization: Annotated[str | None, Header()] = None) -> SubmitClaim:
-    """The submit scope, from this process's memory of the token when it can, else checked in the database."""
-    secret = _bearer(authorization)
-    seen = recall(secret, "submit")
-    if seen is not None:
-        return SubmitClaim(seen, secret)
-    return SubmitClaim(await run_in_threadpool(authenticate, session, token=secret, scope="submit"), secret)
-
-
 SubmitToken = Annotated[ApiToken, Depends(require_submit)]
-SubmitClaimDep = Annotated[SubmitClaim, Depends(claim_submit)]
 AdminToken = Annotated[ApiToken, Depends(require_admin)]
 ReadAccess = Annotated[ApiToken | None, Depends(require_read)]

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 from models import Run, RunEvent
 from models.base import utcnow
 from service.core.errors import Conflict
+from service.core.state_names import FINISHED_RUN_STATES
 
 
 class RunState(StrEnum):
@@ -25,7 +26,9 @@ class RunState(StrEnum):
 
 
 S = RunState
-TERMINAL = frozenset({S.PASSED, S.FAILED, S.ERROR, S.CANCELLED})
+# the finished states, named once (state_names.py, for the client too): "is it done?" reads these two
+TERMINAL = frozenset(RunState(s) for s in FINISHED_RUN_STATES)
+UNFINISHED = frozenset(s for s in RunState if s not in TERMINAL)
 IN_FLIGHT = frozenset({S.TRAIN_SUBMITTED, S.TRAIN_RUNNING, S.RESUME_SUBMITTED, S.RESUME_RUNNING})
 
 # from -> allowed targets. A phase may finish before the reconciler ever sees it running, so

@@ -118,6 +118,7 @@ class RunOut(BaseModel):
     labels: dict[str, str]
     requester: str | None
     state: str
+    state_version: int = Field(description="How many state changes the run has had: a wait asks past it")
     # the contract's parity verdicts, plus the service's own for failures explained by known upstream bugs
     verdict: RunVerdict | None
     verdict_label: str | None = Field(

@@ -6,10 +6,10 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BeforeValidator, ByteSize, Field, TypeAdapter, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.core.pool_config import PoolEntry, parse_pool
 
@@ -22,22 +22,35 @@ def default_data_dir() -> Path:
 
 # what a local job is isolated by, each promised when the scheduler is root (PARITY_JOB_ISOLATION_WAIVE)
 ISOLATIONS = ("cgroup", "limits", "mounts", "network")
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_QUOTA_BYTES = 1 << 50  # 1 PiB: anything larger is a typo, and overflows what rlimits take
+# a number (at most 16 digits, an optional fraction) and a unit: K, M, G, T, P alone or as KB/KiB/… (all
+# powers of 1024 here, as the settings have always read them; ByteSize would take "GB" as 10**9)
+_SIZE = re.compile(r"(\d{1,16}(?:\.\d{1,6})?)\s*([KMGTP]?)(?:I?B)?", re.IGNORECASE | re.ASCII)
+_BYTES = TypeAdapter(ByteSize)
 
 
 def parse_size(value: str, setting: str = "PARITY_RUN_DISK_QUOTA") -> int:
-    """'20G' -> bytes; a clear error naming the setting and the allowed forms otherwise."""
-    text = value.strip().upper().removesuffix("B").removesuffix("I")
-    unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
-    number = text[: len(text) - len(unit)]
-    if not (number.isascii() and number.isdigit()) or len(number) > 16:
+    """'20G' -> bytes (through pydantic's ByteSize); a clear error naming the setting and the allowed forms."""
+    found = _SIZE.fullmatch(value.strip())
+    if found is None:
         raise ValueError(f"{setting}: {value!r} is not a size; expected bytes or a number with K, M, G "
                          "or T (e.g. 20G)")
-    size = int(number) * _SIZE_UNITS[unit]
+    number, unit = found.groups()
+    size = int(_BYTES.validate_python(f"{number}{unit.upper()}iB" if unit else number))
     if not 1 << 20 <= size <= MAX_QUOTA_BYTES:
         raise ValueError(f"{setting}: {value!r} must lie between 1M and 1P")
     return size
+
+
+def _comma_separated(value: Any) -> Any:
+    # PARITY_X="a, b,c" (or a list given in code) -> ["a", "b", "c"]: empty items dropped
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+# A list setting, written in the environment as comma-separated items (NoDecode: not as JSON).
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]
 
 
 class Settings(BaseSettings):
@@ -56,13 +69,13 @@ class Settings(BaseSettings):
     slurm_time_limit_min: int = Field(default=30, ge=1)
     slurm_cpus_per_task: int = Field(default=1, ge=1)
     # extra sbatch options separated by commas: KEY=VALUE, or a bare KEY for a flag ("account=ml,hold")
-    slurm_extra_args: str = ""
+    slurm_extra_args: CommaList = []
 
     # A Python executable (or command prefix) that runs job phases when a run names no environment.
     job_python: str | None = None
     # Extra environment variable names a job may inherit, comma-separated (service/executors/launcher.py
     # has the allow-list; everything else, e.g. PARITY_DATABASE_URL, stays out of the jobs).
-    job_env: str = ""
+    job_env: CommaList = []
     # The Unix user builds and phases run as (service/executors/job_user.py); unset: the service's own
     # user (weaker: a job can then read what the service can, docs/security.md). Needs a root scheduler.
     job_user: str | None = None
@@ -96,7 +109,7 @@ class Settings(BaseSettings):
 
     # what a submit token may build (service/environments/build_policy.py): project names (released
     # versions, pinned), git+https repository URLs (at a full commit), `artifact` (artifact:<sha256>)
-    build_allow: str = "megatron-core, artifact"
+    build_allow: CommaList = ["megatron-core", "artifact"]
     # the Pythons a build may make its venv on, "3.11=/usr/bin/python3.11,3.12=/opt/py312/bin/python3.12"
     # (service/environments/interpreters.py): a build takes the lowest one its requirements' Requires-Python
     # accepts; unset, every python3.X found on PATH (or in pyenv's versions folder), the service's own always
@@ -113,14 +126,14 @@ class Settings(BaseSettings):
     session_max_age_s: int = Field(default=12 * 3600, ge=60)
     # e.g. "X-Forwarded-User"; honoured only on requests whose peer address is in proxy_addresses
     proxy_user_header: str | None = None
-    proxy_addresses: str = ""
+    proxy_addresses: CommaList = []
     # notification channels: internal addresses (loopback, link-local, private) only when set; and, when
     # given, only these hosts (comma-separated names, or .suffix for a domain) — service/oncall/destinations.py
     notify_allow_private: bool = False
-    notify_allow_hosts: str = ""
+    notify_allow_hosts: CommaList = []
     # branches whose tracks live on (the overview's matrix columns); every other branch is a PR's, listed as
     # suite runs. Comma-separated patterns, `*` any run of characters.
-    long_lived_tracks: str = "main,master,dev,release*,core_r*"
+    long_lived_tracks: CommaList = ["main", "master", "dev", "release*", "core_r*"]
     # notify when a check × track ends in an infrastructure error more than this many times in a row
     notify_infra_errors_after: int = Field(default=3, ge=1)
     # client side (`parity submit`): where the service is and the bearer token to use
@@ -195,8 +208,8 @@ class Settings(BaseSettings):
 
     @field_validator("slurm_extra_args")
     @classmethod
-    def _check_extra_args(cls, value: str) -> str:
-        for item in filter(None, (part.strip() for part in value.split(","))):
+    def _check_extra_args(cls, value: list[str]) -> list[str]:
+        for item in value:
             key = item.split("=", 1)[0].strip()
             if not key.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"expected KEY=VALUE or KEY items separated by commas, got {item!r}")
@@ -204,8 +217,8 @@ class Settings(BaseSettings):
 
     @field_validator("long_lived_tracks")
     @classmethod
-    def _track_patterns(cls, value: str) -> str:
-        bad = [p for p in (i.strip() for i in value.split(",")) if p and not re.fullmatch(r"[\w.*/-]+", p)]
+    def _track_patterns(cls, value: list[str]) -> list[str]:
+        bad = [p for p in value if not re.fullmatch(r"[\w.*/-]+", p)]
         if bad:
             raise ValueError(f"PARITY_LONG_LIVED_TRACKS: {', '.join(map(repr, bad))}: a pattern is letters, digits, "
                              "'.', '_', '-', '/' and '*' (any run of characters)")
@@ -293,7 +306,7 @@ class Settings(BaseSettings):
         from packaging.utils import canonicalize_name
 
         out = set()
-        for item in filter(None, (i.strip() for i in self.build_allow.split(","))):
+        for item in self.build_allow:
             if item.startswith("git+"):
                 out.add(item.rstrip("/").removesuffix(".git"))
             else:
@@ -302,16 +315,16 @@ class Settings(BaseSettings):
 
     def notify_allow_host_set(self) -> frozenset[str]:
         """PARITY_NOTIFY_ALLOW_HOSTS as a set of lower-case names (empty: any public host)."""
-        return frozenset(filter(None, (h.strip().lower() for h in self.notify_allow_hosts.split(","))))
+        return frozenset(h.lower() for h in self.notify_allow_hosts)
 
     def job_env_names(self) -> frozenset[str]:
         """PARITY_JOB_ENV as a set of names."""
-        return frozenset(filter(None, (n.strip() for n in self.job_env.split(","))))
+        return frozenset(self.job_env)
 
     def sbatch_extra(self) -> dict[str, str | bool]:
         """slurm_extra_args parsed into submitit's additional_parameters (a bare KEY is a flag)."""
         out: dict[str, str | bool] = {}
-        for part in filter(None, (p.strip() for p in self.slurm_extra_args.split(","))):
+        for part in self.slurm_extra_args:
             key, sep, val = part.partition("=")
             out[key.strip()] = val.strip() if sep else True
         return out

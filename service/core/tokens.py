@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import threading
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -21,7 +19,6 @@ SCOPES = ("submit", "build", "admin", "read")
 TOKEN_PREFIX = "prt_"
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 MAX_NAME = 200  # api_tokens.name and runs.requester are 200 characters
-SEEN_MAX = 4096  # tokens remembered per process (a CI fleet uses a handful)
 
 
 def hash_token(token: str) -> str:
@@ -86,66 +83,6 @@ def authenticate(session: Session, *, token: str | None, scope: str | None) -> A
         raise Forbidden(f"Authorization: token {row.name!r} lacks scope {scope!r} (has {', '.join(row.scopes)})")
     # bookkeeping only, at most once a minute: every CI request writing the same row would serialise them
     now = utcnow()
-    last_used = row.last_used_at
-    if last_used is None or now - last_used > LAST_USED_RESOLUTION:
+    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
         session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now))
-        last_used = now
-    _remember(row, last_used)
     return row
-
-
-@dataclass(frozen=True)
-class SeenToken:
-    """A token this process authenticated before: what a write needs to act for it without a lookup.
-
-    Not proof that it is still valid: revocation is checked by the write itself (the POST /runs
-    INSERT only inserts while the token row is unrevoked and unexpired, in the same statement), so a
-    revoked token stops working at once. Scopes, tracks and names never change after creation.
-    """
-
-    id: int
-    name: str
-    scopes: tuple[str, ...]
-    tracks: tuple[str, ...]
-    expires_at: datetime | None
-    last_used_at: datetime
-
-
-_seen: dict[str, SeenToken] = {}
-_seen_lock = threading.Lock()
-
-
-def _remember(row: ApiToken, last_used: datetime) -> None:
-    with _seen_lock:
-        if len(_seen) >= SEEN_MAX:
-            _seen.clear()  # a crude bound: a flood of distinct tokens only costs lookups again
-        _seen[row.token_hash] = SeenToken(row.id, row.name, tuple(row.scopes), tuple(row.tracks or ()),
-                                          row.expires_at, last_used)
-
-
-def recall(token: str | None, scope: str) -> SeenToken | None:
-    """The remembered token when it covers scope, has not expired and its last-use stamp is fresh, else None.
-
-    None sends the caller to authenticate(), which gives the precise 401/403 and stamps last use
-    (at most once a minute, as before).
-    """
-    if not token:
-        return None
-    seen = _seen.get(hash_token(token))
-    if seen is None:
-        return None
-    now = utcnow()
-    if seen.expires_at is not None and seen.expires_at <= now:
-        return None
-    if scope not in seen.scopes and "admin" not in seen.scopes:
-        return None
-    if now - seen.last_used_at > LAST_USED_RESOLUTION:
-        return None
-    return seen
-
-
-def forget(token: str | None) -> None:
-    """Drop a token from this process's memory (its write was refused: revoked, expired or gone)."""
-    if token:
-        with _seen_lock:
-            _seen.pop(hash_token(token), None)

@@ -13,20 +13,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from jobs.verdict.signatures import SIGNATURES
-from jobs.verdict_label import label, qualifiers, verdict_label
+from jobs.verdict_label import label, qualifiers
 from jobs.verdict_names import BROKEN, KNOWN_FAILURE, PASS
 
 ERROR_CHARS = 200
 
 
-def label_of(verdict: str | None, summary: dict[str, Any] | None) -> str | None:
-    """`pass (worked around: …)` for a pass a workaround made, else the verdict itself."""
-    summary = summary or {}
-    return verdict_label(verdict, summary.get("worked_around_by") or summary.get("worked_around"))
-
-
-def run_label(run: Any) -> str | None:
-    """The full label of a Run row (or an API document): the verdict with every qualifier."""
+def run_label(run: Any) -> str:
+    """The label every surface shows (run, config, overview and triage pages, API, CLI, notifications): the
+    verdict (or state) with every qualifier, of a Run, a row selecting the columns reading() reads, or an API
+    document."""
     return reading(run).label
 
 

@@ -14,10 +14,8 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,31 +76,12 @@ JOB_ENV_NAMES = frozenset({
     "PARITY_INJECT_FAULT", "PARITY_HOLD_AT_STEP", "PARITY_SAVE_MANAGER_QUEUE", "PARITY_FAST_EXIT",
 })
 JOB_ENV_PREFIXES = ("LC_", "SLURM_", "SUBMITIT_", "OMP_", "MKL_", "NCCL_", "GLOO_", "TORCH_")
-_ENV_LOCK = threading.Lock()
 
 
 def job_environment(environ: Mapping[str, str], extra: frozenset[str] = frozenset()) -> dict[str, str]:
     """The allow-listed part of environ that a job may inherit (plus the names in `extra`)."""
     return {k: v for k, v in environ.items()
             if k in JOB_ENV_NAMES or k in extra or k.startswith(JOB_ENV_PREFIXES)}
-
-
-@contextmanager
-def only_job_environment(
-    extra: frozenset[str] = frozenset(), values: Mapping[str, str] | None = None
-) -> Iterator[None]:
-    """Within the block, os.environ is the job allow-list: sbatch (whose --export=ALL is the default)
-    and submitit's local Popen both copy os.environ into the job, so this is what they hand on."""
-    with _ENV_LOCK:
-        saved = dict(os.environ)
-        try:
-            os.environ.clear()
-            os.environ.update(job_environment(saved, extra))
-            os.environ.update(values or {})
-            yield
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
 
 
 # Local jobs are children of this process: keep their Popen handles so they get reaped.
@@ -112,11 +91,15 @@ _LOCAL_JOBS: dict[str, Job[Any]] = {}
 class _SlurmExecutor(submitit.SlurmExecutor):
     exit_after_sbatch = False
     run_as: jobuser.JobUser | None = None
+    job_env: dict[str, str] | None = None  # all the job sees of the service's environment (job_environment)
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
         # sbatch as root with --uid/--gid: the job runs as the job user (Slurm refuses these from anyone else)
         who = [f"--uid={self.run_as.uid}", f"--gid={self.run_as.gid}"] if self.run_as else []
-        return ["sbatch", *who, str(submission_file_path)]
+        # sbatch hands its own environment to the job (--export=ALL), and submitit starts it with ours:
+        # `env -i` gives it exactly the job's, as argv (no shell, no quoting), leaving os.environ alone
+        given = ["env", "-i", *(f"{k}={v}" for k, v in self.job_env.items())] if self.job_env is not None else []
+        return [*given, "sbatch", *who, str(submission_file_path)]
 
     def _submit_command(self, command: str) -> Job[Any]:
         job = super()._submit_command(command)
@@ -179,6 +162,8 @@ def _submit(
     )
     # submitit pastes `python` into a shell command (the sbatch script): quote it, whatever its checks.
     quoted = shlex.quote(python)
+    # passed to the job explicitly: the service's own os.environ is never changed (other threads read it)
+    env = {**job_environment(os.environ, settings.job_env_names() | env_names), **private}
     ex: submitit.Executor
     if executor == "slurm":
         # no exec in the job gains a privilege (a setuid file is an ordinary one to it), as a local job's sandbox
@@ -198,12 +183,14 @@ def _submit(
         if nice:
             params["additional_parameters"]["nice"] = nice
         slurm.update_parameters(**params)
-        slurm.run_as = run_as
+        slurm.run_as, slurm.job_env = run_as, env
         ex = slurm
     elif executor == "local":
         local = IsolatedLocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
         local.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
         local.run_as, local.max_file_bytes = run_as, fsize
+        # gloo binds to the address the host's name resolves to, which a job's own network may not have
+        local.job_env = {**env, "PYTHONPATH": pythonpath, "GLOO_SOCKET_IFNAME": "lo"}
         promised = isolation.required(settings)  # IsolationMissing names what this host cannot give
         local.cgroups = job_cgroup.jobs_root(settings.job_cgroup) if "cgroup" in promised else None
         local.limits = (settings.job_pids_max, settings.job_memory_max_bytes()) if "limits" in promised else None
@@ -212,10 +199,7 @@ def _submit(
         ex = local
     else:
         raise ValueError(f"executor: {executor!r} is not one of slurm, local")
-    # gloo binds to the address the host's name resolves to, which a job's own network may not have
-    local_path = {"PYTHONPATH": pythonpath, "GLOO_SOCKET_IFNAME": "lo"} if executor == "local" else {}
-    with only_job_environment(settings.job_env_names() | env_names, {**local_path, **private}):
-        job = ex.submit(function, *args)
+    job = ex.submit(function, *args)
     started = None
     if executor == "local":
         _LOCAL_JOBS[job.job_id] = job

@@ -36,10 +36,11 @@ class IsolatedLocalExecutor(submitit.LocalExecutor):
     cgroups: Path | None = None
     limits: tuple[str, int | None] | None = None  # (pids.max, memory.max bytes or None) on the job's cgroup
     sandbox: dict[str, Any] | None = None  # job_sandbox.py's SPEC, without the cgroups and the user
+    job_env: dict[str, str] | None = None  # all the job sees of the service's environment (launcher)
 
     def _submit_command(self, command: str) -> submitit_local.LocalJob[Any]:
         ntasks = self.parameters.get("tasks_per_node", 1)
-        env = dict(os.environ)
+        env = dict(self.job_env if self.job_env is not None else os.environ)
         env.update(
             SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
             SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),

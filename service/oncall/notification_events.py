@@ -9,11 +9,13 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from jobs.verdict_label import verdict_label
 from models import Environment, NotificationChannel, OutboxMessage, Regression, Run
 from models.base import utcnow
 from service.core.links import public_base, regression_url, run_url
+from service.core.run_state import TERMINAL, RunState
 from service.core.settings import get_settings
-from service.core.verdicts import label_of, reading
+from service.core.verdicts import reading
 
 EVENTS = ("regression.opened", "regression.acknowledged", "regression.resolved", "run.infra-errors", "suite-run.failed",
           "regression.bisected")
@@ -55,7 +57,9 @@ def run_facts(session: Session, run: Run | None) -> dict[str, Any]:
         "megatron_core": (run.summary or {}).get("packages", {}).get("megatron_core") or (env.megatron_core if env
                                                                                           else None),
         "commit": (run.labels or {}).get("commit"),
-        "verdict": label_of(run.verdict, run.summary),  # as before, for receivers that match on it
+        # the job's own label, as before, for receivers that match on it; verdict_label is what people read
+        "verdict": verdict_label(run.verdict, (run.summary or {}).get("worked_around_by")
+                                 or (run.summary or {}).get("worked_around")),
         "verdict_label": read.label,
         "first_divergent_step": run.first_divergent_step,
         "cause": read.cause or None,
@@ -111,7 +115,7 @@ def infra_error_streak(session: Session, run: Run, threshold: int) -> bool:
     recent = session.execute(
         select(Run.id, Run.state, Run.verdict).where(
             Run.check_key == run.check_key, Run.track == run.track, Run.finished_at.is_not(None),
-            Run.state.in_(("passed", "failed", "error")),
+            Run.state.in_(sorted(s.value for s in TERMINAL if s is not RunState.CANCELLED)),  # it ran to an end
         ).order_by(Run.finished_at.desc(), Run.id.desc()).limit(threshold + 2)
     ).all()
     # an infrastructure error ends a run in state error without a verdict (no parity result at all)

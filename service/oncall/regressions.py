@@ -1,6 +1,7 @@
 """Regressions as objects: open on a check's first failure after a pass on a track, gather later
-failures, acknowledge, and resolve on the next pass. Each change writes its notification to the
-outbox in the caller's transaction (never commits)."""
+failures, acknowledge, and resolve on the next pass. Each change of state goes through
+regression_state.move (recorded as a RegressionEvent) and writes its notification to the outbox in
+the caller's transaction (never commits)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from sqlalchemy.orm import Session
 
 from jobs.verdict_names import FAILED
 from models import Regression, Run
-from models.base import utcnow
-from service.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
+from service.core.errors import Forbidden, InvalidSpec, NotFound
 from service.core.tracks import Grant, may_write
 from service.oncall import notification_events as events
+from service.oncall import regression_state
 from service.oncall.flagging import NEUTRAL
+from service.oncall.regression_state import RegressionState
 
-STATES = ("open", "acknowledged", "resolved")
-UNRESOLVED = ("open", "acknowledged")
+STATES = tuple(s.value for s in RegressionState)
+UNRESOLVED = tuple(s.value for s in RegressionState if s in regression_state.UNRESOLVED)
 
 
 def unresolved(session: Session, check_key: str, track: str) -> Regression | None:
@@ -45,17 +47,17 @@ def on_verdict(session: Session, run: Run) -> Regression | None:
         # second transaction fail and roll back whole; its run is evaluated again next tick and joins
         opened = Regression(
             check_key=run.check_key, check_name=run.check_name, config=run.config, track=run.track,
-            compared_track=run.compared_track or run.track, state="open", first_failing_run_id=run.id,
+            compared_track=run.compared_track or run.track, first_failing_run_id=run.id,
             last_good_run_id=run.last_good_run_id, latest_failing_run_id=run.id, failing_run_ids=[run.id],
             signatures=list(run.signatures or []),
         )
-        session.add(opened)
-        session.flush()
+        regression_state.opened(session, opened, f"run {run.id} failed where the check last passed")
         if not (run.labels or {}).get("suite_run"):  # a suite's checks alert once, as the suite run (suite_alerts)
             events.regression_event(session, opened, "regression.opened", run)
         return opened
     if current is not None:
-        current.state, current.resolved_at, current.fixed_by_run_id = "resolved", utcnow(), run.id
+        regression_state.move(session, current, RegressionState.RESOLVED, f"run {run.id} passed")
+        current.fixed_by_run_id = run.id
         session.flush()
         events.regression_event(session, current, "regression.resolved", run)
     return current
@@ -77,12 +79,11 @@ def acknowledge(
         raise Forbidden(f"track: token {grant.name!r} may not acknowledge regression {regression_id} on track "
                         f"{reg.track!r}; its tracks: {allowed}", field="track")
     who = grant.name
-    if reg.state == "resolved":
-        raise Conflict(f"regression {regression_id} is already resolved", field="state")
     if upstream_url and not upstream_url.startswith(("http://", "https://")):
         raise InvalidSpec(f"upstream_url: expected an http(s) URL, got {upstream_url!r}", field="upstream_url")
-    first = reg.state == "open"
-    reg.state, reg.acknowledged_by, reg.acknowledged_at = "acknowledged", who[:200], utcnow()
+    first = reg.state == RegressionState.OPEN
+    regression_state.move(session, reg, RegressionState.ACKNOWLEDGED, f"acknowledged by {who[:200]}")
+    reg.acknowledged_by = who[:200]
     reg.note, reg.upstream_url = note or reg.note, upstream_url or reg.upstream_url
     session.flush()
     if first:

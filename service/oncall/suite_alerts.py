@@ -18,11 +18,12 @@ from jobs.verdict_names import FAIL
 from models import Regression, Run, Suite, SuiteRun
 from service.core.links import public_base, regression_url, run_url
 from service.core.settings import get_settings
+from service.core.state_names import FINISHED_RUN_STATES
 from service.core.verdicts import reading
 from service.oncall.notification_events import enqueue
 
 EVENT = "suite-run.failed"
-TERMINAL = ("passed", "failed", "error", "cancelled")
+TERMINAL = FINISHED_RUN_STATES
 PR_LABELS = ("branch", "commit", "pr", "pipeline_url", "base_branch")
 
 

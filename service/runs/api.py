@@ -10,24 +10,22 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from jobs.verdict_names import RUN_VERDICTS
 from models import ProbeFinding, Run, StepMetric
+from service.core.db import get_engine
 from service.core.deps import (
     ReadAccess,
     RunId,
     SessionDep,
     SettingsDep,
-    SubmitClaimDep,
     SubmitToken,
-    check_read,
-    request_session,
-    session_overridden,
 )
-from service.core.errors import InvalidSpec, TooManyRequests
+from service.core.errors import InvalidSpec
 from service.core.inputs import MAX_OFFSET, Instant
-from service.core.links import BaseUrl, public_base
-from service.core.run_state import RunState
+from service.core.links import BaseUrl
+from service.core.run_state import TERMINAL, RunState
 from service.core.schemas import (
     ERROR_RESPONSES,
     PhaseOut,
@@ -39,8 +37,7 @@ from service.core.schemas import (
     RunPage,
     StepMetricOut,
 )
-from service.core.settings import Settings, get_settings
-from service.core.tokens import authenticate, forget
+from service.core.settings import Settings
 from service.core.tracks import authorize_track
 from service.core.verdicts import reading
 from service.environments.registry import (
@@ -50,8 +47,9 @@ from service.environments.registry import (
     use_environment,
 )
 from service.oncall.flagging import regression_text
+from service.runs import changes
 from service.runs import records as run_service
-from service.runs.admission import Caps, admitted, check_caps
+from service.runs.admission import Caps
 
 # the contract's verdicts plus the service's known-failure, whatever names they grow
 VERDICT_PATTERN = "^(" + "|".join(re.escape(v) for v in RUN_VERDICTS) + ")$"
@@ -111,34 +109,13 @@ def create_run(
     session: SessionDep,
     settings: SettingsDep,
     base: BaseUrl,
-    claim: SubmitClaimDep,
+    token: SubmitToken,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Response:
     """Queue a parity run. A repeated Idempotency-Key returns the run it created first."""
     spec = body.spec.run_spec  # parsed once, with the body
     # the track this run writes (its branch label, else its environment) must be the token's: before any write
-    authorize_track(claim.token, labels=body.labels, environment=body.environment)
-    limits = caps(settings)
-    if claim.seen:
-        # the usual case: one statement (records.queue_run); anything unusual falls through to create_run
-        queued: Run | None
-        try:
-            check_caps(session, limits, claim.token.name)
-        except TooManyRequests:
-            if idempotency_key is None:
-                raise
-            queued = None  # a replay is answered even over the caps: create_run looks for it first
-        else:
-            queued = run_service.queue_run(
-                session, spec=spec, environment=body.environment, labels=body.labels, requester=claim.token.name,
-                token_id=claim.token.id, idempotency_key=idempotency_key, job_python=settings.job_python,
-            )
-        if queued is not None:
-            admitted(session, claim.token.name)
-            return json_response(run_out(queued, base), status_code=202,
-                                 headers={"Location": f"/api/v1/runs/{queued.id}"})
-        forget(claim.secret)  # revoked, expired or deleted since this process saw it: look it up again
-    token = claim.token if not claim.seen else authenticate(session, token=claim.secret, scope="submit")
+    authorize_track(token, labels=body.labels, environment=body.environment)
     if body.environment == DEFAULT_ENVIRONMENT:
         environment = ensure_default_environment(session, settings=settings)
     else:
@@ -152,7 +129,7 @@ def create_run(
         requester=token.name,
         token_id=token.id,
         idempotency_key=idempotency_key,
-        caps=limits,
+        caps=caps(settings),
     )
     headers = {"Location": f"/api/v1/runs/{run.id}"}
     if not created:
@@ -215,25 +192,53 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunOut)
-async def get_run(run_id: RunId, request: Request) -> Response:
+def get_run(run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAccess) -> Response:
     """One run with its phases, verdict, signatures and links."""
-    # what CI polls: one round trip on the event loop, no thread, no transaction (db.read_pool
-    # says why) and no dependencies to resolve (request_session says why). A token check, an absent
-    # run and a test's bound session take the session path (get_run), one thread trip.
-    settings = get_settings()
-    base = public_base(settings, request)
-    if not settings.reads_require_token and not session_overridden(request):
-        run = await run_service.read_run(run_id)
-        if run is not None:
-            return json_response(run_out(run, base, with_phases=True))
-    return await run_in_threadpool(_get_run_checked, request, run_id, base)
+    # the read ends its own transaction in this thread: the session's end then has nothing to send and
+    # no second threadpool trip to make (what CI polls, measured: docs/measurements.md)
+    return json_response(_read_released(session, run_id, base))
 
 
-def _get_run_checked(request: Request, run_id: int, base: str) -> Response:
-    with request_session(request) as session:
-        check_read(session, request)
-        return json_response(run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base,
-                                     with_phases=True))
+# A long poll's longest wait: a waiting client asks again at least this often (a proxy's idle timeout
+# is longer), and a missed notification delays an answer by no more than this.
+MAX_WAIT_S = 20.0
+
+
+async def database_url() -> str:
+    """The configured database's URL (resolved in a thread the first time: it may start Postgres)."""
+    return await run_in_threadpool(lambda: get_engine().url.render_as_string(hide_password=False))
+
+
+def _read_released(session: Session, run_id: int, base: str) -> RunOut:
+    # the read ends its transaction at once: a waiting request holds no pooled connection. Autocommit
+    # when nothing began yet: one statement is one round trip, no BEGIN and no ROLLBACK (a read needs
+    # neither; measured: docs/measurements.md)
+    if not session.in_transaction():
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    try:
+        return run_out(run_service.get_run(session, run_id=run_id, with_phases=True), base, with_phases=True)
+    finally:
+        session.rollback()
+
+
+@router.get("/{run_id}/wait", response_model=RunOut)
+async def wait_for_run(
+    run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAccess,
+    after: Annotated[int, Query(ge=0, description="the state_version the caller last saw")],
+    timeout_s: Annotated[float, Query(gt=0, le=MAX_WAIT_S, description="the longest wait")] = MAX_WAIT_S,
+) -> Response:
+    """The run once its state_version is past `after` (or it is finished), else as it is after timeout_s.
+
+    What `parity submit --wait` asks: one request per change or per timeout_s, answered within a
+    notification's round trip of the scheduler's commit (service/runs/changes.py)."""
+    await run_in_threadpool(session.rollback)  # the token check's connection goes back before the wait
+    listening = await changes.listener(await database_url())
+    with listening.watch([run_id]) as waiter:  # before the read: a change in between is not missed
+        out = await run_in_threadpool(_read_released, session, run_id, base)
+        if out.state_version <= after and RunState(out.state) not in TERMINAL:
+            await waiter.wait(timeout_s)
+            out = await run_in_threadpool(_read_released, session, run_id, base)
+    return json_response(out)
 
 
 @router.get("/{run_id}/metrics", response_model=RunMetrics)

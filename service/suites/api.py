@@ -5,16 +5,17 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator
 
-from service.core.checks import track_patterns
 from service.core.deps import AdminToken, ReadAccess, SessionDep, SettingsDep, SubmitToken
 from service.core.errors import InvalidSpec
 from service.core.limits import MAX_LABELS
 from service.core.links import BaseUrl
 from service.core.schemas import ERROR_RESPONSES, LabelKey, LabelValue
 from service.core.tracks import authorize_track
-from service.runs.api import caps
+from service.runs import changes
+from service.runs.api import MAX_WAIT_S, caps, database_url
 from service.suites import definitions, runs
 
 router = APIRouter(prefix="/api/v1/suites", tags=["suites"], responses=ERROR_RESPONSES)
@@ -107,10 +108,37 @@ def suite_run_list(
 ) -> dict[str, Any]:
     """Suite runs, latest first, a page at a time; filter by branch label, suite, pull requests only."""
     return runs.suite_run_list(session, page=page, page_size=page_size, branch=branch, suite=suite, base=base,
-                               prs_only=track_patterns(settings.long_lived_tracks) if prs else None)
+                               prs_only=settings.long_lived_tracks if prs else None)
 
 
 @runs_router.get("/{suite_run_id}")
 def suite_run(suite_run_id: SuiteRunId, session: SessionDep, base: BaseUrl, _: ReadAccess) -> dict[str, Any]:
     """A suite run: each check's run and outcome, and the overall verdict once every check ended."""
     return runs.suite_run_view(session, suite_run_id=suite_run_id, base=base)
+
+
+def _view_released(session: SessionDep, suite_run_id: str, base: str) -> dict[str, Any]:
+    # the read ends its transaction at once: a waiting request holds no pooled connection
+    try:
+        return runs.suite_run_view(session, suite_run_id=suite_run_id, base=base)
+    finally:
+        session.rollback()
+
+
+@runs_router.get("/{suite_run_id}/wait")
+async def wait_for_suite_run(
+    suite_run_id: SuiteRunId, session: SessionDep, base: BaseUrl, _: ReadAccess,
+    after: Annotated[int, Query(ge=0, description="the suite run's `changes` the caller last saw")],
+    timeout_s: Annotated[float, Query(gt=0, le=MAX_WAIT_S, description="the longest wait")] = MAX_WAIT_S,
+) -> dict[str, Any]:
+    """The suite run once any of its runs changed past `after` (or it finished), else as it is after timeout_s."""
+    view = await run_in_threadpool(_view_released, session, suite_run_id, base)
+    if view["changes"] > after or view["state"] == "finished":
+        return view
+    listening = await changes.listener(await database_url())
+    with listening.watch([c["run"]["id"] for c in view["checks"]]) as waiter:
+        view = await run_in_threadpool(_view_released, session, suite_run_id, base)  # registered: read again
+        if view["changes"] <= after and view["state"] != "finished":
+            await waiter.wait(timeout_s)
+            view = await run_in_threadpool(_view_released, session, suite_run_id, base)
+    return view

@@ -19,6 +19,7 @@ from service.core.checks import track_regex
 from service.core.errors import Conflict, NotFound
 from service.core.links import regression_url
 from service.core.settings import Settings
+from service.core.state_names import FINISHED_RUN_STATES
 from service.environments.registry import (
     DEFAULT_ENVIRONMENT,
     ensure_default_environment,
@@ -31,7 +32,7 @@ from service.runs.api import run_out
 from service.runs.records import Caps, create_run
 from service.suites.definitions import get_suite
 
-TERMINAL = {"passed", "failed", "error", "cancelled"}
+TERMINAL = FINISHED_RUN_STATES
 RESERVED_LABELS = ("suite", "suite_run", "suite_check")
 
 
@@ -142,6 +143,8 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
         "id": suite_run.id, "suite": suite.name, "version": suite.version, "environment": suite_run.environment,
         "labels": suite_run.labels, "requester": suite_run.requester, "created_at": suite_run.created_at.isoformat(),
         "state": "running" if verdict == "pending" else "finished",
+        # grows with every state change of any of its runs: what a wait asks past (GET .../wait?after=)
+        "changes": sum(c["run"]["state_version"] for c in checks),
         "verdict": None if verdict == "pending" else verdict,
         "counts": {k: sum(c["outcome"] == k for c in checks) for k in OUTCOMES},
         "checks": checks,

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -13,7 +10,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.artifacts import api as artifacts
 from service.bisects import api as bisects
-from service.core.db import close_read_pools
 from service.core.errors import DomainError
 from service.core.inputs import refuse_unstorable
 from service.core.limits import BodyLimit
@@ -58,7 +54,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _database_down(_: Request, exc: Exception) -> JSONResponse:
     # The client may send the request again (a POST with its Idempotency-Key). A write whose
-    # connection broke is never sent again by the service: it may have committed (group_commit.py).
+    # connection broke is never sent again by the service: it may have committed.
     reason = _first_line(exc)
     # a connection that broke under the request renewed the pool: the next send is likely served
     renewed = getattr(exc, "connection_invalidated", False)
@@ -79,12 +75,6 @@ def _http_error(_: Request, exc: Exception) -> JSONResponse:
                         headers=getattr(exc, "headers", None))
 
 
-@asynccontextmanager
-async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
-    yield
-    await close_read_pools()  # the read pools this process opened (db.read_pool)
-
-
 def create_app() -> FastAPI:
     """Build the app; the database is resolved lazily on the first request that needs it."""
     app = FastAPI(
@@ -93,7 +83,6 @@ def create_app() -> FastAPI:
         description="Save at step N, resume in a fresh process, continue to M: is the run the same?",
         # every route, one check: strings Postgres cannot store are a 422 naming the field, never a 500
         dependencies=[Depends(refuse_unstorable)],
-        lifespan=_lifespan,
     )
     app.add_exception_handler(DomainError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -1,8 +1,12 @@
-"""One CheckSpec: the API's spec model is the engine's RunSpec field for field, /openapi.json states each
-field's bounds and allowed values, a POST parses the spec once, and a bad spec still names its field."""
+"""One spec definition: the API's model (CheckSpec) and the client's options are generated from the engine's
+RunSpec and match it field for field (default, bounds, allowed values, help); a field without its
+description is refused; /openapi.json states each field's bounds and allowed values, a POST parses the
+spec once, and a bad spec still names its field."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from dataclasses import MISSING, fields
 
 import pytest
@@ -10,7 +14,9 @@ from fastapi.testclient import TestClient
 
 from jobs.configs import config_names
 from jobs.spec import MAX_DP, MAX_STEPS, SHARDING_TYPES, WORKAROUNDS, RunSpec, field_default
-from service.core.check_spec import CheckSpec
+from service.cli.client import submit
+from service.cli.client.spec_args import add_spec_arguments, spec_of
+from service.core.check_spec import CheckSpec, model_field
 
 GOOD_SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}
 
@@ -24,6 +30,64 @@ def test_the_model_is_the_engine_spec_field_for_field() -> None:
     assert [n for n, f in CheckSpec.model_fields.items() if f.is_required()] == [
         n for n, v in plain.items() if v is MISSING]
     assert CheckSpec.model_validate(GOOD_SPEC).run_spec == RunSpec.from_dict(GOOD_SPEC)
+    schema = CheckSpec.model_json_schema()["properties"]
+    for f in fields(RunSpec):
+        about, prop = f.metadata, schema[f.name]
+        prop = next((p for p in prop.get("anyOf", []) if p.get("type") != "null"), prop) | {
+            k: v for k, v in prop.items() if k != "anyOf"}
+        assert prop["description"] == about["help"], f.name
+        for bound, key in (("ge", "minimum"), ("le", "maximum"), ("lt", "exclusiveMaximum")):
+            assert prop.get(key) == about[bound], (f.name, bound)
+        assert prop.get("enum") == (list(about["choices"]) if about["choices"] else None), f.name
+        assert prop.get("items", {}).get("enum") == (list(about["each"]) if about["each"] else None), f.name
+
+
+def _submit_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    submit.register(parser.add_subparsers())
+    return parser
+
+
+def test_the_client_options_are_the_engine_spec_field_for_field() -> None:
+    parser = _submit_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["submit"]
+    options = {a.dest: a for a in sub._actions}
+    for f in fields(RunSpec):
+        action = options[f.name]  # every field is an option, whatever it is called on the command line
+        if f.metadata["hidden"]:
+            assert action.help == argparse.SUPPRESS
+        else:
+            assert action.help is not None and action.help.startswith(f.metadata["help"]), f.name
+        default = field_default(f)
+        if default is MISSING:
+            assert action.default == f.metadata["suggested"], f.name
+        elif default not in ((), {}, None):
+            # left off, nothing is sent: the service applies the default the help states
+            assert action.default is None and (isinstance(default, bool) or f"default {default}" in action.help)
+    # nothing given but the config: the suggested values, and RunSpec's defaults for the rest
+    spec = spec_of(parser.parse_args(["submit", "--config", "moe-fp32-router"]))
+    assert spec == {"config": "moe-fp32-router", "dp": 2, "steps": 20, "save_step": 10}
+    assert RunSpec.from_dict(spec).to_dict() == RunSpec.from_dict(GOOD_SPEC).to_dict()
+    given = spec_of(parser.parse_args([
+        "submit", "--config", "moe-fp32-router", "--dp", "4", "--steps", "8", "--save-step", "4", "--seed", "7",
+        "--workaround", WORKAROUNDS[0], "--isolation", "job", "--nodes", "2", "--async-save",
+        "--shape", "num_layers=3"]))
+    assert given == {"config": "moe-fp32-router", "dp": 4, "steps": 8, "save_step": 4, "seed": 7,
+                     "workarounds": [WORKAROUNDS[0]], "isolation": "job", "nodes": 2, "async_save": True,
+                     "shape": {"num_layers": 3}}
+    assert RunSpec.from_dict(given).to_dict()["shape"] == {"num_layers": 3}
+
+
+def test_a_spec_field_without_its_description_is_refused_by_both() -> None:
+    bare = dataclasses.make_dataclass("Grown", [("colour", str, dataclasses.field(default="red"))])
+    with pytest.raises(TypeError, match="colour.*about"):
+        model_field(fields(bare)[0], str)
+    with pytest.raises(TypeError, match="about"):
+        add_spec_arguments.__globals__["RunSpec"] = bare
+        try:
+            add_spec_arguments(argparse.ArgumentParser())
+        finally:
+            add_spec_arguments.__globals__["RunSpec"] = RunSpec
 
 
 def test_openapi_states_each_field_with_its_constraints(client: TestClient) -> None:

@@ -73,22 +73,24 @@ def test_a_dropped_connection_is_a_503_once_and_the_next_post_is_queued(live_api
     assert _runs() == 5  # the lost one was not queued
 
 
-def test_reads_after_a_restart_are_served_although_many_pooled_connections_died(
+def test_reads_after_a_restart_are_a_503_at_most_once_although_many_pooled_connections_died(
     live_api: str, committed_db: str,
 ) -> None:
-    # GET /runs/{id} reads on the event loop's own pool: a dead connection is retried once, and its dead
-    # neighbours are checked out of the pool with it, or one read in a few met two of them (a 503)
+    # the first read to meet a dead connection is a 503 (Retry-After 1: the client sends it again) and
+    # takes every dead neighbour out of the pool with it, so each later read is served
     from concurrent.futures import ThreadPoolExecutor
 
     headers = {"Authorization": f"Bearer {_token()}"}
     with httpx.Client(base_url=live_api, headers=headers, timeout=30) as client:
         assert client.post("/api/v1/runs", json={"spec": SPEC}).status_code == 202
-    with ThreadPoolExecutor(16) as pool:  # a burst, so the read pool holds several connections
+    with ThreadPoolExecutor(16) as pool:  # a burst, so the pool holds several connections
         assert set(pool.map(lambda _: httpx.get(f"{live_api}/api/v1/runs/1", timeout=30).status_code,
                             range(160))) == {200}
     assert _terminate_backends(committed_db) >= 4
     with httpx.Client(base_url=live_api, timeout=30) as client:
-        assert [client.get("/api/v1/runs/1").status_code for _ in range(10)] == [200] * 10
+        codes = [client.get("/api/v1/runs/1") for _ in range(10)]
+    assert [c.status_code for c in codes[1:]] == [200] * 9
+    assert codes[0].status_code == 200 or (codes[0].status_code == 503 and codes[0].headers["Retry-After"] == "1")
 
 
 def test_submit_sends_again_after_a_dropped_connection_and_queues_one_run(

@@ -34,11 +34,11 @@ def test_explicit_choice_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert slurm_module.pick_executor(Settings(executor="local")) == "local"
 
 
-def test_sbatch_extra_args_parse_pairs_and_flags() -> None:
-    settings = Settings(slurm_extra_args="account=ml, qos=ci ,hold")
-    assert settings.sbatch_extra() == {"account": "ml", "qos": "ci", "hold": True}
+def test_sbatch_extra_args_parse_pairs_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARITY_SLURM_EXTRA_ARGS", "account=ml, qos=ci ,hold")  # as an operator writes it
+    assert Settings().sbatch_extra() == {"account": "ml", "qos": "ci", "hold": True}
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        Settings(slurm_extra_args="bad key=1")
+        Settings(slurm_extra_args=["bad key=1"])
 
 
 def test_the_scheduler_decides_once_and_never_falls_back_to_local(

@@ -35,7 +35,7 @@ def _submit(executor: Literal["local", "slurm"], tmp_path: Path, monkeypatch: py
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PARITY_INJECT_FAULT", "none:9")  # a job-side knob on the allow-list
     settings = Settings(executor=executor, run_folder=tmp_path / "runs", slurm_time_limit_min=5,
-                        job_env="EXTRA_ALLOWED")
+                        job_env=["EXTRA_ALLOWED"])
     monkeypatch.setenv("EXTRA_ALLOWED", "yes")
     before = dict(os.environ)
     job = launcher.submit_phase(
@@ -113,3 +113,28 @@ def test_the_allow_list_drops_everything_else() -> None:
     env = launcher.job_environment({"PATH": "/bin", "SLURM_JOB_ID": "3", "PARITY_DATABASE_URL": "x", "HOME": "/h",
                                     "GITHUB_TOKEN": "t", "LC_ALL": "C"})
     assert env == {"PATH": "/bin", "SLURM_JOB_ID": "3", "HOME": "/h", "LC_ALL": "C"}
+
+
+def test_submitting_never_changes_the_service_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the job's environment is handed to the executor, never swapped into os.environ: a thread of the
+    # service reading its own environment while a phase is submitted always finds its database URL
+    import threading
+
+    seen_without: list[int] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            if "PARITY_DATABASE_URL" not in os.environ:
+                seen_without.append(1)
+
+    reader = threading.Thread(target=read, daemon=True)
+    monkeypatch.setenv("PARITY_DATABASE_URL", SECRETS["PARITY_DATABASE_URL"])
+    reader.start()
+    try:
+        env = _submit("local", tmp_path, monkeypatch)
+    finally:
+        stop.set()
+        reader.join()
+    _assert_clean(env)
+    assert not seen_without, "os.environ was emptied while a job was submitted"

@@ -9,6 +9,7 @@ from xml.etree import ElementTree as ET
 
 from jobs.verdict_label import label as qualified
 from jobs.verdict_names import BROKEN, GOOD, KNOWN_FAILURE, PASS
+from service.core.state_names import FINISHED_RUN_STATES
 
 # what a pass on code nobody reviewed is worth (docs/security.md): said wherever a verdict is handed on
 ADVISORY = ("a pass is advisory when the build is untrusted: its code runs inside the ranks and can write its own "
@@ -39,7 +40,7 @@ def _case(suite: ET.Element, run: dict[str, Any], *, name: str, classname: str, 
     text = "\n".join([f"run {run['id']} ({run['state']}): {read['label']}",
                       *(f"{k}: {read[k]}" for k in ("cause", "step", "bound") if read.get(k)),
                       f"triage: {run['links']['triage']}"])
-    finished = run.get("state") in ("passed", "failed", "error", "cancelled")
+    finished = run.get("state") in FINISHED_RUN_STATES
     if timed_out and not finished:
         ET.SubElement(case, "error", message="timed out waiting for a verdict").text = text
         outcome = "error"

@@ -13,8 +13,10 @@ from typing import Any, TextIO
 
 import httpx
 
+from service.core.state_names import FINISHED_RUN_STATES
+
 HEARTBEAT_S = 30.0
-TERMINAL = {"passed", "failed", "error", "cancelled"}
+TERMINAL = FINISHED_RUN_STATES
 RUNNING = {"train_submitted", "train_running", "resume_submitted", "resume_running", "evaluating"}
 ENV_WAITING = {"pending", "building"}
 

@@ -12,11 +12,11 @@ A refused connection (nothing listening) is not sent again: that is "cannot reac
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from typing import Any
 
 import httpx
+from tenacity import RetryCallState, Retrying, stop_after_attempt
 
 from service.cli.client.env import _detail
 
@@ -39,26 +39,41 @@ def _wait_s(resp: httpx.Response | None, default: float) -> float:
         return default
 
 
+def _unknown_outcome(state: RetryCallState) -> bool:
+    # sent again only when the request may have arrived: a refused connection never reached the service
+    outcome = state.outcome
+    assert outcome is not None
+    if outcome.failed:
+        exc = outcome.exception()
+        return isinstance(exc, httpx.TransportError) and not isinstance(exc, (httpx.ConnectError,
+                                                                              httpx.ConnectTimeout))
+    return outcome.result().status_code in RESENT_STATUSES
+
+
+def _last(state: RetryCallState) -> httpx.Response:
+    assert state.outcome is not None
+    return state.outcome.result()  # the last response, or the last send's error raised
+
+
 def post_resent(client: httpx.Client, path: str, *, json: Any, key: str, who: str = "parity") -> httpx.Response:
     """POST json to path with Idempotency-Key key, sent again (same key) while the outcome is unknown."""
     headers = {"Idempotency-Key": key}
-    for attempt, default in enumerate((*WAITS_S, None)):
-        resp: httpx.Response | None = None
-        try:
-            resp = client.post(path, json=json, headers=headers)
-        except (httpx.ConnectError, httpx.ConnectTimeout):
-            raise  # the request never reached the service
-        except httpx.TransportError as exc:
-            if default is None:
-                raise
+
+    def wait(state: RetryCallState) -> float:
+        assert state.outcome is not None
+        resp = None if state.outcome.failed else state.outcome.result()
+        return _wait_s(resp, WAITS_S[state.attempt_number - 1])
+
+    def say(state: RetryCallState) -> None:
+        assert state.outcome is not None and state.next_action is not None
+        if state.outcome.failed:
+            exc = state.outcome.exception()
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         else:
-            if resp.status_code not in RESENT_STATUSES or default is None:
-                return resp
-            why = f"{resp.status_code} {_detail(resp)}"
-        wait = _wait_s(resp, default)
-        print(f"{who}: POST {path} (send {attempt + 1}): {why[:300]}; sending it again in {wait:.0f} s "
-              "with the same Idempotency-Key", file=sys.stderr)
-        time.sleep(wait)
-    raise AssertionError("unreachable")
+            why = f"{state.outcome.result().status_code} {_detail(state.outcome.result())}"
+        print(f"{who}: POST {path} (send {state.attempt_number}): {why[:300]}; sending it again in "
+              f"{state.next_action.sleep:.0f} s with the same Idempotency-Key", file=sys.stderr)
 
+    retrying = Retrying(retry=_unknown_outcome, stop=stop_after_attempt(len(WAITS_S) + 1), wait=wait,
+                        before_sleep=say, retry_error_callback=_last)
+    return retrying(client.post, path, json=json, headers=headers)

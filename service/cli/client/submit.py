@@ -20,30 +20,14 @@ from service.cli.client.ci_report import junit_xml, reading_of, run_summary
 from service.cli.client.config import service_target
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
 from service.cli.client.resend import new_key, post_resent
-from service.cli.client.shape_arg import add_shape_argument, parse_shape
+from service.cli.client.spec_args import add_spec_arguments, spec_of
+from service.cli.client.waiting import WaitFailed, long_poll
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="queue a parity run on the service (for CI)")
-    p.add_argument("--config", help="the config to check (or --suite)")
     p.add_argument("--suite", help="run every check of this suite (parity suite list) as one suite run")
-    p.add_argument("--dp", type=int, default=2)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--save-step", type=int, default=10)
-    p.add_argument("--sharding")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--tolerance")
-    p.add_argument("--workaround", action="append", default=[])
-    add_shape_argument(p)
-    p.add_argument("--isolation", help="process (default: one job, a fresh child per phase) or job (a job per phase)")
-    p.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
-    p.add_argument("--pp", type=int, help="pipeline-parallel size (default 1)")
-    p.add_argument("--ep", type=int, help="expert-parallel size (default 1; MoE configs, must divide dp)")
-    p.add_argument("--resume-dp", type=int, help="resume at this DP size instead of --dp (same global batch)")
-    p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
-    p.add_argument("--async-save", action="store_true", help="save through Megatron's async path")
-    p.add_argument("--fully-parallel", action="store_true", help="save and load with the fully-parallel wrappers")
-    p.add_argument("--mutant", action="append", default=[], help=argparse.SUPPRESS)  # self-test runs only
+    add_spec_arguments(p)  # --config (or --suite), --dp, --steps, …: one per RunSpec field (spec_args.py)
     p.add_argument("--environment", default="default")
     p.add_argument("--requirement", "-r", action="append", default=[],
                    help="build (or reuse) an environment from these requirement lines and run on it (repeatable)")
@@ -73,21 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def build_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST /runs body from command-line options."""
-    spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
-    for key in ("sharding", "seed", "tolerance", "isolation", "tp", "pp", "ep", "resume_dp"):
-        if getattr(args, key, None) is not None:  # a hand-built Namespace may lack the newer options
-            spec[key] = getattr(args, key)
-    if args.workaround:
-        spec["workarounds"] = args.workaround
-    if getattr(args, "mutant", None):
-        spec["mutants"] = args.mutant
-    if getattr(args, "nodes", None) is not None:  # multi-node
-        spec["nodes"] = args.nodes
-    if getattr(args, "shape", None):
-        spec["shape"] = parse_shape(args.shape)
-    for flag in ("async_save", "fully_parallel"):  # checkpoint I/O strategies: absent when off
-        if getattr(args, flag, False):
-            spec[flag] = True
+    spec = spec_of(args)
     return {"spec": spec, "environment": args.environment, "labels": parse_labels(args.label)}
 
 
@@ -134,12 +104,6 @@ def step_table(metrics: dict[str, Any]) -> str:
             f"{delta:>10.2e} {s['lr_baseline']:>12.4e} {s['lr_resumed']:>12.4e}"
         )
     return "\n".join(lines)
-
-
-def poll_interval(waited_s: float) -> float:
-    """Seconds between polls: 0.25 s for the first minute (a GET is cheap; each second here is CI's),
-    growing to 2 s for long waits."""
-    return min(2.0, 0.25 + max(0.0, waited_s - 60.0) / 60.0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,14 +158,12 @@ def run(args: argparse.Namespace) -> int:
                     queued = run_doc["state"] == "queued"
                     pulse.beat(waiting_for([run_doc], environment_of(client, run_doc["environment"]) if queued
                                            else None))
-                time.sleep(poll_interval(time.monotonic() - started))
-                try:
-                    run_doc = get_json(client, f"/api/v1/runs/{run_doc['id']}")
-                except (httpx.TransportError, ServerBusy) as exc:  # a restart is not a verdict: keep waiting
-                    print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr, flush=True)
+                # answered when the run changed, else after at most MAX_WAIT_S (waiting.py)
+                run_doc = long_poll(client, f"/api/v1/runs/{run_doc['id']}/wait", after=run_doc["state_version"],
+                                    deadline=deadline)
             timed_out = run_doc["state"] not in TERMINAL
             code = report(client, run_doc, timed_out=timed_out, junit=args.junit, strict=args.strict)
-        except (ClientFailure, httpx.HTTPError) as exc:
+        except (ClientFailure, WaitFailed, httpx.HTTPError) as exc:
             # exit 1 means "parity failed": an auth or transport problem must never read as a regression
             print(f"parity submit: {exc}", file=sys.stderr)
             if forge:

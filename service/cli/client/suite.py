@@ -19,6 +19,7 @@ from service.cli.client.env import _detail
 from service.cli.client.forge import Forge
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
 from service.cli.client.resend import post_resent
+from service.cli.client.waiting import WaitFailed, long_poll
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,11 +59,6 @@ def run(args: argparse.Namespace) -> int:
         resp = http.get(f"/api/v1/suites/{args.name}", params={"version": args.version} if args.version else {})
         print(json.dumps(resp.json(), indent=2))
         return 0 if resp.status_code == 200 else 2
-
-
-def poll_interval(waited_s: float) -> float:
-    """0.5 s for the first minute, growing to 3 s for long waits."""
-    return min(3.0, 0.5 + max(0.0, waited_s - 60.0) / 60.0)
 
 
 def check_line(check: dict[str, Any]) -> str:
@@ -117,11 +113,14 @@ def submit_suite(http: httpx.Client, *, suite: str, environment: str, labels: di
             runs = [c["run"] for c in view["checks"]]
             queued = any(r["state"] == "queued" for r in runs)
             pulse.beat(waiting_for(runs, environment_of(http, view["environment"]) if queued else None))
-        time.sleep(poll_interval(time.monotonic() - started))
-        try:
-            view = http.get(f"/api/v1/suite-runs/{view['id']}").json()
-        except httpx.HTTPError as exc:  # the service restarting is not a verdict: keep waiting
-            print(f"parity submit: poll failed ({exc}); retrying", file=sys.stderr, flush=True)
+        try:  # answered when one of its runs changed, else after at most MAX_WAIT_S (waiting.py)
+            view = long_poll(http, f"/api/v1/suite-runs/{view['id']}/wait", after=view["changes"],
+                             deadline=started + timeout)
+        except WaitFailed as exc:  # refused, or the service stayed away past the timeout: not a verdict
+            print(f"parity submit: {exc}", file=sys.stderr, flush=True)
+            if forge:
+                forge.post("error", url=link, description="the suite's verdict could not be read")
+            return 2
     timed_out = view["state"] != "finished"
     outcome = outcome_of(view, timed_out=timed_out, strict=strict)
     for check in view["checks"]:

@@ -156,7 +156,7 @@ def live_token() -> tuple[Any, ...]:
 def _proxy_user(request: Request, settings: Settings) -> str | None:
     if not settings.proxy_user_header:
         return None
-    allowed = {a.strip() for a in settings.proxy_addresses.split(",") if a.strip()}
+    allowed = set(settings.proxy_addresses)
     peer = request.client.host if request.client else ""
     # a header from anywhere else is ignored: anyone could send it
     if peer not in allowed:

@@ -40,7 +40,9 @@ def history(session: Session, config: str, environment: str | None = None, limit
     query = (
         select(Run.id, Run.created_at, Run.finished_at, Run.verdict, Run.regression, Run.max_abs_loss_delta,
                Run.signatures, Run.labels, Environment.name.label("environment"),
-               Run.summary["worked_around_by"].label("worked_around_by"), Run.check_key, Run.check_name, Run.track)
+               Run.summary["worked_around_by"].label("worked_around_by"), Run.check_key, Run.check_name, Run.track,
+               # what the label reads (service/core/verdicts.run_label): the run page's words
+               Run.summary, Run.state, Run.compared_track, Run.first_divergent_step)
         .join(Environment, Environment.id == Run.environment_id)
         .where(Run.config == config, Run.verdict.is_not(None), NOT_SELFTEST)
         .order_by(Run.created_at.desc(), Run.id.desc())

@@ -9,12 +9,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from jobs.verdict_label import label, regression_qualifier
 from jobs.verdict_names import FAILED, PASS, RUN_VERDICTS
 from models import Environment, HistorySummary, Run
 from service.core.checks import long_lived
 from service.core.run_state import IN_FLIGHT, RunState
-from service.core.verdicts import label_of
+from service.core.verdicts import run_label
 from service.selftest.batch import LABEL as SELFTEST_LABEL
 from service.selftest.batch import detector_health
 
@@ -43,16 +42,17 @@ class Cell:
     counts: dict[str, int] = field(default_factory=dict)
     known: list[dict] = field(default_factory=list)
     fixed_known: list[dict] = field(default_factory=list)
-    label: str | None = None  # "pass (worked around)" where a workaround hid a finding
     worked_around_by: dict[str, list[str]] = field(default_factory=dict)
     suite_check: str | None = None  # the check's name in the suite that ran it (`suite_check` label)
+    # what the label reads besides the columns above (service/core/verdicts.run_label)
+    state: str | None = None
+    summary: dict = field(default_factory=dict)
+    first_divergent_step: int | None = None
 
     @property
     def shown(self) -> str:
-        """The verdict as every page labels it (jobs/verdict_label.py): `pass (worked around: …)` for a pass a
-        workaround made, `fail (regression against main)` for a flagged run (known bugs are listed below it)."""
-        base = label_of(self.verdict, {"worked_around_by": self.worked_around_by}) or self.label or self.verdict
-        return label(base, [regression_qualifier(self.track, self.compared_track)] if self.regression else [])
+        """The verdict as every page labels it: the run page's label (service/core/verdicts.run_label)."""
+        return run_label(self)
 
     @property
     def hidden(self) -> list[str]:
@@ -136,8 +136,8 @@ def latest_cells(session: Session) -> list[Cell]:
                Run.regression, Run.compared_track, Run.finished_at, Run.max_abs_loss_delta, Run.signatures,
                Run.failing_since_run_id, _build(), Run.summary["known_failures"].label("known"),
                Run.summary["known_fixed"].label("fixed_known"),
-               Run.summary["verdict_label"].astext.label("label"),
-               Run.summary["worked_around_by"].label("worked_around_by"),
+               Run.summary["worked_around_by"].label("worked_around_by"), Run.summary, Run.state,
+               Run.first_divergent_step,
                Run.labels["suite_check"].astext.label("suite_check"),
                Environment.name.label("environment"), *(counts.c[f"n{i}"] for i in range(len(RUN_VERDICTS))))
         .join(latest, latest.c.latest_run_id == Run.id)
@@ -151,7 +151,8 @@ def latest_cells(session: Session) -> list[Cell]:
              signatures=list(r.signatures or []), failing_since_run_id=r.failing_since_run_id,
              counts={v: getattr(r, f"n{i}") for i, v in enumerate(RUN_VERDICTS)},
              known=list(r.known or []), fixed_known=list(r.fixed_known or []),
-             label=r.label, worked_around_by=dict(r.worked_around_by or {}), suite_check=r.suite_check)
+             worked_around_by=dict(r.worked_around_by or {}), suite_check=r.suite_check, state=r.state,
+             summary=dict(r.summary or {}), first_divergent_step=r.first_divergent_step)
         for r in rows
     ]
 

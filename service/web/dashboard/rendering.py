@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from jobs.verdict_names import FAILED, PASS
-from service.core.verdicts import label_of, reading, run_label
+from service.core.verdicts import reading, run_label
 
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
@@ -99,7 +99,6 @@ def _environment() -> jinja2.Environment:
     )
     env.filters.update(when=when, age=age, sci=sci, num=num, duration=duration, pretty=pretty, vlabel=run_label,
                        short_when=short_when, check_short=check_short, reading=reading)
-    env.globals["label_of"] = label_of
     # the verdict names (jobs/verdict_names.py) for the templates' comparisons: never spelled out there
     env.globals.update(PASS=PASS, FAILED=FAILED)
     return env

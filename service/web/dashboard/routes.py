@@ -42,10 +42,9 @@ def mount(app: FastAPI) -> None:
 def overview(request: Request, session: SessionDep, settings: SettingsDep, _: DashboardRead) -> Response:
     """The parity matrix over the long-lived tracks, regressions first; pull requests as their latest suite runs;
     watched tracks with the commit that changed each check."""
-    from service.core.checks import track_patterns
     from service.suites.runs import suite_run_list
 
-    patterns = track_patterns(settings.long_lived_tracks)
+    patterns = settings.long_lived_tracks
     return render(request, "overview.html", {
         "m": overview_q.matrix(session, long_lived_tracks=patterns), "now": datetime.now(UTC),
         "prs": suite_run_list(session, page_size=PR_SUITE_RUNS, prs_only=patterns),
@@ -75,7 +74,6 @@ def suite_runs(request: Request, session: SessionDep, settings: SettingsDep, _: 
                branch: str = "", suite: str = "", prs: str = "") -> Response:
     """Suite runs, newest first: verdict, suite name and version, build, PR, outcome counts; filterable by
     branch, suite and pull requests only (prs=only)."""
-    from service.core.checks import track_patterns
     from service.core.errors import NotFound
     from service.suites.runs import suite_run_list
 
@@ -84,7 +82,7 @@ def suite_runs(request: Request, session: SessionDep, settings: SettingsDep, _: 
     try:  # a page number past any real page (or one that overflows) is clamped, never a 500
         listing = suite_run_list(session, page=max(1, min(page, 10**6)), branch=branch[:200] or None,
                                  suite=suite[:100] or None,
-                                 prs_only=track_patterns(settings.long_lived_tracks) if prs else None)
+                                 prs_only=settings.long_lived_tracks if prs else None)
     except NotFound as exc:
         raise PageError(404, exc.detail) from None
     return render(request, "suite_runs.html", {"l": listing, "f": {"branch": branch, "suite": suite, "prs": prs}})
