@@ -61,7 +61,6 @@ SECTION_LABELS = {
 # sections the snapshot records but the restore diff never compares: a value lost there shows only
 # later, in the final state, so a final-state difference looks there first
 UNCOMPARED = ("nonpersistent",)
-MAIN_KINDS = ("param", "fp32_param")  # what a checkpoint calls a main param in the optimizer's keys
 MAX_ITEMS = 12
 MAX_LINE = 320
 _LAYER = re.compile(r"\.(layers|local_experts)\.\d+\.")
@@ -133,9 +132,11 @@ class Checkpoint:
                 return key in self.keys
             return any(c in self.keys for c in self._model_candidates(item))
         if section in ("main", "moments"):
-            # formats save the optimizer state per bucket or per param; either way its kind ends a key
-            kinds = {item.rpartition("/")[2]} if section == "moments" else set(MAIN_KINDS)
-            return any(set(re.split(r"[./]", k)) & kinds for k in self.optimizer)
+            # Which key holds one param's main value or moment depends on the format and the layout
+            # (per bucket, per param, gathered on DP rank 0, an expert's own DP group): a listing
+            # without a key that looks like it proves nothing (at EP 2 and under dp_zero_gather_scatter
+            # it named loaded state "absent"). Only a checkpoint with no optimizer state at all tells.
+            return False if not self.optimizer else None
         if section in ("steps", "groups", "scaler"):
             # held inside the optimizer's common object in most formats: only its absence is telling
             return bool(self.optimizer)

@@ -143,3 +143,12 @@ def test_an_item_the_load_did_not_ask_for_is_looked_up_under_its_stacked_layer_k
     assert ckpt.holds("moments", "module.module.output_layer.weight/exp_avg", 0) is False  # no optimizer state
     assert Checkpoint({"keys": ["iteration"], "incomplete": "metadata: OSError"}).holds("iteration", "iteration", 0) \
         is None  # an incomplete listing tells nothing
+
+
+def test_optimizer_state_is_never_called_absent_from_a_listing_of_another_layout() -> None:
+    # at EP 2 (and under dp_zero_gather_scatter) the optimizer's keys name buckets or DP groups, not
+    # params: a listing that holds optimizer state cannot say one param's main value or moment is absent
+    ckpt = Checkpoint({"keys": ["optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.bfloat16, "
+                                "torch.bfloat16).bucket_idx_0", "iteration"], "requested": [{}]})
+    assert ckpt.holds("main", "module.decoder.final_layernorm.bias", 0) is None
+    assert ckpt.holds("moments", "module.decoder.final_layernorm.bias/exp_avg", 0) is None

@@ -4,6 +4,8 @@ a 409 that records nothing."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,6 +24,15 @@ def _run(session: Session, env: Environment, verdict: str, **extra) -> Run:
     return run
 
 
+@dataclass(frozen=True)
+class _Grant:
+    """A token that may write every track (the admin's), by name."""
+
+    name: str
+    scopes: tuple[str, ...] = ("admin",)
+    tracks: tuple[str, ...] = ("*",)
+
+
 def _events(session: Session, reg: Regression) -> list[tuple[str | None, str]]:
     rows = session.scalars(select(RegressionEvent).where(RegressionEvent.regression_id == reg.id)
                            .order_by(RegressionEvent.id))
@@ -35,12 +46,12 @@ def test_each_change_of_state_is_recorded_and_a_disallowed_one_refused(db_sessio
     failed = _run(db_session, env, "fail", regression=True)
     reg = regressions.on_verdict(db_session, failed)
     assert reg is not None and reg.state == "open"
-    regressions.acknowledge(db_session, reg.id, who="alice", note="looking")
-    regressions.acknowledge(db_session, reg.id, who="bob")  # taken over: recorded again
+    regressions.acknowledge(db_session, reg.id, grant=_Grant("alice"), note="looking")
+    regressions.acknowledge(db_session, reg.id, grant=_Grant("bob"))  # taken over: recorded again
     resolved = regressions.on_verdict(db_session, _run(db_session, env, "pass"))
     assert resolved is reg and reg.state == "resolved" and reg.resolved_at is not None
     assert _events(db_session, reg) == [(None, "open"), ("open", "acknowledged"),
                                         ("acknowledged", "acknowledged"), ("acknowledged", "resolved")]
     with pytest.raises(Conflict, match="resolved"):
-        regressions.acknowledge(db_session, reg.id, who="carol")
+        regressions.acknowledge(db_session, reg.id, grant=_Grant("carol"))
     assert len(_events(db_session, reg)) == 4 and reg.acknowledged_by == "bob"
