@@ -208,6 +208,18 @@ def _submit(
     return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks, started=started)
 
 
+def linked_targets(root: Path) -> list[Path]:
+    """The targets of the symlinks in root and in its builds folder (folders the service's tree shares,
+    such as a Python base prepared once per machine); run folders are never walked (there are thousands)."""
+    found = []
+    for folder in (root, root / "environments"):
+        try:
+            found += [child.resolve() for child in folder.iterdir() if child.is_symlink()]
+        except OSError:
+            continue
+    return found
+
+
 def _sandbox(settings: Settings, folder: Path, python: str, promised: frozenset[str], *,
              writable: tuple[Path, ...], network: bool, pythonpath: str = "") -> dict[str, Any]:
     """job_sandbox.py's SPEC for a local job (its cgroups and user are added at the start)."""
@@ -217,6 +229,9 @@ def _sandbox(settings: Settings, folder: Path, python: str, promised: frozenset[
         # what the job must reach, wherever it lives: under the node's /tmp it is bound back into the job's own
         needed = [folder, *writable, settings.resolved_run_folder, settings.resolved_artifact_folder, Path(python),
                   Path(sys.executable), REPO_ROOT, *(Path(p) for p in pythonpath.split(os.pathsep) if p)]
+        # a folder the service's tree links to (a shared Python base under the node's /var/tmp, say) is as
+        # needed as the tree: behind the job's own /tmp and /var/tmp its link would dangle
+        needed += linked_targets(settings.resolved_run_folder)
         spec.update(folders={"/tmp": str(own), "/var/tmp": str(own.parent / VAR_TMP)},
                     shm_size=parse_size(settings.job_shm_size, "PARITY_JOB_SHM_SIZE"),
                     keep=sorted({str(p) for n in needed for p in (n.absolute(), n.resolve())}),
