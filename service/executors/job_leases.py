@@ -125,7 +125,8 @@ def lease(settings: Settings, holder: Path) -> JobUser | None:
     fd = _folder(settings)
     try:
         for user in users:
-            if user.name in leased_to and _orphaned(fd, user.name, leased_to[user.name]):
+            orphan = user.name in leased_to and _orphaned(fd, user.name, leased_to[user.name])
+            if orphan:
                 try:
                     os.unlink(user.name, dir_fd=fd)  # its folder is gone: no scheduler will give it back
                 except FileNotFoundError:
@@ -139,6 +140,9 @@ def lease(settings: Settings, holder: Path) -> JobUser | None:
             with os.fdopen(out, "w") as fh:
                 json.dump({"holder": str(holder), "since": time.time()}, fh)
             kill_user(user)
+            if orphan:  # its scheduler never released it: what its last job left is removed now
+                cancel_slurm_jobs_of(user)
+                remove_files_of(user, spare=(settings.resolved_run_folder, settings.resolved_artifact_folder))
             return user
     finally:
         os.close(fd)
@@ -174,8 +178,8 @@ def leased(settings: Settings, holder: Path) -> bool:
 
 
 def stop(settings: Settings, holder: Path) -> int:
-    """The job writing `holder` is over: kill every process of its leased user (none without a lease), then
-    remove every file that user left in the node's shared folders (`remove_files_of`)."""
+    """The job writing `holder` is over: kill every process of its leased user (none without a lease) and
+    cancel its Slurm jobs; `release` then removes what it left in the node's shared folders."""
     held = _leased_name(settings, holder)
     if held is None:
         return 0
@@ -186,9 +190,6 @@ def stop(settings: Settings, holder: Path) -> int:
         return 0
     left = kill_user(user)
     cancel_slurm_jobs_of(user)  # the review's `sbatch --begin=now+75` ran as the uid after its lease
-    # nothing of the uid runs now: nothing makes them again; its own folders (in the run folder, below the
-    # node's /tmp where a clone in `mktemp -d` keeps it) are taken back by the caller, never removed
-    remove_files_of(user, spare=(settings.resolved_run_folder, settings.resolved_artifact_folder))
     return left
 
 
@@ -268,6 +269,15 @@ def release(settings: Settings, holder: Path) -> None:
     if held is None:
         return
     stop(settings, holder)
+    try:
+        user = JobUser.lookup(held)
+    except JobUserError:
+        user = None
+    if user is not None:
+        # nothing of the uid runs now: nothing makes them again. Once per lease, here (a walk of the node's
+        # shared folders: ~1 s on this project's busy test machine); its own folders (in the run folder, below
+        # the node's /tmp where a clone in `mktemp -d` keeps it) are taken back already, never removed
+        remove_files_of(user, spare=(settings.resolved_run_folder, settings.resolved_artifact_folder))
     fd = _folder(settings)
     try:
         os.unlink(held, dir_fd=fd)
