@@ -20,6 +20,7 @@ from jobs.configs import config_names
 from jobs.selftest.catalogue import mutant_names
 from jobs.shape import SHAPE_FIELDS
 from jobs.spec import (
+    DEVICES,
     ISOLATION_MODES,
     MAX_DP,
     MAX_STEPS,
@@ -75,6 +76,9 @@ class CheckSpec(BaseModel):
     ep: int = Field(default=1, ge=1, le=parallel_layout.MAX_EP, description="Expert-parallel size (MoE configs)")
     async_save: bool = Field(default=False, description="Megatron's async checkpoint save")
     fully_parallel: bool = Field(default=False, description="The fully-parallel save/load wrappers")
+    device: str = Field(default=_DEFAULTS["device"], description="Where the ranks run: cpu, or cuda (one GPU "
+                        "per rank; refused when the executor has fewer GPUs than ranks)",
+                        json_schema_extra=_one_of(DEVICES))
 
     _run_spec: RunSpec = PrivateAttr()
 
