@@ -228,14 +228,23 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
 
     def forward(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
         """Per-token losses (last pipeline stage) or hidden states (an earlier one) for one batch."""
-        # drawn from the CPU generator (the same batch on every device), then moved to the rank's device
-        here = rank_device.current()
-        tok = torch.randint(0, cfg.vocab_size, (cfg.micro_batch_size, cfg.seq_length + 1), generator=gen).to(here)
-        pos = torch.arange(cfg.seq_length, device=here).unsqueeze(0).expand(cfg.micro_batch_size, -1)
+        tok, pos = gpt_batch(cfg, gen)
         out: torch.Tensor = model(tok[:, :-1], pos, None, labels=tok[:, 1:])
         return out
 
     return gpt, forward
+
+
+def gpt_batch(cfg: ModelConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens with the next-token labels, position ids) of one GPT batch, on the rank's device.
+
+    Drawn from the CPU generator (the same batch on every device), then moved: an embedding on the GPU
+    fed CPU token ids fails in index_select.
+    """
+    here = rank_device.current()
+    tok = torch.randint(0, cfg.vocab_size, (cfg.micro_batch_size, cfg.seq_length + 1), generator=gen).to(here)
+    pos = torch.arange(cfg.seq_length, device=here).unsqueeze(0).expand(cfg.micro_batch_size, -1)
+    return tok, pos
 
 
 class LinearStack(torch.nn.Module):

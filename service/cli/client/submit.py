@@ -42,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume-dp", type=int, help="resume at this DP size instead of --dp (same global batch)")
     p.add_argument("--nodes", type=int, help="Slurm nodes to spread the dp ranks over (must divide --dp; default 1)")
     p.add_argument("--async-save", action="store_true", help="save through Megatron's async path")
+    p.add_argument("--device", choices=["cpu", "cuda"],
+                   help="where the ranks run: cpu (default) or cuda (one GPU per rank; 422 where too few)")
     p.add_argument("--fully-parallel", action="store_true", help="save and load with the fully-parallel wrappers")
     p.add_argument("--mutant", action="append", default=[], help=argparse.SUPPRESS)  # self-test runs only
     p.add_argument("--environment", default="default")
@@ -74,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def build_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST /runs body from command-line options."""
     spec: dict[str, Any] = {"config": args.config, "dp": args.dp, "steps": args.steps, "save_step": args.save_step}
-    for key in ("sharding", "seed", "tolerance", "isolation", "tp", "pp", "ep", "resume_dp"):
+    for key in ("sharding", "seed", "tolerance", "isolation", "tp", "pp", "ep", "resume_dp", "device"):
         if getattr(args, key, None) is not None:  # a hand-built Namespace may lack the newer options
             spec[key] = getattr(args, key)
     if args.workaround:
