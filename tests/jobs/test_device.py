@@ -170,3 +170,39 @@ def test_the_step_helpers_make_their_scalars_on_the_rank_device(meta_rank: Any) 
     training._set_aux_loss_scale(0.5)
     assert MoEAuxLossAutoScaler.main_loss_backward_scale.device.type == "meta"
     MoEAuxLossAutoScaler.set_loss_scale(__import__("torch").ones(()))  # leave Megatron's class state as found
+
+
+# --- tolerance per device kind ---
+
+
+def _entry(config: str, steps: int, save_step: int, loss: float) -> dict[str, Any]:
+    return {"spec": {"config": config, "steps": steps, "save_step": save_step}, "factor": 4.0, "runs": 5,
+            "build": {"device_name": "NVIDIA H200"},
+            "bound": {"loss_rtol": loss, "metrics_rtol": 1e-4, "lr_atol": 1e-12,
+                      "state_rtol": {"model": 1e-3, "main": 1e-3, "moments": 2e-3}}}
+
+
+def test_a_cuda_default_check_is_judged_by_gpu_noise_kept_apart_from_the_cpu() -> None:
+    from jobs.tolerance import TOLERANCE_PROFILES, noise_key
+    from jobs.verdict.profile import judged_profile
+
+    cpu = RunSpec.from_dict({**BASE, "tolerance": "default"})
+    cuda = RunSpec.from_dict({**BASE, "tolerance": "default", "device": "cuda"})
+    measured = {"entries": {noise_key("moe-fp32-router", 2, 3): _entry("moe-fp32-router", 6, 3, 2e-6)}}
+    assert judged_profile(cpu, measured)[0] == TOLERANCE_PROFILES["default"]  # the CPU never reads GPU entries
+    profile, error = judged_profile(cuda, measured)
+    assert error is None and profile.loss_rtol == 2e-6 and "NVIDIA H200" in (profile.source or "")
+    # unmeasured: the static default, saying where its bounds come from
+    static, _ = judged_profile(cuda, {"entries": {}})
+    assert static.loss_rtol == TOLERANCE_PROFILES["default"].loss_rtol and "CPU-simulated" in (static.source or "")
+
+
+def test_a_cuda_reshard_is_never_judged_by_cpu_bounds() -> None:
+    from jobs.tolerance import load_calibration, reshard_key
+    from jobs.verdict.profile import judged_profile
+
+    spec = {"config": "dense-bf16", "dp": 1, "resume_dp": 2, "steps": 10, "save_step": 5}
+    cpu_file = load_calibration()
+    profile, error = judged_profile(RunSpec.from_dict({**spec, "device": "cuda"}), cpu_file)
+    assert error is not None and error["type"] == "NotCalibrated" and "cuda/dense-bf16:1->2" in error["message"]
+    assert reshard_key("dense-bf16", 1, 2, 5) == "dense-bf16:1->2@5"  # CPU keys unchanged
