@@ -129,8 +129,12 @@ def plan(gpus: int, device: str, quick: bool) -> list[dict[str, Any]]:
     for seed in (1, 2, 3):
         runs.append({"name": f"noise-seed{seed}", "kind": "noise", "spec": {**NOISE, "seed": seed, "device": device}})
     if quick:  # one of each kind
-        seen: set[str] = set()
-        runs = [r for r in runs if "skip" in r or (r["kind"] not in seen and not seen.add(r["kind"]))]
+        kept, seen = [], set()
+        for r in runs:
+            if "skip" in r or r["kind"] not in seen:
+                kept.append(r)
+                seen.add(r["kind"])
+        runs = kept
     return runs
 
 
@@ -206,8 +210,8 @@ def noise_entry(rows: list[dict[str, Any]], device_name: str, device: str) -> tu
              "build": {"device_name": device_name}, "observed": observed,
              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "bound": bounds_from(observed, CALIBRATION_FACTOR)}
-    resumed = NOISE["steps"] - NOISE["save_step"]
-    return noise_key(str(NOISE["config"]), int(NOISE["dp"]), resumed, device), entry
+    resumed = int(str(NOISE["steps"])) - int(str(NOISE["save_step"]))
+    return noise_key(str(NOISE["config"]), int(str(NOISE["dp"])), resumed, device), entry
 
 
 def table(rows: list[dict[str, Any]]) -> str:
