@@ -219,11 +219,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     def f(x: Any) -> str:
         return "-" if x is None else f"{x:.2g}" if isinstance(x, float) else str(x)
 
+    def outcome(r: dict[str, Any]) -> str:
+        return f"{r.get('outcome')} ({r['detail']})" if r.get("detail") else str(r.get("outcome"))
+
     lines = ["| run | kind | device | verdict | signatures | outcome | max loss rel | max grad-norm rel | s | ok |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['name']} | {r['kind']} | {f(r.get('device'))} | {f(r.get('verdict'))} | "
-                     f"{', '.join(r.get('signatures') or []) or '-'} | {r.get('outcome')} | {f(r.get('loss_rel'))} | "
+                     f"{', '.join(r.get('signatures') or []) or '-'} | {outcome(r)} | {f(r.get('loss_rel'))} | "
                      f"{f(r.get('grad_norm_rel'))} | {f(r.get('seconds'))} | "
                      f"{'-' if 'ok' not in r else 'yes' if r['ok'] else 'NO'} |")
     return "\n".join(lines)
