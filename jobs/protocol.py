@@ -95,6 +95,9 @@ class Payload:
     tasks: int
     nodes: int
     phases: tuple[PhaseName, ...]  # the phases this job runs, in order
+    # GPUs the job asks for on each node: one per rank there for a `cuda` spec, none for `cpu`
+    # (submitit's gpus_per_node locally and on Slurm, --gpus-per-node; service/executors/launcher.py)
+    gpus_per_node: int = 0
 
     def function(self) -> Callable[..., Any]:
         """The entry point itself (imported here, lazily: jobs/rank imports torch only when it runs)."""
@@ -150,9 +153,13 @@ class RunPlan:
             phases: tuple[PhaseName, ...] = PHASES if phase == PHASES[0] else (phase,)
             attempts = {PHASES[0]: attempt, PHASES[1]: 1} if phase == PHASES[0] else {phase: attempt}
             args: tuple[Any, ...] = (spec, root, phases, None, attempts, checkpoint_attempt)
-            return Payload("attempt", args, self.tasks(phase), self.nodes, phases)
+            return Payload("attempt", args, self.tasks(phase), self.nodes, phases, self.gpus_per_node(phase))
         args = (spec, root, phase, None, attempt, checkpoint_attempt)
-        return Payload("phase", args, self.tasks(phase), self.nodes, (phase,))
+        return Payload("phase", args, self.tasks(phase), self.nodes, (phase,), self.gpus_per_node(phase))
+
+    def gpus_per_node(self, phase: str) -> int:
+        """GPUs each node of a phase's job needs: one per rank on that node for a cuda spec, else 0."""
+        return self.spec.gpus_per_task * (self.tasks(phase) // self.nodes)
 
     def attempt_folder(self, run_folder: Path, phase: str, attempt: int) -> Path:
         """The folder of one attempt of one phase (jobs/run_folder.py)."""

@@ -43,6 +43,12 @@ RESHARD_TOLERANCE = "reshard"
 # multi-node (nodes)
 # Ranks are spread evenly over `nodes` Slurm nodes (world size / nodes tasks per node).
 DEFAULT_NODES = 1
+# the device every rank runs on (device). "cpu": gloo and the CPU shims, CUDA hidden even on a GPU
+# host; "cuda": one GPU per rank (LOCAL_RANK's), NCCL, deterministic settings, and the executor asks
+# for a GPU per rank (jobs/protocol.py Payload.gpus_per_node). A config whose `requires` has "cuda"
+# (a GPU check) is refused with device "cpu": it could never run there.
+DEVICES = ("cpu", "cuda")
+DEFAULT_DEVICE = "cpu"
 
 
 def allowed_nodes(dp: int) -> list[int]:
@@ -157,6 +163,10 @@ class RunSpec:
     # save/load wrappers over the DP group.
     async_save: bool = field(default=False, metadata=about("Megatron's async checkpoint save"))
     fully_parallel: bool = field(default=False, metadata=about("The fully-parallel save/load wrappers"))
+    # where the ranks run (DEVICES); not in ALWAYS_STORED: a cpu spec keeps its key, a cuda one is another check
+    device: str = field(default=DEFAULT_DEVICE, metadata=about(
+        "Where the ranks run: cpu, or cuda (one GPU per rank; a config that needs CUDA takes only cuda)",
+        choices=DEVICES))
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
@@ -217,9 +227,22 @@ class RunSpec:
         for name in ("async_save", "fully_parallel"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(name, f"must be true or false, got {getattr(self, name)!r}", [False, True])
+        self._check_device()
         # Canonical order so equal specs compare (and are stored) equal.
         object.__setattr__(self, "workarounds", tuple(sorted(set(self.workarounds))))
         object.__setattr__(self, "mutants", tuple(sorted(set(self.mutants))))
+
+    def _check_device(self) -> None:
+        if not isinstance(self.device, str) or self.device not in DEVICES:
+            raise SpecError("device", f"unknown device {self.device!r}", list(DEVICES))
+        if self.device != "cuda" and "cuda" in CONFIGS[self.config].requires:
+            raise SpecError("device", f"config {self.config!r} is a GPU check (requires cuda) and cannot run on "
+                            f"{self.device!r}", ["cuda"])
+
+    @property
+    def gpus_per_task(self) -> int:
+        """GPUs each rank asks the executor for: one on cuda, none on cpu."""
+        return 1 if self.device == "cuda" else 0
 
     # multi-node
     def _check_nodes(self) -> None:
@@ -370,6 +393,8 @@ def allowed_values() -> dict[str, Any]:
         # checkpoint I/O strategies (Megatron's async save, fully-parallel save/load wrappers)
         "async_save": [False, True],
         "fully_parallel": [False, True],
+        "device": {"values": list(DEVICES), "default": DEFAULT_DEVICE,
+                   "gpu_checks": [n for n, c in CONFIGS.items() if "cuda" in c.requires]},
         "shape": shape_fields(),
         **parallel_layout.allowed(CONFIGS),
     }

@@ -24,6 +24,10 @@ from typing import Any
 
 NUMERIC_STATE_SECTIONS = ("model", "main", "moments")
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration" / "reshard.json"
+# Bounds measured on GPUs, kept apart from the CPU ones: a cuda check's noise (repeated clean resumes at one
+# layout, benchmarks/gpu_gate.py) and its reshards, keyed `cuda/<config>:...` (device_key). Empty until a GPU
+# run writes it: no bound in this repository has been measured on a GPU yet (docs/measurements.md).
+GPU_CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration" / "gpu.json"
 # A calibrated bound is this many times the largest delta measured on clean runs, and at least the floor
 # (a delta measured as 0 over a few seeds is not proof that one float32 rounding cannot move it).
 CALIBRATION_FACTOR = 4.0
@@ -143,10 +147,20 @@ DEFAULT_TOLERANCE = "exact"
 # --- calibrated reshard bounds ---------------------------------------------------------------------
 
 
-def reshard_key(config: str, dp: int, resume_dp: int, resumed_steps: int | None = None) -> str:
+def device_key(device: str, key: str) -> str:
+    """A calibration key of one device kind: CPU keys as they always were, others prefixed (`cuda/...`)."""
+    return key if device == "cpu" else f"{device}/{key}"
+
+
+def reshard_key(config: str, dp: int, resume_dp: int, resumed_steps: int | None = None, device: str = "cpu") -> str:
     """The calibration entry of one config and direction, measured over `resumed_steps` (None: legacy key)."""
-    base = f"{config}:{dp}->{resume_dp}"
+    base = device_key(device, f"{config}:{dp}->{resume_dp}")
     return base if resumed_steps is None else f"{base}@{resumed_steps}"
+
+
+def noise_key(config: str, dp: int, resumed_steps: int, device: str = "cuda") -> str:
+    """The entry of a device's own noise: clean resumes at one layout (dp) of a config, over resumed_steps."""
+    return device_key(device, f"{config}:dp{dp}@{resumed_steps}")
 
 
 def _horizon(entry: dict[str, Any]) -> int:
@@ -175,11 +189,17 @@ def bounds_from(observed: dict[str, Any], factor: float = CALIBRATION_FACTOR) ->
 
 
 def calibrated_reshard_profile(
-    config: str, dp: int, resume_dp: int, resumed_steps: int, calibration: dict[str, Any] | None = None
+    config: str, dp: int, resume_dp: int, resumed_steps: int, calibration: dict[str, Any] | None = None,
+    device: str = "cpu",
 ) -> tuple[ToleranceProfile | None, str]:
-    """(the measured profile for this reshard, or None; why not / where it comes from)."""
-    key = reshard_key(config, dp, resume_dp)
-    entries = (calibration if calibration is not None else load_calibration())["entries"]
+    """(the measured profile for this reshard, or None; why not / where it comes from).
+
+    A cuda reshard is judged only by bounds measured on a GPU (GPU_CALIBRATION_FILE), never by the CPU's.
+    """
+    key = reshard_key(config, dp, resume_dp, device=device)
+    if calibration is None:
+        calibration = load_calibration(CALIBRATION_FILE if device == "cpu" else GPU_CALIBRATION_FILE)
+    entries = calibration["entries"]
     # one entry per horizon: drift grows with every resumed step, so a bound is used only up to the number of
     # resumed steps it was measured over, and the nearest horizon that covers the run is the tightest
     measured = {k: e for k, e in entries.items() if k == key or k.startswith(f"{key}@")}
@@ -210,3 +230,35 @@ def calibrated_reshard_profile(
         source=source,
     )
     return profile, source
+
+
+# --- calibrated GPU noise (a cuda check at one layout, `default`) ------------------------------------
+
+
+def calibrated_noise_profile(
+    config: str, dp: int, resumed_steps: int, device: str = "cuda", calibration: dict[str, Any] | None = None
+) -> tuple[ToleranceProfile, str]:
+    """(the profile a `default` check on `device` is judged by; where its bounds come from).
+
+    The bounds measured for this config, layout and device over at least `resumed_steps` when there
+    are some (GPU_CALIBRATION_FILE, written from benchmarks/gpu_gate.py's repeated clean runs); else the
+    static `default`, whose bounds come from a CPU simulation of GPU noise, and the source says so.
+    """
+    static = TOLERANCE_PROFILES["default"]
+    entries = (calibration if calibration is not None else load_calibration(GPU_CALIBRATION_FILE))["entries"]
+    base = noise_key(config, dp, 0, device).rsplit("@", 1)[0]
+    covering = sorted((e for k, e in entries.items() if k.startswith(f"{base}@") and _horizon(e) >= resumed_steps),
+                      key=_horizon)
+    if not covering:
+        why = (f"no {device} noise measured for {base}: the static default (CPU-simulated GPU noise); "
+               "benchmarks/gpu_gate.py measures it")
+        return replace(static, source=why), why
+    entry = covering[0]
+    bound = entry["bound"]
+    source = (f"calibrated {base}@{_horizon(entry)} on {entry['build'].get('device_name', device)}, "
+              f"{entry['factor']:g}x the largest of {entry['runs']} clean runs")
+    return replace(
+        static, name=f"default:{base}", description=source, loss_rtol=bound["loss_rtol"],
+        metrics_rtol=bound["metrics_rtol"], lr_atol=bound["lr_atol"], state_rtol=max(bound["state_rtol"].values()),
+        state_rtol_by_section=tuple(sorted(bound["state_rtol"].items())), source=source,
+    ), source

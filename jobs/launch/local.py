@@ -44,6 +44,8 @@ def _run_job(plan: RunPlan, payload: Payload, folder: Path, executor: Any, timeo
     """Submit one job of the plan (its tasks on this host) and wait; (job, finished in time)."""
     ex = executor(folder) if callable(executor) else executor or local_executor(folder)
     ex.update_parameters(tasks_per_node=payload.tasks, nodes=1, timeout_min=max(1, int(timeout_s // 60)))
+    if payload.gpus_per_node:  # a cuda check: one GPU per rank (submitit's local executor sets CUDA_VISIBLE_DEVICES)
+        ex.update_parameters(gpus_per_node=payload.gpus_per_node)
     t0 = time.perf_counter()
     job = ex.submit(payload.function(), *payload.args)
     # submitit's own wait() polls once a second; a tighter poll keeps launch overhead honest.

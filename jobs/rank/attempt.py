@@ -56,6 +56,10 @@ PRELOAD = (
     "jobs.rank.training",
 )
 PHASES = ("train_and_save", "resume")
+# torch.cuda.is_available() / device_count() answer from NVML instead of cudaGetDeviceCount, which
+# initialises the CUDA driver and poisons fork: every phase child on a GPU would then fail with "Cannot
+# re-initialize CUDA in forked subprocess" (seen on an H200 with torch 2.11). Read at each call.
+NVML_CHECK = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 PEER_WAIT_S = 900.0
 POLL_S = 0.02
 
@@ -67,6 +71,10 @@ def preload() -> dict[str, Any]:
     child's "import" stage, so the failure reads the same as under isolation "job".
     """
     t0 = time.perf_counter()
+    # Fork safety: this process forks the phase children, which alone may initialise CUDA (a cuda rank
+    # binds its GPU in jobs/rank/device.bind, after the fork); an import that only asks whether CUDA
+    # exists must not initialise it here (tests/jobs/test_fork_safety_megatron.py).
+    os.environ.update(NVML_CHECK)
     failed = {}
     for name in PRELOAD:
         try:
@@ -78,7 +86,17 @@ def preload() -> dict[str, Any]:
         "preload_failed": failed,
         # fork() copies only the calling thread: a second thread here would be a lock left held.
         "threads_at_fork": threading.active_count(),
+        "cuda_initialized_at_fork": _cuda_initialized(),
     }
+
+
+def _cuda_initialized() -> bool:
+    """Whether CUDA is initialised in this process (asked without initialising it; False without torch)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch that failed to import has no CUDA state
+        return False
 
 
 def run_attempt(

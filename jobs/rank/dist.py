@@ -136,20 +136,27 @@ def start_rendezvous(master_port: int | None, timeout_s: float) -> None:
         _store = _tcp_store(is_master=True, timeout_s=timeout_s)
 
 
-def init(master_port: int | None, timeout_s: float, tp: int = 1, pp: int = 1, ep: int = 1) -> DistInfo:
-    """Initialise torch.distributed and Megatron's parallel state for the layout (dp = world / (tp * pp))."""
+def init(
+    master_port: int | None, timeout_s: float, tp: int = 1, pp: int = 1, ep: int = 1, device: str = "cpu"
+) -> DistInfo:
+    """Initialise torch.distributed and Megatron's parallel state for the layout (dp = world / (tp * pp)).
+
+    `device` is the spec's: cuda binds LOCAL_RANK's GPU and uses NCCL, cpu uses gloo whatever the host
+    has (jobs/rank/device.py); never decided from what torch happens to see.
+    """
     global _store
     import torch
     from megatron.core import parallel_state
+
+    from jobs.rank import device as rank_device
 
     if _store is None and int(os.environ.get("RANK", "-1")) > 0:
         _store = _tcp_store(is_master=False, timeout_s=timeout_s)
     if _store is None:
         export_env(master_port)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    else:
+    binding = rank_device.bind(device)  # the first CUDA call of the process, in the phase child
+    backend = binding.backend
+    if backend == "gloo":
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
         torch.set_num_threads(cpu_threads(local))
     if not torch.distributed.is_initialized():
@@ -173,7 +180,7 @@ def init(master_port: int | None, timeout_s: float, tp: int = 1, pp: int = 1, ep
         rank=torch.distributed.get_rank(),
         world_size=torch.distributed.get_world_size(),
         backend=backend,
-        device="cuda" if backend == "nccl" else "cpu",
+        device=binding.device,
     )
 
 

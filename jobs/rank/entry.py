@@ -70,7 +70,9 @@ def _peak_memory() -> dict[str, Any]:
     import torch
 
     out: dict[str, Any] = {"max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    if torch.cuda.is_available():
+    from jobs.rank import device
+
+    if device.is_cuda():
         out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
     return out
 
@@ -145,20 +147,28 @@ def _shutdown(ctx: RankContext) -> None:
         from jobs.rank import dist
 
         dist.shutdown()
-    from jobs.rank import cpu_shim
+    from jobs.rank import cpu_shim, device
 
     cpu_shim.uninstall()
+    device.reset()
 
 
 def _run(ctx: RankContext, spec: RunSpec, phase: str, ckpt: Path, master_port: int | None) -> None:
     from jobs.rank import dist
 
     def imports() -> None:
+        from jobs.rank import device
+
+        # before anything here touches CUDA: a cpu rank hides the GPUs, a cuda one sets the deterministic knobs
+        changed = device.prepare_environment(spec.device)
+        if spec.device == "cuda":  # a cpu document stays as it was
+            ctx.doc["info"]["device_environment"] = changed
         # torch first, so rank 0's rendezvous server is listening while everyone imports Megatron.
         dist.start_rendezvous(master_port, COLLECTIVE_TIMEOUT_S)
         from jobs.rank import cpu_shim
 
-        cpu_shim.install()
+        if spec.device == "cpu":  # a cuda rank runs Megatron's own CUDA calls
+            cpu_shim.install()
         import megatron.core  # noqa: F401 - import cost is part of what the stage measures
 
     ctx.run("import", imports, STAGE_TIMEOUT_S["import"])
@@ -180,7 +190,7 @@ def _body(
     doc = ctx.doc
     info = ctx.run(
         "init",
-        lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S, tp=spec.tp, pp=spec.pp, ep=spec.ep),
+        lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S, tp=spec.tp, pp=spec.pp, ep=spec.ep, device=spec.device),
         STAGE_TIMEOUT_S["init"],
     )
     ctx.distributed = True

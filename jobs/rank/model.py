@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from jobs.configs import ModelConfig
+from jobs.rank import device as rank_device
 
 
 @dataclass
@@ -227,12 +228,23 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
 
     def forward(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
         """Per-token losses (last pipeline stage) or hidden states (an earlier one) for one batch."""
-        tok = torch.randint(0, cfg.vocab_size, (cfg.micro_batch_size, cfg.seq_length + 1), generator=gen)
-        pos = torch.arange(cfg.seq_length).unsqueeze(0).expand(cfg.micro_batch_size, -1)
+        tok, pos = gpt_batch(cfg, gen)
         out: torch.Tensor = model(tok[:, :-1], pos, None, labels=tok[:, 1:])
         return out
 
     return gpt, forward
+
+
+def gpt_batch(cfg: ModelConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens with the next-token labels, position ids) of one GPT batch, on the rank's device.
+
+    Drawn from the CPU generator (the same batch on every device), then moved: an embedding on the GPU
+    fed CPU token ids fails in index_select.
+    """
+    here = rank_device.current()
+    tok = torch.randint(0, cfg.vocab_size, (cfg.micro_batch_size, cfg.seq_length + 1), generator=gen).to(here)
+    pos = torch.arange(cfg.seq_length, device=here).unsqueeze(0).expand(cfg.micro_batch_size, -1)
+    return tok, pos
 
 
 class LinearStack(torch.nn.Module):
@@ -280,8 +292,9 @@ def _build_linear_stack(cfg: ModelConfig) -> tuple[torch.nn.Module, Callable[...
     out_width = 1 if cfg.readout else cfg.hidden_size
 
     def forward(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
-        x = torch.randn(cfg.micro_batch_size, cfg.hidden_size, generator=gen)
-        target = torch.sin(x.sum(dim=1, keepdim=True) + torch.arange(out_width))
+        here = rank_device.current()
+        x = torch.randn(cfg.micro_batch_size, cfg.hidden_size, generator=gen).to(here)
+        target = torch.sin(x.sum(dim=1, keepdim=True) + torch.arange(out_width, device=here))
         return (model(x).float() - target).pow(2)
 
     return net, forward
@@ -365,6 +378,9 @@ def build(
     model_parallel_cuda_manual_seed(seed if init_seed is None else init_seed)
     tcfg = _transformer_config(cfg, tp, ep, pp)
     net, forward = _build_gpt(cfg, tcfg) if cfg.kind == "gpt" else _build_linear_stack(cfg)
+    # initialised on the CPU (use_cpu_initialization: the same weights on every device), then moved to the
+    # rank's device before Float16Module and DDP, as Megatron-LM's get_model does (a no-op on cpu)
+    net = net.to(rank_device.current())
     model = Float16Module(tcfg, net)
     _keep_fp32(model, cfg)
     ddp_cfg = DistributedDataParallelConfig(

@@ -180,7 +180,8 @@ def adam_step_loaded_elsewhere() -> list[Patch]:
     def shift(self: Any, result: Any, *a: Any, **k: Any) -> Any:
         for s in _states(self):
             if isinstance(s.get("step"), torch.Tensor):
-                s["step"] = torch.tensor(float(s["step"]) + 100.0, dtype=torch.float32)
+                where = getattr(s["step"], "device", None)
+                s["step"] = torch.tensor(float(s["step"]) + 100.0, dtype=torch.float32, device=where)
         return result
 
     return [_after(_dist_opt(), "load_state_dict", shift)]
@@ -449,8 +450,8 @@ def benign_gradient_noise() -> list[Patch]:
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    noise = torch.randn(p.grad.shape, generator=gen[0], dtype=torch.float32)
-                    p.grad.add_(p.grad * noise.to(p.grad.dtype) * NOISE)
+                    noise = torch.randn(p.grad.shape, generator=gen[0], dtype=torch.float32)  # CPU generator
+                    p.grad.add_(p.grad * noise.to(p.grad.device, p.grad.dtype) * NOISE)
         return result
 
     from megatron.core.optimizer.optimizer import MixedPrecisionOptimizer

@@ -44,6 +44,9 @@ def forward_backward(
         )
         if parallel_state.is_pipeline_last_stage():
             return stored[0]["loss"], 1.0
-        return torch.zeros((), dtype=torch.float32), 0.0
+        from jobs.rank.device import current
+
+        # all-reduced with the loss: on the rank's device (NCCL reduces GPU tensors only)
+        return torch.zeros((), dtype=torch.float32, device=current()), 0.0
 
     return run

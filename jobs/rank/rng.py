@@ -22,8 +22,10 @@ def _tracker() -> Any:
 
 def capture() -> dict[str, torch.Tensor]:
     """Return copies of this rank's RNG states, keyed by generator."""
+    from jobs.rank.device import is_cuda
+
     states = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if is_cuda():  # a cuda rank's dropout draws from its GPU's generator (a CPU byte tensor either way)
         states["cuda"] = torch.cuda.get_rng_state()
     for name, state in sorted(_tracker().get_states().items()):
         states[f"tracker/{name}"] = state.clone()
@@ -33,7 +35,9 @@ def capture() -> dict[str, torch.Tensor]:
 def restore(states: dict[str, torch.Tensor]) -> None:
     """Set this rank's RNG states from `capture()`'s output."""
     torch.set_rng_state(states["torch_cpu"])
-    if "cuda" in states and torch.cuda.is_available():
+    from jobs.rank.device import is_cuda
+
+    if "cuda" in states and is_cuda():
         torch.cuda.set_rng_state(states["cuda"])
     tracker = {k.removeprefix("tracker/"): v.clone() for k, v in states.items() if k.startswith("tracker/")}
     if tracker:

@@ -38,6 +38,7 @@ from jobs.contract import (
     StepRecord,
 )
 from jobs.rank import checkpoint, compat, dist, model
+from jobs.rank import device as rank_device
 from jobs.rank.context import RankContext, hold_if_asked
 from jobs.rank.probes import buckets, checkpoint_contents, final_numeric, fingerprints, global_state, groups, index_map
 from jobs.rank.probes import state as state_probe
@@ -272,7 +273,7 @@ def _accumulate(tr: model.Trainee, step: int, micro: int) -> torch.Tensor:
     rank = parallel_state.get_data_parallel_rank()
     _set_aux_loss_scale(1.0 / micro)
     _set_mtp_loss_scale(tr, micro)
-    total = torch.zeros((), dtype=torch.float32)
+    total = torch.zeros((), dtype=torch.float32, device=rank_device.current())
     for j in range(micro):
         loss = tr.micro_loss_fn(step, rank * micro + j) / micro
         tr.backward(loss)
@@ -283,7 +284,7 @@ def _accumulate(tr: model.Trainee, step: int, micro: int) -> torch.Tensor:
 def _set_aux_loss_scale(scale: float) -> None:
     from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
-    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale))
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale, device=rank_device.current()))
 
 
 def _set_mtp_loss_scale(tr: model.Trainee, micro: int) -> None:
@@ -296,7 +297,7 @@ def _set_mtp_loss_scale(tr: model.Trainee, micro: int) -> None:
         return
     from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
 
-    scale = tr.optimizer.get_loss_scale().float() if tr.config.fp16 else torch.ones(())
+    scale = tr.optimizer.get_loss_scale().float() if tr.config.fp16 else torch.ones((), device=rank_device.current())
     MTPLossAutoScaler.set_loss_scale(scale / micro)
 
 

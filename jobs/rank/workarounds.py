@@ -126,13 +126,15 @@ def restore_adam_step(optimizer: Any, checkpoint_step: float, primed: list[float
             if float(state["step"]) == checkpoint_step:
                 if shared and not first_holder:
                     unshared += 1
-                    state["step"] = torch.tensor(float(checkpoint_step), dtype=torch.float32)
+                    state["step"] = torch.tensor(float(checkpoint_step), dtype=torch.float32,
+                                                 device=getattr(state["step"], "device", None))
                 continue
             if float(state["step"]) in unexplained:
                 continue
             changed += 1
             # A fresh tensor per param: torch Adam increments `step` in place.
-            state["step"] = torch.tensor(float(checkpoint_step), dtype=torch.float32)
+            where = getattr(state["step"], "device", None)
+            state["step"] = torch.tensor(float(checkpoint_step), dtype=torch.float32, device=where)
     return {
         "name": RESTORE_STEP,
         "checkpoint_step": checkpoint_step,

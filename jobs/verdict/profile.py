@@ -6,7 +6,7 @@ from typing import Any
 
 from jobs.contract import ErrorRecord, error_record
 from jobs.spec import RESHARD_TOLERANCE, RunSpec
-from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile, calibrated_reshard_profile
+from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile, calibrated_noise_profile, calibrated_reshard_profile
 
 
 def judged_profile(
@@ -19,11 +19,15 @@ def judged_profile(
     guessed band is what let training-path bugs through before.
     """
     name = spec.effective_tolerance
+    if spec.device != "cpu" and name == "default" and not spec.reshards:
+        # a GPU's own noise, measured per device kind (jobs/calibration/gpu.json), never the CPU's simulation
+        noise, _ = calibrated_noise_profile(spec.config, spec.dp, len(spec.resumed_steps), spec.device, calibration)
+        return noise, None
     if not (spec.reshards and name == RESHARD_TOLERANCE):
         return TOLERANCE_PROFILES[name], None
     assert spec.resume_dp is not None
     profile, why = calibrated_reshard_profile(
-        spec.config, spec.dp, spec.resume_dp, len(spec.resumed_steps), calibration
+        spec.config, spec.dp, spec.resume_dp, len(spec.resumed_steps), calibration, device=spec.device
     )
     if profile is None:
         return TOLERANCE_PROFILES[name], error_record("NotCalibrated", why, stage="evaluate")

@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     slurm_partition: str | None = None
     slurm_time_limit_min: int = Field(default=30, ge=1)
     slurm_cpus_per_task: int = Field(default=1, ge=1)
+    # GPUs per node a `device: cuda` check may use (PARITY_GPUS); unset: detected (service/executors/gpus.py:
+    # the local host's NVIDIA driver, or the Slurm partition's gres). 0 declares a CPU-only installation.
+    gpus: int | None = Field(default=None, ge=0)
     # extra sbatch options separated by commas: KEY=VALUE, or a bare KEY for a flag ("account=ml,hold")
     slurm_extra_args: CommaList = []
 

@@ -113,12 +113,16 @@ def submit_phase(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
     function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(), nodes: int = 1,
     gate: Path | None = None, also_writable: tuple[Path, ...] = (), nice: int = 0, network: bool = False,
+    gpus_per_node: int = 0,
 ) -> PhaseJob:
     """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
 
     network: the job reaches the node's network (a build: pip fetches from its index). Without it a local
     job has a network namespace of its own with only loopback (isolation.py): not the host's Postgres or
     API, and no other job's ports to clash with.
+
+    gpus_per_node: GPUs the job asks for on each node (a `device: cuda` check: one per rank, RunPlan's
+    Payload.gpus_per_node): Slurm's --gpus-per-node, the local executor's CUDA_VISIBLE_DEVICES.
 
     nice: Slurm's `--nice` (a lower priority: background work yields to user jobs); the local
     executor orders its work before submitting (service/scheduler/submitter.py).
@@ -140,7 +144,7 @@ def submit_phase(
     try:
         return _submit(executor=executor, folder=folder, python=python, tasks=tasks, settings=settings, name=name,
                        function=function, args=args, env_names=env_names, nodes=nodes, run_as=run_as, nice=nice,
-                       also_writable=also_writable, network=network)
+                       also_writable=also_writable, network=network, gpus_per_node=gpus_per_node)
     except Exception:  # nothing runs: the folders and the user go back at once
         for granted in (folder.parent, *also_writable):
             jobuser.take_back(granted, run_as, root=settings.resolved_run_folder)
@@ -151,7 +155,7 @@ def submit_phase(
 def _submit(
     *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str, function: Any,
     args: tuple[Any, ...], env_names: frozenset[str], nodes: int, run_as: jobuser.JobUser | None, nice: int = 0,
-    also_writable: tuple[Path, ...] = (), network: bool = False,
+    also_writable: tuple[Path, ...] = (), network: bool = False, gpus_per_node: int = 0,
 ) -> PhaseJob:
     private = private_environment(folder.parent)
     fsize = settings.run_disk_quota_bytes
@@ -182,12 +186,15 @@ def _submit(
             params["partition"] = settings.slurm_partition
         if nice:
             params["additional_parameters"]["nice"] = nice
+        if gpus_per_node:  # a cuda check: one GPU per rank (#SBATCH --gpus-per-node)
+            params["gpus_per_node"] = gpus_per_node
         slurm.update_parameters(**params)
         slurm.run_as, slurm.job_env = run_as, env
         ex = slurm
     elif executor == "local":
         local = IsolatedLocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
-        local.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min)
+        local.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min,
+                                gpus_per_node=gpus_per_node)
         local.run_as, local.max_file_bytes = run_as, fsize
         # gloo binds to the address the host's name resolves to, which a job's own network may not have
         local.job_env = {**env, "PYTHONPATH": pythonpath, "GLOO_SOCKET_IFNAME": "lo"}

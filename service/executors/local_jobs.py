@@ -45,7 +45,9 @@ class IsolatedLocalExecutor(submitit.LocalExecutor):
             SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
             SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
             SUBMITIT_LOCAL_SIGNAL_DELAY_S="30", SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_JOB_NUM_NODES="1",
-            SUBMITIT_STDERR_TO_STDOUT="", SUBMITIT_EXECUTOR="local", CUDA_VISIBLE_DEVICES="",
+            SUBMITIT_STDERR_TO_STDOUT="", SUBMITIT_EXECUTOR="local",
+            # the GPUs the job asked for (a cuda check: one per rank), none otherwise
+            CUDA_VISIBLE_DEVICES=",".join(str(k) for k in range(int(self.parameters.get("gpus_per_node") or 0))),
             SUBMITIT_LOCAL_WITH_SHELL="",
         )
         command_line = [sys.executable, "-m", "submitit.local._local", str(self.folder)]

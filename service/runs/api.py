@@ -46,6 +46,7 @@ from service.environments.registry import (
     get_environment,
     use_environment,
 )
+from service.executors import gpus
 from service.oncall.flagging import regression_text
 from service.runs import changes
 from service.runs import records as run_service
@@ -114,6 +115,7 @@ def create_run(
 ) -> Response:
     """Queue a parity run. A repeated Idempotency-Key returns the run it created first."""
     spec = body.spec.run_spec  # parsed once, with the body
+    gpus.check(spec, settings)  # a cuda check the executor has too few GPUs for: 422 (nothing for a cpu spec)
     # the track this run writes (its branch label, else its environment) must be the token's: before any write
     authorize_track(token, labels=body.labels, environment=body.environment)
     if body.environment == DEFAULT_ENVIRONMENT:

@@ -47,6 +47,11 @@ POOL_LOCK = 0x70617269  # pg_try_advisory_xact_lock key of the pool maintainer
 WAIT = "wait"
 
 
+def cpu_only(spec: dict[str, Any] | None) -> bool:
+    """Whether a stored spec runs on the CPU (the only device warm workers serve: CPU and GPU never mix)."""
+    return (spec or {}).get("device", "cpu") == "cpu"
+
+
 def order_id_of(phase: Phase) -> str:
     """The order id of a phase attempt: fixed by its row, so a placement is found again after a restart."""
     return f"phase-{phase.id}"
@@ -117,6 +122,8 @@ def route(
     job_folder: the attempt's submitit folder (submitter.launcher_folder), where its tasks' logs go.
     """
     if nodes != 1:
+        return None
+    if not cpu_only(run.spec):  # the warm workers hold no GPU: a cuda check always goes cold
         return None
     key = (run.environment_id, tasks)
     # known pooled for this run, and no idle worker this tick
@@ -265,7 +272,7 @@ def _demand(session: Session, settings: Settings, entries: tuple[PoolEntry, ...]
     demand = Demand()
     for name, waiting, spec, labels, env in rows:
         plan = RunPlan.of(spec)
-        if plan.nodes != 1:
+        if plan.nodes != 1 or plan.spec.device != "cpu":  # no warm worker is started for a GPU check
             continue
         tasks = plan.tasks(cast(PhaseName, name))
         entry = entry_for(entries, env.name, tasks) or suite_entry(settings, env.name, tasks, labels)

@@ -234,6 +234,7 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
         settings=settings, name=job_name(settings, phase), function=payload.function(), args=payload.args,
         nodes=payload.nodes, gate=gate, also_writable=forked,
         nice=settings.background_slurm_nice if is_background(run.labels) else 0,
+        gpus_per_node=payload.gpus_per_node,
     )
 
 

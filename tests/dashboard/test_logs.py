@@ -77,7 +77,7 @@ def test_local_command_quotes_and_repeats_workarounds():
     assert local_command(spec, environment="mcore next") == (
         "parity run-local --environment 'mcore next' --config moe-fp32-router --dp 2 --steps 20 --save-step 10 "
         "--sharding dp_reshardable --seed 1 --tolerance exact --workaround realign-param-index "
-        "--workaround restore-adam-step --isolation process --nodes 1 --tp 1 --pp 1 --ep 1"
+        "--workaround restore-adam-step --isolation process --nodes 1 --tp 1 --pp 1 --ep 1 --device cpu"
     )
 
 

@@ -215,7 +215,8 @@ def test_mtp_with_an_fp32_projection_passes_with_bug_a_worked_around(tmp_path: P
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host the config runs (see the GPU check below)")
 @pytest.mark.parametrize("config", ["moe-grouped-gemm-te", "dense-fp8-te"])
 def test_gpu_checks_are_unsupported_on_cpu(tmp_path: Path, config: str) -> None:
-    spec = RunSpec.from_dict({"config": config, "dp": 1, "steps": 4, "save_step": 2,
+    # a GPU check asks for device cuda (device cpu is refused by the spec); a rank that sees no GPU says so
+    spec = RunSpec.from_dict({"config": config, "dp": 1, "steps": 4, "save_step": 2, "device": "cuda",
                               "workarounds": ["restore-adam-step"]})
     r: dict[str, Any] = dict(run_parity(spec, tmp_path))
     assert r["verdict"] == "error" and r["signatures"] == ["unsupported-by-build"]
@@ -226,8 +227,8 @@ def test_gpu_checks_are_unsupported_on_cpu(tmp_path: Path, config: str) -> None:
 @pytest.mark.parametrize("config", ["moe-grouped-gemm-te", "dense-fp8-te"])
 def test_gpu_checks_known_good_on_a_gpu(tmp_path: Path, config: str) -> None:  # pragma: no cover - GPU hosts only
     pytest.importorskip("transformer_engine")
-    spec = RunSpec.from_dict({"config": config, "dp": 2, "steps": 4, "save_step": 2,
-                              "workarounds": ["restore-adam-step"]})
+    spec = RunSpec.from_dict({"config": config, "dp": min(2, torch.cuda.device_count()), "steps": 4,
+                              "save_step": 2, "device": "cuda", "workarounds": ["restore-adam-step"]})
     _bit_exact(dict(run_parity(spec, tmp_path / "te")))
 
 

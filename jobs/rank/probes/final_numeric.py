@@ -31,7 +31,8 @@ def file_name(rank: int, reshards: bool) -> str:
 
 
 def _model(tr: Any) -> dict[str, torch.Tensor]:
-    return {f"model/{n}": p.detach().float().clone() for n, p in tr.ddp.module.named_parameters()}
+    # on the CPU: written, gathered and compared there whatever device the rank trains on
+    return {f"model/{n}": p.detach().float().cpu().clone() for n, p in tr.ddp.module.named_parameters()}
 
 
 def local_tensors(tr: Any) -> dict[str, torch.Tensor]:
@@ -40,10 +41,10 @@ def local_tensors(tr: Any) -> dict[str, torch.Tensor]:
     for opt in getattr(tr.optimizer, "chained_optimizers", [tr.optimizer]):
         for model_param, main in owned_pairs(opt):
             name = tr.name_of.get(model_param, "?")
-            out[f"main/{name}"] = main.detach().float().clone()
+            out[f"main/{name}"] = main.detach().float().cpu().clone()
             for key, value in sorted(opt.optimizer.state.get(main, {}).items()):
                 if key != "step" and isinstance(value, torch.Tensor):
-                    out[f"moments/{name}/{key}"] = value.detach().float().clone()
+                    out[f"moments/{name}/{key}"] = value.detach().float().cpu().clone()
     return out
 
 

@@ -45,9 +45,10 @@ def local_shards(tr: Any) -> dict[str, Any]:
                 "range": (start, end),
                 "numel": int(model_param.numel()),
                 "shape": list(model_param.shape),
-                "main": main.detach().reshape(-1).float().clone(),
+                # on the CPU: gathered as objects to every rank (a GPU tensor would unpickle onto its sender's GPU)
+                "main": main.detach().reshape(-1).float().cpu().clone(),
                 "moments": {
-                    k: v.detach().reshape(-1).clone()
+                    k: v.detach().reshape(-1).cpu().clone()
                     for k, v in sorted(state.items())
                     if k != "step" and isinstance(v, torch.Tensor)
                 },

@@ -69,6 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="save through Megatron's async path (training goes on while a forked writer writes)")
     p.add_argument("--fully-parallel", action="store_true",
                    help="save and load with Megatron's fully-parallel strategy wrappers over the DP group")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the ranks run: cpu (default) or cuda (one GPU of this host per rank, NCCL)")
     p.add_argument("--run-folder", type=Path, default=None,
                    help="where logs and checkpoints go (default: a temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary run folder (logs, checkpoints)")
@@ -92,6 +94,14 @@ def handle(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(f"parity run-local: invalid spec: {exc}", file=sys.stderr)
         return 2
+    if spec.device == "cuda":  # refused here as the service refuses it (422): before anything runs
+        from service.executors.gpus import host_gpus, needed_per_node
+
+        have, needed = host_gpus(), needed_per_node(spec)
+        if have < needed:
+            print(f"parity run-local: invalid spec: device: cuda needs {needed} GPU(s) (one per rank) and this "
+                  f"host has {have}; allowed: cpu", file=sys.stderr)
+            return 2
     python = args.python or (resolve_environment(args) if args.environment else None)
     from jobs.launch.local import format_step_table, run_parity
 
