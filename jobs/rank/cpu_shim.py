@@ -66,7 +66,7 @@ class _NullStream:
         """Do nothing: CPU work is synchronous."""
 
 
-def _patch(owner: Any, name: str, value: Callable[..., Any] | None) -> None:
+def _patch(owner: Any, name: str, value: Callable[..., Any] | bool | None) -> None:
     _saved[f"{id(owner)}.{name}"] = (owner, name, getattr(owner, name, None))
     setattr(owner, name, value)
 
