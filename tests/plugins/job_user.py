@@ -5,8 +5,13 @@ with `-m "not job_user"` (the fast lane does) and CI, with PARITY_REQUIRE_JOB_US
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +32,17 @@ def require_job_user() -> None:
         if os.environ.get("PARITY_REQUIRE_JOB_USER") == "1":
             pytest.fail(why)
         pytest.skip(why)
+
+
+@contextlib.contextmanager
+def reachable_folder(prefix: str) -> Iterator[Path]:
+    """A fresh folder under /var/tmp a job user can pass through (0711), removed afterwards.
+
+    /tmp/pytest-of-root is 0700: a job user could not reach a run folder below it."""
+    folder = Path("/var/tmp") / f"{prefix}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o711)
+    folder.chmod(0o711)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ import pytest
 from service.core.settings import Settings
 from service.executors import job_leases, launcher
 from service.executors.job_user import JobUser
-from tests.plugins.job_user import JOB_USER, require_job_user
+from tests.plugins.job_user import JOB_USER, reachable_folder, require_job_user
 
 # the shared mode: PARITY_JOB_USERS=0, every job runs as parity-job itself, as every job did before the pool
 MODES: dict[str, int | None] = {"user-per-job": None, "one-shared-user": 0}
@@ -53,14 +51,8 @@ def _require_pool() -> None:
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    # /tmp/pytest-of-root is 0700: a job user could not reach a run folder below it
-    folder = Path("/var/tmp") / f"parity-concurrent-{uuid.uuid4().hex[:8]}"
-    folder.mkdir(mode=0o711)
-    folder.chmod(0o711)
-    try:
+    with reachable_folder("parity-concurrent") as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def victim(folder: str) -> str:

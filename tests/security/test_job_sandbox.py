@@ -22,7 +22,7 @@ import pytest
 
 from service.core.settings import Settings
 from service.executors import isolation, job_leases, launcher
-from tests.plugins.job_user import JOB_USER, require_job_user
+from tests.plugins.job_user import JOB_USER, reachable_folder, require_job_user
 from tests.plugins.sandbox_probes import leave_files, no_new_privs, try_to_gain
 
 FORKS = 100
@@ -30,14 +30,8 @@ FORKS = 100
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    # /tmp/pytest-of-root is 0700: a job user could not reach a run folder below it
-    folder = Path("/var/tmp") / f"parity-sandbox-{uuid.uuid4().hex[:8]}"
-    folder.mkdir(mode=0o711)
-    folder.chmod(0o711)
-    try:
+    with reachable_folder("parity-sandbox") as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

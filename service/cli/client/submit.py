@@ -21,7 +21,7 @@ from service.cli.client.config import service_target
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
 from service.cli.client.resend import new_key, post_resent
 from service.cli.client.spec_args import add_spec_arguments, spec_of
-from service.cli.client.waiting import WaitFailed, long_poll
+from service.cli.client.waiting import WaitFailed, document, long_poll, read_token_hint
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -190,16 +190,11 @@ class ServerBusy(ClientFailure):
 def get_json(client: httpx.Client, path: str) -> dict[str, Any]:
     """GET path as a JSON object, or ClientFailure naming the status and the service's error."""
     resp = client.get(path)
-    try:
-        doc = resp.json()
-    except ValueError:
-        doc = None
-    if resp.is_success and isinstance(doc, dict):
+    doc, detail = document(resp)
+    if doc is not None:
         return doc
-    detail = f"{doc.get('error', '')}: {doc.get('detail', '')}" if isinstance(doc, dict) else resp.text[:200]
     kind = ServerBusy if resp.status_code >= 500 else ClientFailure
-    hint = " (a read token is needed: PARITY_READS_REQUIRE_TOKEN is on)" if resp.status_code == 403 else ""
-    raise kind(f"GET {path}: {resp.status_code} {detail}{hint}")
+    raise kind(f"GET {path}: {resp.status_code} {detail}{read_token_hint(resp)}")
 
 
 def report(

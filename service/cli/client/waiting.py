@@ -31,18 +31,29 @@ class _Unanswered(Exception):
     """A 5xx or a malformed answer: worth sending again."""
 
 
-def _answer(resp: httpx.Response, path: str) -> dict[str, Any]:
+def document(resp: httpx.Response) -> tuple[dict[str, Any] | None, str]:
+    """(the answer's JSON object if the request succeeded with one, else None; what the service said)."""
     try:
         doc = resp.json()
     except ValueError:
         doc = None
     if resp.is_success and isinstance(doc, dict):
+        return doc, ""
+    return None, f"{doc.get('error', '')}: {doc.get('detail', '')}" if isinstance(doc, dict) else resp.text[:200]
+
+
+def read_token_hint(resp: httpx.Response) -> str:
+    """What a 403 on a read most likely means."""
+    return " (a read token is needed: PARITY_READS_REQUIRE_TOKEN is on)" if resp.status_code == 403 else ""
+
+
+def _answer(resp: httpx.Response, path: str) -> dict[str, Any]:
+    doc, detail = document(resp)
+    if doc is not None:
         return doc
-    detail = f"{doc.get('error', '')}: {doc.get('detail', '')}" if isinstance(doc, dict) else resp.text[:200]
     if resp.status_code >= 500 or resp.is_success:  # a 200 that is not our document is a proxy's page
         raise _Unanswered(f"GET {path}: {resp.status_code} {detail}")
-    hint = " (a read token is needed: PARITY_READS_REQUIRE_TOKEN is on)" if resp.status_code == 403 else ""
-    raise WaitFailed(f"GET {path}: {resp.status_code} {detail}{hint}")
+    raise WaitFailed(f"GET {path}: {resp.status_code} {detail}{read_token_hint(resp)}")
 
 
 def _say_retry(state: RetryCallState) -> None:
