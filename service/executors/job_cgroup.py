@@ -36,13 +36,16 @@ class CgroupError(RuntimeError):
     """PARITY_JOB_CGROUP names a folder that is not a writable cgroup v2 hierarchy."""
 
 
-def _cgroup2_mount() -> Path | None:
+def mounts() -> list[list[str]]:
+    """This process's mount table, one split line each ([] when it cannot be read)."""
     try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
+        return [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
     except OSError:
-        return None
-    for line in lines:
-        parts = line.split()
+        return []
+
+
+def _cgroup2_mount() -> Path | None:
+    for parts in mounts():
         if len(parts) > 2 and parts[2] == "cgroup2":
             return Path(parts[1])
     return None

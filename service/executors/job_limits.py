@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from service.executors.job_cgroup import JOBS_FOLDER
+from service.executors.job_cgroup import JOBS_FOLDER, mounts
 
 log = logging.getLogger(__name__)
 CONTROLLERS = ("pids", "memory")
@@ -27,12 +27,7 @@ class LimitsError(RuntimeError):
 
 def _v1_mounts() -> dict[str, Path]:
     out: dict[str, Path] = {}
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        parts = line.split()
+    for parts in mounts():
         if len(parts) > 3 and parts[2] == "cgroup":
             for name in CONTROLLERS:
                 if name in parts[3].split(","):
