@@ -55,9 +55,12 @@ def create_bisect(
         authorize_track(token, labels=body.labels, environment=environment)
     # a check key: its latest run's stored spec, parsed here; a spec was parsed with the body
     spec = body.spec.run_spec if body.spec else run_spec_of(bisects.spec_of_check(session, body.check or ""))
+    admission = caps(settings)
+    if admission.gpus is not None:  # its runs are queued later, by the scheduler: a cuda check is refused now
+        admission.gpus.check(spec)
     row = bisects.create_bisect(
         session, spec=spec, environments=[body.good, *body.between, body.bad], labels=body.labels,
-        requester=token.name, settings=settings, caps=caps(settings),
+        requester=token.name, settings=settings, caps=admission,
     )
     return bisects.describe(session, row, base)
 

@@ -7,6 +7,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, ByteSize, Field, TypeAdapter, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -22,6 +23,10 @@ def default_data_dir() -> Path:
 
 # what a local job is isolated by, each promised when the scheduler is root (PARITY_JOB_ISOLATION_WAIVE)
 ISOLATIONS = ("cgroup", "limits", "mounts", "network")
+BUILD_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::[0-9]{1,5})?")
+# where pip and uv read their index from the environment (a build's gateway lets their hosts through)
+INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX",
+                   "UV_INDEX")
 MAX_QUOTA_BYTES = 1 << 50  # 1 PiB: anything larger is a typo, and overflows what rlimits take
 # a number (at most 16 digits, an optional fraction) and a unit: K, M, G, T, P alone or as KB/KiB/… (all
 # powers of 1024 here, as the settings have always read them; ByteSize would take "GB" as 10**9)
@@ -113,6 +118,10 @@ class Settings(BaseSettings):
     # what a submit token may build (service/environments/build_policy.py): project names (released
     # versions, pinned), git+https repository URLs (at a full commit), `artifact` (artifact:<sha256>)
     build_allow: CommaList = ["megatron-core", "artifact"]
+    # the hosts a local build may reach (its only way out of its own network: service/executors/index_gateway.py),
+    # `host` (ports 443 and 80) or `host:port`; the hosts of PIP_INDEX_URL, PIP_EXTRA_INDEX_URL and uv's index
+    # variables in the service's environment are added (build_hosts_allowed)
+    build_hosts: CommaList = ["pypi.org", "files.pythonhosted.org", "github.com", "codeload.github.com"]
     # the Pythons a build may make its venv on, "3.11=/usr/bin/python3.11,3.12=/opt/py312/bin/python3.12"
     # (service/environments/interpreters.py): a build takes the lowest one its requirements' Requires-Python
     # accepts; unset, every python3.X found on PATH (or in pyenv's versions folder), the service's own always
@@ -245,6 +254,25 @@ class Settings(BaseSettings):
             return value.strip()
         parse_size(value, name)
         return value
+
+    @field_validator("build_hosts")
+    @classmethod
+    def _check_build_hosts(cls, value: list[str]) -> list[str]:
+        bad = [h for h in value if not BUILD_HOST.fullmatch(h.strip())]
+        if bad:
+            raise ValueError(f"PARITY_BUILD_HOSTS: {', '.join(map(repr, bad[:3]))}: an entry is a host name or IPv4 "
+                             "address, optionally with :port (e.g. pypi.org, pypi.internal:8443)")
+        return [h.strip().lower() for h in value]
+
+    def build_hosts_allowed(self) -> list[str]:
+        """PARITY_BUILD_HOSTS and the hosts of the package indexes the service's environment names for pip and uv."""
+        found = list(self.build_hosts)
+        for name in INDEX_VARIABLES:
+            for url in os.environ.get(name, "").split():
+                parts = urlsplit(url)
+                if parts.scheme in ("http", "https") and parts.hostname:
+                    found.append(f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname)
+        return sorted(set(found))
 
     @field_validator("job_isolation_waive")
     @classmethod

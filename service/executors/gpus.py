@@ -72,19 +72,34 @@ def needed_per_node(spec: RunSpec) -> int:
     return spec.gpus_per_task * (ranks // spec.nodes)
 
 
-def check(spec: RunSpec, settings: Settings, executor: str | None = None) -> None:
-    """Refuse (InvalidSpec, a 422 on `spec.device`) a cuda check the executor (default: the one the
-    scheduler picks) has too few GPUs for; a cpu spec costs nothing here."""
-    needed = needed_per_node(spec)
-    if not needed:
-        return
-    if executor is None:
-        from service.executors.selection import pick_executor
+class Budget:
+    """The GPUs one request's cuda checks may have: looked up at its first cuda check and kept for the rest
+    (a suite or sweep of many checks asks sinfo or the driver once); a cpu spec costs nothing."""
 
-        executor = pick_executor(settings)
-    have, where = available(settings, executor)
-    if have < needed:
-        raise InvalidSpec(
-            f"device: cuda needs {needed} GPU(s) per node (one per rank: {needed} rank(s) on each of "
-            f"{spec.nodes} node(s)) and {where} has {have}; allowed: cpu, or at most {have} rank(s) per node "
-            "on cuda", field="spec.device")
+    def __init__(self, settings: Settings, executor: str | None = None) -> None:
+        self.settings, self.executor = settings, executor
+        self._have: tuple[int, str] | None = None
+
+    def check(self, spec: RunSpec) -> None:
+        """Refuse (InvalidSpec, a 422 on `spec.device`) a cuda check the executor (default: the one the
+        scheduler picks) has too few GPUs for."""
+        needed = needed_per_node(spec)
+        if not needed:
+            return
+        if self._have is None:
+            if self.executor is None:
+                from service.executors.selection import pick_executor
+
+                self.executor = pick_executor(self.settings)
+            self._have = available(self.settings, self.executor)
+        have, where = self._have
+        if have < needed:
+            raise InvalidSpec(
+                f"device: cuda needs {needed} GPU(s) per node (one per rank: {needed} rank(s) on each of "
+                f"{spec.nodes} node(s)) and {where} has {have}; allowed: cpu, or at most {have} rank(s) per "
+                "node on cuda", field="spec.device")
+
+
+def check(spec: RunSpec, settings: Settings, executor: str | None = None) -> None:
+    """Budget(settings, executor).check(spec), for one spec."""
+    Budget(settings, executor).check(spec)

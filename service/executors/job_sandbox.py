@@ -8,6 +8,9 @@ no import path a job could have written). SPEC is JSON (`sandbox_command` makes 
 - `network`: a network namespace of its own with only loopback up: the host's Postgres and API, other jobs'
   rendezvous ports, the outside are not there (every rank of a local job is a child of this one process, so
   they share it);
+- `gateway` (a build, with `network`): {"port", "allow"}: the build's only way out, a proxy on 127.0.0.1:port
+  in its namespace that reaches the package index hosts in `allow` and nothing else (index_gateway.py,
+  forked here before the namespace is made);
 - `mounts`: a mount namespace of its own, where `/tmp` and `/var/tmp` are folders of the job's (counted in
   its disk quota), `/dev/shm` a tmpfs of `shm_size` bytes (counted in its memory), all nosuid,nodev, and its
   granted folders (`writable`) remounted nosuid,nodev on themselves: nothing it writes can be setuid or a
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import importlib.util
 import json
 import os
 import socket
@@ -115,16 +119,34 @@ def private_mounts(spec: dict[str, Any]) -> None:
         _nosuid(str(folder))
 
 
+def _gateway() -> Any:
+    """index_gateway.py, loaded by path from beside this file (run with -I, nothing is on the import path)."""
+    module = sys.modules.get("index_gateway")
+    if module is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "index_gateway.py")
+        found = importlib.util.spec_from_file_location("index_gateway", path)
+        if found is None or found.loader is None:
+            raise SandboxError(f"no index gateway at {path}")
+        module = importlib.util.module_from_spec(found)
+        sys.modules["index_gateway"] = module
+        found.loader.exec_module(module)
+    return module
+
+
 def enter(spec: dict[str, Any]) -> None:
     """Every step of SPEC, in order, in this process (root); it is then the job's to exec."""
     for procs in spec.get("cgroups", []):
         with open(str(procs), "w") as fh:
             fh.write(str(os.getpid()))
     flags = (CLONE_NEWNS if spec.get("mounts") else 0) | (CLONE_NEWNET if spec.get("network") else 0)
+    gateway: dict[str, Any] = spec.get("gateway") or {} if spec.get("network") else {}
+    hand = _gateway().start(list(gateway["allow"]), _libc) if gateway else None  # forked in the node's network
     if flags:
         _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
     if spec.get("network"):
         loopback_up()
+    if hand is not None:
+        hand(_gateway().listen(int(gateway["port"])))
     if spec.get("mounts"):
         private_mounts(spec)
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")

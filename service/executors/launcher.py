@@ -117,9 +117,10 @@ def submit_phase(
 ) -> PhaseJob:
     """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
 
-    network: the job reaches the node's network (a build: pip fetches from its index). Without it a local
-    job has a network namespace of its own with only loopback (isolation.py): not the host's Postgres or
-    API, and no other job's ports to clash with.
+    network: the job reaches the package index (a build: pip fetches from it). A local job has a network
+    namespace of its own with only loopback (isolation.py): not the host's Postgres or API, and no other
+    job's ports to clash with; with `network`, its one way out is the index gateway (index_gateway.py: the
+    hosts of PARITY_BUILD_HOSTS only). A Slurm job keeps its node's network.
 
     gpus_per_node: GPUs the job asks for on each node (a `device: cuda` check: one per rank, RunPlan's
     Payload.gpus_per_node): Slurm's --gpus-per-node, the local executor's CUDA_VISIBLE_DEVICES.
@@ -203,6 +204,8 @@ def _submit(
         local.limits = (settings.job_pids_max, settings.job_memory_max_bytes()) if "limits" in promised else None
         local.sandbox = _sandbox(settings, folder, python, promised, writable=(folder.parent, *also_writable),
                                  network=network, pythonpath=pythonpath)
+        if "gateway" in local.sandbox:  # pip, uv and git go out through it (and only through it)
+            local.job_env.update(gateway_environment())
         ex = local
     else:
         raise ValueError(f"executor: {executor!r} is not one of slurm, local")
@@ -213,6 +216,16 @@ def _submit(
         started = start_time(int(job.job_id))
     log.info("submitted %s as %s job %s in %s", name, executor, job.job_id, folder)
     return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks, started=started)
+
+
+GATEWAY_PORT = 3128  # in the build's own network namespace: no other job's port to clash with
+
+
+def gateway_environment() -> dict[str, str]:
+    """What sends a build's pip, uv and git through its index gateway (no host bypasses it)."""
+    url = f"http://127.0.0.1:{GATEWAY_PORT}"
+    return {**{name: url for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                                      "all_proxy")}, "NO_PROXY": "", "no_proxy": ""}
 
 
 def linked_targets(root: Path) -> list[Path]:
@@ -230,7 +243,9 @@ def linked_targets(root: Path) -> list[Path]:
 def _sandbox(settings: Settings, folder: Path, python: str, promised: frozenset[str], *,
              writable: tuple[Path, ...], network: bool, pythonpath: str = "") -> dict[str, Any]:
     """job_sandbox.py's SPEC for a local job (its cgroups and user are added at the start)."""
-    spec: dict[str, Any] = {"network": "network" in promised and not network, "mounts": "mounts" in promised}
+    spec: dict[str, Any] = {"network": "network" in promised, "mounts": "mounts" in promised}
+    if spec["network"] and network:  # a build: its own network too, with the package index its only way out
+        spec["gateway"] = {"port": GATEWAY_PORT, "allow": settings.build_hosts_allowed()}
     if spec["mounts"]:
         own = Path(private_environment(folder.parent)["TMPDIR"])
         # what the job must reach, wherever it lives: under the node's /tmp it is bound back into the job's own

@@ -56,9 +56,10 @@ class Worker:
         return int(self.record["tasks"])
 
     @property
-    def key(self) -> tuple[int, int]:
-        """(environment id, tasks): the attempts this worker may serve."""
-        return int(self.record["env_id"]), self.tasks
+    def key(self) -> tuple[int, int, int]:
+        """(environment id, tasks, GPUs per node): the attempts this worker may serve (a worker that holds no
+        GPU serves cpu checks only, one that holds a GPU per rank cuda checks only)."""
+        return int(self.record["env_id"]), self.tasks, int(self.record.get("gpus") or 0)
 
     def job(self) -> launcher.PhaseJob:
         """The worker's own job, as the launcher polls and cancels it."""
@@ -82,7 +83,8 @@ class WorkerView:
         """What /healthz, /metrics and the dashboard show of it."""
         rec = self.worker.record
         return {"name": self.worker.name, "environment": rec.get("env_name"), "environment_id": rec.get("env_id"),
-                "tasks": self.worker.tasks, "executor": rec.get("executor"), "job_id": rec.get("job_id"),
+                "tasks": self.worker.tasks, "gpus": self.worker.key[2], "executor": rec.get("executor"),
+                "job_id": rec.get("job_id"),
                 "state": self.state, "order": self.order, "age_s": round(self.age_s, 1),
                 "idle_s": round(self.idle_s, 1), "expiring": self.expiring}
 
@@ -152,11 +154,12 @@ def job_tag(settings: Settings) -> str:
 
 
 def start_worker(settings: Settings, executor: str, *, env_id: int, env_name: str, python: str,
-                 entry: PoolEntry) -> Worker:
-    """Submit one worker for an environment and world size; its record is written before the job exists."""
+                 entry: PoolEntry, gpus: int = 0) -> Worker:
+    """Submit one worker for an environment and world size, holding `gpus` GPUs per node (one per rank for cuda
+    checks, none for cpu ones); its record is written before the job exists."""
     from jobs.launch.pool_worker import serve
 
-    name = f"e{env_id}-t{entry.tasks}-{uuid.uuid4().hex[:10]}"
+    name = f"e{env_id}-t{entry.tasks}{f'-g{gpus}' if gpus else ''}-{uuid.uuid4().hex[:10]}"
     files = PoolFolder(pool_root(settings) / name)
     job_user.prepare_tree(settings.resolved_run_folder, files.submitit, job_user.job_user(settings.job_user))
     # the worker's own user, for its whole life (every attempt it serves writes as it): leased before its
@@ -164,11 +167,12 @@ def start_worker(settings: Settings, executor: str, *, env_id: int, env_name: st
     job_leases.lease(settings, files.folder)
     record: dict[str, Any] = {"env_id": env_id, "env_name": env_name, "tasks": entry.tasks, "executor": executor,
                               "job_id": None, "started": None, "created": time.time(), "hang_s": entry.hang_s,
-                              "idle_s": entry.idle_s, "on_demand": entry.on_demand}
+                              "idle_s": entry.idle_s, "on_demand": entry.on_demand, "gpus": gpus}
     write_atomic(files.record, record)
     job = launcher.submit_phase(
         executor=executor, folder=files.submitit, python=python, tasks=entry.tasks, settings=settings,
         name=f"parity-{job_tag(settings)}-pool-{name}", function=serve, args=(str(files.folder), entry.idle_s),
+        gpus_per_node=gpus,
     )
     record.update(job_id=job.job_id, started=job.started)
     write_atomic(files.record, record)

@@ -1,4 +1,5 @@
-"""Admission caps: 429 when the service, or one requester, has too many runs waiting.
+"""Admission caps: 429 when the service, or one requester, has too many runs waiting; 422 for a cuda check
+the executor has too few GPUs for (whichever route queues it: a run, a rerun, a suite, a sweep, a bisect).
 
 Counted in the request's own transaction on every POST. The caps are soft (two racing requests may
 both pass: nothing locks), which is what a cap on a CI burst needs.
@@ -15,15 +16,18 @@ from sqlalchemy.orm import Session
 from models import Run
 from service.core.errors import TooManyRequests
 from service.core.run_state import UNFINISHED, RunState
+from service.executors.gpus import Budget
 
 
 @dataclass(frozen=True)
 class Caps:
-    """Admission limits: unfinished runs in the whole service, and queued runs per requester."""
+    """Admission limits: unfinished runs in the whole service, queued runs per requester, and (`gpus`) the
+    GPUs a cuda check's ranks need on the executor's nodes (service/executors/gpus.py)."""
 
     max_in_flight: int
     max_queued_per_requester: int
     retry_after_s: int = 30
+    gpus: Budget | None = None
 
 
 def _upto(query: Select[tuple[int]], cap: int) -> Any:

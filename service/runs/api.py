@@ -69,8 +69,8 @@ def run_links(run_id: int, base: str) -> RunLinks:
 
 def caps(settings: Settings) -> Caps:
     """The admission limits from settings."""
-    return Caps(max_in_flight=settings.max_in_flight,
-                            max_queued_per_requester=settings.max_queued_per_requester)
+    return Caps(max_in_flight=settings.max_in_flight, max_queued_per_requester=settings.max_queued_per_requester,
+                gpus=gpus.Budget(settings))
 
 
 _NOT_COLUMNS = frozenset({"environment", "links", "phases", "regression_text", "known_failures", "fixed_known",
@@ -115,7 +115,6 @@ def create_run(
 ) -> Response:
     """Queue a parity run. A repeated Idempotency-Key returns the run it created first."""
     spec = body.spec.run_spec  # parsed once, with the body
-    gpus.check(spec, settings)  # a cuda check the executor has too few GPUs for: 422 (nothing for a cpu spec)
     # the track this run writes (its branch label, else its environment) must be the token's: before any write
     authorize_track(token, labels=body.labels, environment=body.environment)
     if body.environment == DEFAULT_ENVIRONMENT:

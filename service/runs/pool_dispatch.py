@@ -42,14 +42,28 @@ from service.runs import import_check
 log = logging.getLogger(__name__)
 # a key whose worker died before it ever went idle sends its attempts cold for this long
 START_FAILURE_COOLDOWN_S = 300.0
-_start_failures: dict[tuple[int, int], float] = {}
+_start_failures: dict[PoolKey, float] = {}
 POOL_LOCK = 0x70617269  # pg_try_advisory_xact_lock key of the pool maintainer
 WAIT = "wait"
 
 
-def cpu_only(spec: dict[str, Any] | None) -> bool:
-    """Whether a stored spec runs on the CPU (the only device warm workers serve: CPU and GPU never mix)."""
-    return (spec or {}).get("device", "cpu") == "cpu"
+# A pool key: (environment id, tasks, GPUs per node). A worker serves the attempts of its key only, so a cuda
+# check's attempt goes to a worker that holds one GPU per rank and a cpu check's to one that holds none: CPU and
+# GPU never mix (a worker's tasks bind their LOCAL_RANK's device in the attempt child it forks for each order,
+# never in the preloading task itself: jobs/rank/attempt.py preload is fork-safe on GPUs).
+PoolKey = tuple[int, int, int]
+
+
+def pool_key(env_id: int, tasks: int, spec: dict[str, Any] | None) -> PoolKey:
+    """The key of an attempt of `tasks` ranks on one node of a stored spec: its GPUs are one per rank on cuda."""
+    return env_id, tasks, gpus_of(spec, tasks)
+
+
+def gpus_of(spec: dict[str, Any] | None, tasks: int) -> int:
+    """GPUs per node a one-node attempt of `tasks` ranks asks for (0 for a cpu spec; jobs/protocol.py)."""
+    if spec is None or spec.get("device", "cpu") == "cpu":
+        return 0
+    return RunPlan.of(spec).spec.gpus_per_task * tasks
 
 
 def order_id_of(phase: Phase) -> str:
@@ -92,19 +106,19 @@ class TickWaits:
     each key is looked at once per tick; once its key is full, the attempts known to share it are
     skipped in the query itself (`skip`), so the pass reaches whatever else is pending."""
 
-    # the pool key (environment id, tasks) of each attempt that has waited, owned by the scheduler
+    # the pool key (environment id, tasks, GPUs) of each attempt that has waited, owned by the scheduler
     # loop and kept across its ticks (a phase row's key never changes)
-    keys: dict[int, tuple[int, int]] = field(default_factory=dict)
+    keys: dict[int, PoolKey] = field(default_factory=dict)
     phases: set[int] = field(default_factory=set)
-    full_keys: set[tuple[int, int]] = field(default_factory=set)
+    full_keys: set[PoolKey] = field(default_factory=set)
     # the full keys pooled only for suite checks (no PARITY_POOL entry): a run outside a suite goes cold there
-    suite_keys: set[tuple[int, int]] = field(default_factory=set)
+    suite_keys: set[PoolKey] = field(default_factory=set)
 
     def skip(self) -> set[int]:
         """Phase ids the next launch of this tick need not look at."""
         return self.phases | {pid for pid, key in self.keys.items() if key in self.full_keys}
 
-    def waited(self, phase_id: int, key: tuple[int, int]) -> None:
+    def waited(self, phase_id: int, key: PoolKey) -> None:
         self.phases.add(phase_id)
         if len(self.keys) >= KEYS_KEPT:
             self.keys.clear()
@@ -123,9 +137,7 @@ def route(
     """
     if nodes != 1:
         return None
-    if not cpu_only(run.spec):  # the warm workers hold no GPU: a cuda check always goes cold
-        return None
-    key = (run.environment_id, tasks)
+    key = pool_key(run.environment_id, tasks, run.spec)
     # known pooled for this run, and no idle worker this tick
     full = waits is not None and key in waits.full_keys and (
         key not in waits.suite_keys or SUITE_LABEL in (run.labels or {}))
@@ -234,16 +246,16 @@ def _let_go(v: pool.WorkerView, entries: tuple[PoolEntry, ...], demand: Demand) 
 
 @dataclass
 class Demand:
-    """The pending attempts of each pooled key (environment id, tasks), its environment and its entry; and
+    """The pending attempts of each pooled key (environment id, tasks, GPUs), its environment and its entry; and
     the keys a suite's checks will need next (`soon`: a resharded resume, its own job at another size)."""
 
-    waiting: Counter[tuple[int, int]] = field(default_factory=Counter)
-    soon: set[tuple[int, int]] = field(default_factory=set)
+    waiting: Counter[PoolKey] = field(default_factory=Counter)
+    soon: set[PoolKey] = field(default_factory=set)
     envs: dict[int, Environment] = field(default_factory=dict)
-    entries: dict[tuple[int, int], PoolEntry] = field(default_factory=dict)
+    entries: dict[PoolKey, PoolEntry] = field(default_factory=dict)
 
-    def add(self, env: Environment, tasks: int, entry: PoolEntry, *, pending: bool) -> None:
-        key = (env.id, tasks)
+    def add(self, env: Environment, tasks: int, entry: PoolEntry, *, pending: bool, gpus: int = 0) -> None:
+        key = (env.id, tasks, gpus)
         if pending:
             self.waiting[key] += 1
         else:
@@ -251,7 +263,7 @@ class Demand:
         self.envs[env.id] = env
         self.entries.setdefault(key, entry)
 
-    def wants(self, key: tuple[int, int]) -> bool:
+    def wants(self, key: PoolKey) -> bool:
         return key in self.waiting or key in self.soon
 
 
@@ -272,17 +284,17 @@ def _demand(session: Session, settings: Settings, entries: tuple[PoolEntry, ...]
     demand = Demand()
     for name, waiting, spec, labels, env in rows:
         plan = RunPlan.of(spec)
-        if plan.nodes != 1 or plan.spec.device != "cpu":  # no warm worker is started for a GPU check
+        if plan.nodes != 1:
             continue
         tasks = plan.tasks(cast(PhaseName, name))
         entry = entry_for(entries, env.name, tasks) or suite_entry(settings, env.name, tasks, labels)
         if waiting and entry is not None:
-            demand.add(env, tasks, entry, pending=True)
+            demand.add(env, tasks, entry, pending=True, gpus=gpus_of(spec, tasks))
         later = plan.tasks(PHASES[1])
         if name == PHASES[0] and not plan.forks_resume(name) and later != tasks:
             entry = entry_for(entries, env.name, later) or suite_entry(settings, env.name, later, labels)
             if entry is not None and entry.on_demand:
-                demand.add(env, later, entry, pending=False)
+                demand.add(env, later, entry, pending=False, gpus=gpus_of(spec, later))
     return demand
 
 
@@ -293,15 +305,16 @@ def _grow(settings: Settings, executor: str, demand: Demand) -> int:
     importing = {v.worker.key[0] for v in views if v.state == "starting"}  # environments a worker imports now
     started = 0
     # the keys attempts wait for first: a key wanted only soon then sees the workers started for them
-    for env_id, tasks in sorted(demand.entries, key=lambda key: (key not in demand.waiting, key)):
-        env, entry = demand.envs[env_id], demand.entries[(env_id, tasks)]
-        waiting = demand.waiting[(env_id, tasks)] or 1  # a key wanted soon: one worker
+    for key in sorted(demand.entries, key=lambda key: (key not in demand.waiting, key)):
+        env_id, _, gpus = key
+        env, entry = demand.envs[env_id], demand.entries[key]
+        waiting = demand.waiting[key] or 1  # a key wanted soon: one worker
         if env.state != "ready":
             continue
-        if time.monotonic() - _start_failures.get((env_id, tasks), float("-inf")) < START_FAILURE_COOLDOWN_S:
+        if time.monotonic() - _start_failures.get(key, float("-inf")) < START_FAILURE_COOLDOWN_S:
             continue
-        mine = [v for v in live if v.worker.key == (env_id, tasks)]
-        if not demand.waiting[(env_id, tasks)] and env_id in importing:
+        mine = [v for v in live if v.worker.key == key]
+        if not demand.waiting[key] and env_id in importing:
             # wanted only soon (a resharded resume): it imports once the suite's first worker is up, never
             # beside it, where it slowed the imports every check waits for (and then idled past its backstop)
             continue
@@ -309,7 +322,7 @@ def _grow(settings: Settings, executor: str, demand: Demand) -> int:
         for _ in range(max(0, min(entry.size - len(mine), waiting - free))):
             try:
                 pool.start_worker(settings, executor, env_id=env_id, env_name=env.name, python=env.python,
-                                  entry=entry)
+                                  entry=entry, gpus=gpus)
             except job_leases.NoFreeJobUser as exc:  # every job user serves a live job: start it later
                 log.info("pool: no worker started now: %s", exc)
                 return started

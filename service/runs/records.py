@@ -44,6 +44,8 @@ def create_run(
         if existing is not None:
             return _same_request(existing, spec_dict, environment, labels), False
     if caps is not None:
+        if caps.gpus is not None:
+            caps.gpus.check(spec)  # a permanent refusal (422) before a transient one (429)
         check_caps(session, caps, requester)
     run = Run(
         config=spec.config,

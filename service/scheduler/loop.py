@@ -66,7 +66,8 @@ def heartbeat(name: str, executor: str = "") -> None:
 
 
 def tick(
-    settings: Settings, *, executor: str, max_launches: int = 10, pool_keys: dict[int, tuple[int, int]] | None = None
+    settings: Settings, *, executor: str, max_launches: int = 10,
+    pool_keys: dict[int, pool_dispatch.PoolKey] | None = None,
 ) -> dict[str, int]:
     """One pass of every step; returns what each step did. pool_keys: the loop's memory of which
     pool key each waiting attempt needs (pool_dispatch.TickWaits), kept from tick to tick."""
@@ -152,7 +153,7 @@ def run_forever(settings: Settings, stop: threading.Event | None = None, executo
     delivery = DeliveryWorker(stop, interval_s=settings.scheduler_poll_seconds)
     delivery.start()
     failures = 0
-    pool_keys: dict[int, tuple[int, int]] = {}
+    pool_keys: dict[int, pool_dispatch.PoolKey] = {}
     last_beat = float("-inf")
     log.info("scheduler %s started (executor %s; events, polling every %.1fs)", name, executor,
              settings.scheduler_poll_seconds)

@@ -16,7 +16,7 @@ from jobs.verdict_names import ERROR, FAIL, GOOD, KNOWN_FAILURE, PASS
 from models import Run, Suite, SuiteRun
 from service.core.check_spec import run_spec_of
 from service.core.checks import track_regex
-from service.core.errors import Conflict, NotFound
+from service.core.errors import Conflict, InvalidSpec, NotFound
 from service.core.links import regression_url
 from service.core.settings import Settings
 from service.core.state_names import FINISHED_RUN_STATES
@@ -62,12 +62,16 @@ def create_suite_run(
     use_environment(env)
     suite_run_id = uuid.uuid4().hex[:12]
     runs = []
-    for check in suite.checks:
-        run, _ = create_run(
-            session, spec=run_spec_of(check["spec"]), environment=env, requester=requester, token_id=token_id,
-            labels={**base, "suite": suite.name, "suite_run": suite_run_id, "suite_check": check["name"]},
-            caps=caps,
-        )
+    for i, check in enumerate(suite.checks):
+        try:
+            run, _ = create_run(
+                session, spec=run_spec_of(check["spec"]), environment=env, requester=requester, token_id=token_id,
+                labels={**base, "suite": suite.name, "suite_run": suite_run_id, "suite_check": check["name"]},
+                caps=caps,
+            )
+        except InvalidSpec as exc:  # a cuda check this executor cannot give its GPUs: named, nothing queued
+            raise InvalidSpec(f"suite {suite.name!r} checks[{i}] ({check['name']}): {exc.detail}",
+                              field=f"checks[{i}].{exc.field or 'spec'}") from None
         runs.append({"name": check["name"], "run_id": run.id})
     suite_run = SuiteRun(id=suite_run_id, suite_id=suite.id, environment=env.name, labels=base,
                          requester=requester, runs=runs, token_id=token_id, idempotency_key=idempotency_key)

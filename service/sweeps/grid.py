@@ -62,10 +62,14 @@ def create_sweep(
     for env in envs:
         use_environment(env)
         for spec, variation in specs:
-            run, _ = create_run(
-                session, spec=spec, environment=env, requester=requester, token_id=token_id,
-                labels={**labels, SWEEP_LABEL: sweep_id, "variation": _key(variation)[:500]}, caps=caps,
-            )
+            try:
+                run, _ = create_run(
+                    session, spec=spec, environment=env, requester=requester, token_id=token_id,
+                    labels={**labels, SWEEP_LABEL: sweep_id, "variation": _key(variation)[:500]}, caps=caps,
+                )
+            except InvalidSpec as exc:  # a cuda cell this executor cannot give its GPUs: named, nothing queued
+                raise InvalidSpec(f"variation {_key(variation)!r} with config {spec.config!r}: {exc.detail}",
+                                  field=exc.field) from None
             runs.append(run)
     return sweep_id, runs
 

@@ -78,6 +78,21 @@ ATTACKS = textwrap.dedent('''
             return "connected as %%s" %% conn.execute("select current_user").fetchone()[0]
 
 
+    def _proxy_to_postgres():
+        # a build's one way out (its index gateway, named by HTTPS_PROXY), asked for the node's database
+        import socket
+        proxy = os.environ.get("HTTPS_PROXY", "")
+        if not proxy:
+            raise LookupError("no proxy in this job's environment")
+        host, _, port = proxy.rsplit("/", 1)[-1].rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(("CONNECT %%s:%%d HTTP/1.1\\r\\n\\r\\n" %% (CONFIG["db_host"], CONFIG["db_port"])).encode())
+            answer = sock.recv(200).split(b"\\r\\n", 1)[0].decode()
+        if " 200 " not in answer:
+            raise PermissionError(answer)
+        return answer
+
+
     def _overwrite_other_result():
         with open(CONFIG["victim_doc"], "w") as fh:
             fh.write(json.dumps({"status": "ok", "forged": True}))
@@ -146,6 +161,7 @@ ATTACKS = textwrap.dedent('''
         attacks = [
             ("read_secret_file", _read_secret_file), ("read_munge_key", _read_munge_key),
             ("read_scheduler_environ", _read_scheduler_environ), ("connect_postgres", _connect_postgres),
+            ("proxy_to_postgres", _proxy_to_postgres),
             ("overwrite_other_result", _overwrite_other_result), ("plant_in_other_run", _plant_in_other_run),
             ("write_service_files", _write_service_files), ("result_pickle", lambda: _result_pickle(own)),
         ]

@@ -74,3 +74,24 @@ def no_new_privs() -> str:
     """This process's NoNewPrivs flag, as /proc says it ("1": no exec gains a privilege)."""
     status = Path("/proc/self/status").read_text()
     return next(line.split()[1] for line in status.splitlines() if line.startswith("NoNewPrivs"))
+
+
+def reach_from_a_build(index_host: str) -> dict[str, str]:
+    """What a build's install hook can reach: the node's Postgres directly and through the build's proxy,
+    a host that is no package index, and the index itself (each answer's first line, or the error's name)."""
+    out: dict[str, str] = {"proxy": os.environ.get("HTTPS_PROXY", "")}
+    try:
+        socket.create_connection(("127.0.0.1", 5432), timeout=3).close()
+        out["postgres"] = "connected"
+    except OSError as exc:
+        out["postgres"] = type(exc).__name__
+    proxy = out["proxy"].rsplit("/", 1)[-1].rpartition(":")
+    for name, target in (("postgres via proxy", "127.0.0.1:5432"), ("localhost via proxy", "localhost:443"),
+                         ("other host via proxy", "example.com:443"), ("index via proxy", f"{index_host}:443")):
+        try:
+            with socket.create_connection((proxy[0], int(proxy[2])), timeout=30) as sock:
+                sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+                out[name] = sock.recv(200).split(b"\r\n", 1)[0].decode()
+        except (OSError, ValueError) as exc:
+            out[name] = type(exc).__name__
+    return out

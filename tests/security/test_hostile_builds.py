@@ -233,11 +233,15 @@ def _assert_contained(scene: Scene, stage: str, report: dict[str, Any], executor
     # /proc/<scheduler>/environ: another uid's, refused by the kernel
     assert not report["read_scheduler_environ"]["ok"], shown
     assert "refused" in report["read_scheduler_environ"]["detail"], shown
-    # a local phase has a network of its own (loopback only): the node's database is not there at all; a
-    # build (it needs pip's index) and a Slurm job reach it, and with no password to be found the service's
-    # role is refused by the database
-    own_network = stage == "phase" and executor == "local"
+    # a local phase or build has a network of its own (loopback only): the node's database is not there at all,
+    # and a build's one way out (its index gateway) refuses it; a Slurm job reaches it, and with no password to
+    # be found the service's role is refused by the database
+    own_network = executor == "local"
     why = "Connection refused" if own_network else "password"
+    gateway = report.get("proxy_to_postgres", {"ok": False, "detail": ""})
+    assert not gateway["ok"], shown
+    if own_network and stage == "install":
+        assert "403 Forbidden" in gateway["detail"], shown
     assert not report["connect_postgres"]["ok"] and why in report["connect_postgres"]["detail"], shown
     # another run's folder: closed (0750, the service's) once its phase ended
     assert not report["overwrite_other_result"]["ok"] and denied in report["overwrite_other_result"]["detail"], shown

@@ -23,7 +23,7 @@ import pytest
 from service.core.settings import Settings
 from service.executors import isolation, job_leases, launcher
 from tests.plugins.job_user import JOB_USER, reachable_folder, require_job_user
-from tests.plugins.sandbox_probes import leave_files, no_new_privs, try_to_gain
+from tests.plugins.sandbox_probes import leave_files, no_new_privs, reach_from_a_build, try_to_gain
 
 FORKS = 100
 
@@ -47,7 +47,7 @@ def setuid_id() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run(settings: Settings, base: Path, *args: object, function: Any = try_to_gain) -> Any:
+def _run(settings: Settings, base: Path, *args: object, function: Any = try_to_gain, network: bool = False) -> Any:
     import cloudpickle
 
     import tests.plugins.sandbox_probes as probes
@@ -55,7 +55,7 @@ def _run(settings: Settings, base: Path, *args: object, function: Any = try_to_g
     cloudpickle.register_pickle_by_value(probes)
     folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
     job = launcher.submit_phase(executor="local", folder=folder, python=sys.executable, tasks=1, settings=settings,
-                                name="hostile", function=function, args=args)
+                                name="hostile", function=function, args=args, network=network)
     try:
         return launcher._LOCAL_JOBS[job.job_id].result()
     finally:
@@ -84,6 +84,26 @@ def test_a_hostile_job_gains_reaches_and_keeps_nothing(base: Path, setuid_id: st
     assert out["bind"] == "bound", f"the job's rendezvous port clashed with the node's: {out['bind']}"
     assert out["forked"] < 64 and out.get("fork_refused"), f"no pids.max: {out['forked']} of {FORKS} ran at once"
     assert out["hog"] == -9, f"no memory.max: a 768 MiB allocation under a 512 MiB cap ended {out['hog']}"
+
+
+INDEX = "pypi.org"
+
+
+def test_a_build_reaches_its_package_index_and_nothing_else(base: Path) -> None:
+    """A build (a job that needs pip's index: `network=True`) has its own network too: the node's Postgres is not
+    there, and its one way out, the index gateway, opens tunnels to PARITY_BUILD_HOSTS only (never to the node
+    itself). With the network isolation waived (the defence removed) the same build reaches the node's Postgres."""
+    require_job_user()
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER, build_hosts=[INDEX])
+    if isolation.missing(settings):
+        pytest.skip(f"this host cannot isolate a local job: {isolation.missing(settings)}")
+    out = _run(settings, base, INDEX, function=reach_from_a_build, network=True)
+    assert out["postgres"] == "ConnectionRefusedError", f"a build reached the node's Postgres: {out}"
+    for refused in ("postgres via proxy", "localhost via proxy", "other host via proxy"):
+        assert out[refused] == "HTTP/1.1 403 Forbidden", f"{refused}: {out}"
+    assert out["index via proxy"] == "HTTP/1.1 200 Connection established", f"the index is out of reach: {out}"
+    waived = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER, job_isolation_waive="network")
+    assert _run(waived, base, INDEX, function=reach_from_a_build, network=True)["postgres"] == "connected"
 
 
 def test_a_host_that_cannot_isolate_starts_no_job(base: Path) -> None:

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from jobs.spec import RunSpec
 from service.core.settings import Settings, get_settings
 from service.executors import gpus, launcher
-from service.runs.pool_dispatch import cpu_only
+from service.runs.pool_dispatch import pool_key
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 SPEC = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3}
@@ -96,9 +96,33 @@ def test_needed_per_node_is_one_per_rank_of_the_largest_phase() -> None:
     assert gpus.needed_per_node(RunSpec.from_dict({**SPEC, "dp": 4, "nodes": 2, "device": "cuda"})) == 2
 
 
-def test_warm_workers_serve_cpu_checks_only() -> None:
-    assert cpu_only(RunSpec.from_dict(SPEC).to_dict()) and cpu_only(None)
-    assert not cpu_only(RunSpec.from_dict({**SPEC, "device": "cuda"}).to_dict())
+def test_a_warm_workers_key_holds_its_gpus_so_cpu_and_cuda_attempts_never_share_one() -> None:
+    assert pool_key(7, 2, RunSpec.from_dict(SPEC).to_dict()) == (7, 2, 0) and pool_key(7, 1, None) == (7, 1, 0)
+    assert pool_key(7, 2, RunSpec.from_dict({**SPEC, "device": "cuda"}).to_dict()) == (7, 2, 2)
+
+
+def test_a_warm_worker_for_cuda_checks_asks_for_a_gpu_per_rank_and_one_for_cpu_checks_for_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's workers ask the executor as a cold job does (what the executor then gives a job asking for
+    GPUs is the first test's): a cuda key's worker asks for one GPU per rank, which every attempt child it forks
+    inherits, a cpu key's for none; its key and its public view say which."""
+    from service.core.pool_config import PoolEntry
+    from service.executors import pool
+
+    asked: list[int] = []
+
+    def submit(**kwargs: Any) -> launcher.PhaseJob:  # what the executor is asked; no job is started
+        asked.append(kwargs["gpus_per_node"])
+        return launcher.PhaseJob(executor="local", folder=str(kwargs["folder"]), job_id="1", tasks=kwargs["tasks"])
+
+    monkeypatch.setattr(launcher, "submit_phase", submit)
+    settings = Settings(executor="local", run_folder=tmp_path / "runs")
+    for held in (2, 0):
+        worker = pool.start_worker(settings, "local", env_id=1, env_name="default", python=sys.executable,
+                                   entry=PoolEntry(env="default", tasks=2), gpus=held)
+        assert worker.key == (1, 2, held) and pool.view(settings, worker, None).public()["gpus"] == held
+    assert asked == [2, 0]
 
 
 @pytest.fixture
@@ -141,3 +165,47 @@ def test_an_unknown_device_is_a_422_naming_the_allowed_values(client: TestClient
     resp = client.post("/api/v1/runs", json={"spec": {**SPEC, "device": "gpu"}}, headers=make_token("submit"))
     assert resp.status_code == 422 and resp.json()["field"] == "spec.device"
     assert "allowed: cpu, cuda" in resp.json()["detail"]
+
+
+def _queued(client: TestClient) -> int:
+    return len(client.get("/api/v1/runs", params={"limit": 500}).json()["items"])
+
+
+def test_every_route_that_queues_runs_refuses_a_cuda_check_that_does_not_fit_and_queues_nothing(
+    client: TestClient, make_token: Any, local_settings: Any
+) -> None:
+    """A suite, a sweep, a rerun and a bisect queue runs through the same admission as POST /runs: a cuda check
+    with more ranks than PARITY_GPUS is a 422 naming the check (its suite check, its sweep cell), and nothing of
+    the request is queued (the suite's cpu checks neither)."""
+    local_settings.setenv("PARITY_GPUS", "2")
+    get_settings.cache_clear()
+    admin, submit = make_token("admin"), make_token("submit")
+    suite = {"name": "gpu-mixed", "checks": [
+        {"name": "cpu-dp2", "spec": SPEC},
+        {"name": "cuda-dp4", "spec": {**SPEC, "dp": 4, "device": "cuda"}},
+    ]}
+    assert client.post("/api/v1/suites", json=suite, headers=admin).status_code == 201  # defined anywhere
+    before = _queued(client)
+    resp = client.post("/api/v1/suite-runs", json={"suite": "gpu-mixed"}, headers=submit)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["field"] == "checks[1].spec.device"
+    assert "checks[1] (cuda-dp4)" in resp.json()["detail"] and "PARITY_GPUS has 2" in resp.json()["detail"]
+
+    sweep = {"configs": ["moe-fp32-router"], "environments": ["default"],
+             "base": {"dp": 2, "steps": 6, "save_step": 3, "device": "cuda"}, "variations": [{}, {"dp": 4}]}
+    resp = client.post("/api/v1/sweeps", json=sweep, headers=submit)
+    assert resp.status_code == 422 and resp.json()["field"] == "spec.device", resp.text
+    assert "variation 'dp=4' with config 'moe-fp32-router'" in resp.json()["detail"]
+
+    resp = client.post("/api/v1/bisects", json={"spec": {**SPEC, "dp": 4, "device": "cuda"}, "good": "default",
+                                                "bad": "default"}, headers=submit)
+    assert resp.status_code == 422 and resp.json()["field"] == "spec.device", resp.text
+    assert _queued(client) == before  # nothing of any refused request
+
+    fits = client.post("/api/v1/runs", json={"spec": {**SPEC, "device": "cuda"}}, headers=submit)
+    assert fits.status_code == 202, fits.text
+    local_settings.setenv("PARITY_GPUS", "1")  # the host lost a GPU since: its rerun no longer fits
+    get_settings.cache_clear()
+    rerun = client.post(f"/api/v1/runs/{fits.json()['id']}/rerun", headers=submit)
+    assert rerun.status_code == 422 and "PARITY_GPUS has 1" in rerun.json()["detail"], rerun.text
+    assert _queued(client) == before + 1

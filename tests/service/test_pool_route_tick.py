@@ -75,7 +75,7 @@ def test_a_full_key_waits_for_the_rest_of_the_tick_and_the_next_tick_places(sett
     waits = pool_dispatch.TickWaits()
     first = _launch(settings, waits)
     assert first is not None and first.state == PhaseState.PENDING.value
-    assert waits.full_keys == {(env_id, 2)} and waits.phases == {ids[0]}
+    assert waits.full_keys == {(env_id, 2, 0)} and waits.phases == {ids[0]}
     # a worker turning idle mid-tick is left to the next tick: this one already knows the key is full
     idle = _worker(settings, "idle", env_id, "idle")
     second = _launch(settings, waits)
@@ -91,7 +91,7 @@ def test_an_order_already_placed_is_adopted_even_on_a_full_key(settings: Setting
     env_id, ids = _pending(settings, 2)
     _worker(settings, "busy", env_id, "busy", "phase-999")
     waits = pool_dispatch.TickWaits()
-    assert _launch(settings, waits) is not None and waits.full_keys == {(env_id, 2)}
+    assert _launch(settings, waits) is not None and waits.full_keys == {(env_id, 2, 0)}
     # a scheduler that died after placing the second attempt's order, before recording it
     _worker(settings, "holder", env_id, "busy", f"phase-{ids[1]}")
     adopted = _launch(settings, waits)
@@ -114,7 +114,7 @@ def test_attempts_waiting_on_a_full_key_do_not_hide_the_rest_of_the_queue(settin
     # past its key's others
     waits = pool_dispatch.TickWaits(keys=first_tick.keys)
     oldest = _launch(settings, waits)
-    assert oldest is not None and oldest.id == ids[0] and waits.full_keys == {(env_id, 2)}
+    assert oldest is not None and oldest.id == ids[0] and waits.full_keys == {(env_id, 2, 0)}
     assert set(ids[:10]) <= waits.skip()
     with session_scope() as session:
         following = next_pending(session, waits.skip())
@@ -147,7 +147,7 @@ def test_a_suites_checks_wait_for_its_worker_without_any_pool_entry_and_other_ru
     _worker(settings, "suite-worker", env_id, "busy", "phase-999")
     waits = pool_dispatch.TickWaits()
     assert _route(settings, checks[0], waits, tmp_path) == pool_dispatch.WAIT
-    assert waits.full_keys == waits.suite_keys == {(env_id, 2)}
+    assert waits.full_keys == waits.suite_keys == {(env_id, 2, 0)}
     # the key is full for the suite's checks only: a run outside the suite is not held behind them
     assert _route(settings, plain, waits, tmp_path) is None
     assert _route(settings, checks[1], waits, tmp_path) == pool_dispatch.WAIT

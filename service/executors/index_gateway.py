@@ -1,0 +1,211 @@
+"""A local build's only way out of its own network: a proxy to the package index hosts, and nowhere else.
+
+Stdlib only: job_sandbox.py loads this file by path and starts it as root, before the job's network
+namespace exists (nothing a job could have written is imported).
+
+A build needs pip's index and nothing else of the network; the host's Postgres and API, a cloud's
+metadata address and other tenants' ports are what a hostile install hook aims at (issue 44's row 5,
+through a build). So a local build gets a network namespace of its own, as a phase does, and in it one
+listening socket, 127.0.0.1:PORT, that this process, forked in the node's network, accepts on: it
+answers `CONNECT host:port` for the hosts in its allow list only (exact names; ports 443 and 80 unless
+an entry names its own, `host:port`), and 403 to everything else, a loopback answer included. pip, uv
+and git reach it through HTTPS_PROXY (launcher.py sets it); plain-http requests are refused (501): an
+index served over http needs the `network` isolation waived for builds (docs/security.md).
+
+It runs as nobody with no_new_privs, in the job's cgroup (its threads count against the job's pids
+and memory caps, and it is killed with the job) and with PR_SET_PDEATHSIG (it dies with the job's
+controller where there is no cgroup).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import pwd
+import select
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterable
+
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+HEAD_MAX = 16 * 1024  # a CONNECT request's head; anything longer is not pip's
+IDLE_S = 300.0  # a tunnel with no byte either way for this long is closed
+MAX_TUNNELS = 64  # concurrent tunnels (pip opens a handful)
+DEFAULT_PORTS = frozenset({80, 443})
+
+
+def parse_allow(entries: Iterable[str]) -> dict[str, frozenset[int]]:
+    """{host: ports} from `host` (ports 80 and 443) or `host:port` entries, hosts lower-cased (names or
+    IPv4 literals: settings.py checks the shape)."""
+    out: dict[str, set[int]] = {}
+    for raw in entries:
+        host, sep, port = raw.strip().lower().partition(":")
+        if host:
+            out.setdefault(host, set()).update({int(port)} if sep and port.isdigit() else DEFAULT_PORTS)
+    return {h: frozenset(p) for h, p in out.items()}
+
+
+def target_of(head: bytes) -> tuple[str, str, int]:
+    """(method, host, port) of a proxy request's first line; ValueError when it is not one."""
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = line.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise ValueError(f"not an HTTP/1 request line: {line[:100]!r}")
+    method, target = parts[0], parts[1]
+    if method != "CONNECT":
+        return method, "", 0
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"CONNECT needs host:port, got {target[:100]!r}")
+    return method, host.strip("[]").lower(), int(port)
+
+
+def _answer(conn: socket.socket, status: str, why: str) -> None:
+    body = f"parity index gateway: {why}\n".encode()
+    try:
+        conn.sendall(f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                     f"Connection: close\r\n\r\n".encode() + body)
+    except OSError:
+        pass
+
+
+def _read_head(conn: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise ValueError("the client closed before its request ended")
+        data += chunk
+        if len(data) > HEAD_MAX:
+            raise ValueError("request head too long")
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def _relay(a: socket.socket, b: socket.socket) -> None:
+    a.settimeout(None)
+    b.settimeout(None)
+    while True:
+        ready, _, _ = select.select([a, b], [], [], IDLE_S)
+        if not ready:
+            return
+        for src in ready:
+            data = src.recv(65536)
+            if not data:
+                return
+            (b if src is a else a).sendall(data)
+
+
+def handle(conn: socket.socket, allow: dict[str, frozenset[int]]) -> None:
+    """One client connection: a tunnel to an allowed host, or a refusal naming why."""
+    upstream = None
+    try:
+        conn.settimeout(30)
+        try:
+            head, rest = _read_head(conn)
+            method, host, port = target_of(head)
+        except (ValueError, OSError) as exc:
+            _answer(conn, "400 Bad Request", str(exc))
+            return
+        if method != "CONNECT":
+            _answer(conn, "501 Not Implemented", f"{method}: only CONNECT (https) reaches the package index")
+            return
+        if port not in allow.get(host, ()):
+            _answer(conn, "403 Forbidden", f"{host}:{port} is not a package index this build may reach "
+                                           "(PARITY_BUILD_HOSTS)")
+            return
+        try:
+            upstream = socket.create_connection((host, port), timeout=30)
+        except OSError as exc:
+            _answer(conn, "502 Bad Gateway", f"{host}:{port}: {exc}")
+            return
+        address = ipaddress.ip_address(upstream.getpeername()[0])
+        if address.is_loopback or address.is_unspecified:  # an allowed name that resolves to the node itself
+            _answer(conn, "403 Forbidden", f"{host} resolves to {address}, the node itself")
+            return
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        if rest:
+            upstream.sendall(rest)
+        _relay(conn, upstream)
+    except OSError:
+        pass
+    finally:
+        for s in (conn, upstream):
+            if s is not None:
+                s.close()
+
+
+def serve(listener: socket.socket, allow: dict[str, frozenset[int]]) -> None:
+    """Accept forever, each connection on a thread of its own (at most MAX_TUNNELS at once)."""
+    slots = threading.BoundedSemaphore(MAX_TUNNELS)
+
+    def one(conn: socket.socket) -> None:
+        try:
+            handle(conn, allow)
+        finally:
+            slots.release()
+
+    while True:
+        conn, _ = listener.accept()
+        slots.acquire()
+        threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+
+def _become_nobody(libc: ctypes.CDLL) -> None:
+    try:
+        entry = pwd.getpwnam("nobody")
+        uid, gid = entry.pw_uid, entry.pw_gid
+    except KeyError:
+        uid = gid = 65534
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def start(allow: list[str], libc: ctypes.CDLL) -> Callable[[socket.socket], None]:
+    """Fork the gateway here (still in the node's network); return what hands it the listening socket the
+    caller makes once it is in the job's own network namespace."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the gateway: never returns
+        code = 0
+        try:
+            ours.close()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # the job's log and pipes are not held open by the gateway
+                os.dup2(null, fd)
+            _become_nobody(libc)
+            # after the drop: a change of credentials clears the parent-death signal
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # the job's controller is already gone
+                os._exit(0)
+            _, fds, _, _ = socket.recv_fds(theirs, 16, 1)
+            theirs.close()
+            if not fds:
+                os._exit(0)
+            serve(socket.socket(fileno=fds[0]), parse_allow(allow))
+        except BaseException:
+            code = 1
+        os._exit(code)
+    theirs.close()
+
+    def hand(listener: socket.socket) -> None:
+        socket.send_fds(ours, [b"l"], [listener.fileno()])
+        ours.close()
+        listener.close()
+
+    return hand
+
+
+def listen(port: int) -> socket.socket:
+    """The job's end: 127.0.0.1:port in the job's own network namespace."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(64)
+    return listener

@@ -1,0 +1,61 @@
+"""The build's index gateway (service/executors/index_gateway.py) on its own: what it lets through, what it
+refuses and why, on a real socket pair in this process (no namespace: the job's end is a plain listener)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from service.core.settings import Settings
+from service.executors import index_gateway
+
+
+def test_allow_entries_are_hosts_with_the_web_ports_or_one_named_port() -> None:
+    allow = index_gateway.parse_allow(["PyPI.org", "mirror.internal:8443", " "])
+    assert allow == {"pypi.org": frozenset({80, 443}), "mirror.internal": frozenset({8443})}
+
+
+@pytest.mark.parametrize("head", [b"GET / HTTP/1.1", b"CONNECT pypi.org HTTP/1.1", b"CONNECT :443 HTTP/1.1",
+                                  b"CONNECT pypi.org:443 SPDY/3", b"\x00\x01"])
+def test_a_request_that_names_no_host_and_port_is_read_as_such(head: bytes) -> None:
+    if head.startswith(b"GET"):
+        assert index_gateway.target_of(head) == ("GET", "", 0)
+        return
+    with pytest.raises(ValueError):
+        index_gateway.target_of(head)
+
+
+def _ask(allow: list[str], request: bytes) -> bytes:
+    listener = socket.create_server(("127.0.0.1", 0))
+    server = threading.Thread(target=lambda: index_gateway.handle(listener.accept()[0],
+                                                                   index_gateway.parse_allow(allow)), daemon=True)
+    server.start()
+    with socket.create_connection(listener.getsockname(), timeout=10) as client:
+        client.sendall(request)
+        answer = client.recv(4096)
+    server.join(10)
+    listener.close()
+    return answer
+
+
+def test_the_gateway_refuses_the_node_other_hosts_and_plain_http() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as node_service:  # stands for the node's Postgres
+        port = node_service.getsockname()[1]
+        assert _ask(["pypi.org"], f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode()).startswith(b"HTTP/1.1 403")
+        # allowed by name, yet the node itself: still refused
+        refused = _ask([f"localhost:{port}"], f"CONNECT localhost:{port} HTTP/1.1\r\n\r\n".encode())
+        assert refused.startswith(b"HTTP/1.1 403") and b"the node itself" in refused
+    assert _ask(["pypi.org"], b"CONNECT pypi.org:22 HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 403")
+    assert _ask(["pypi.org"], b"GET http://pypi.org/simple/ HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 501")
+    assert _ask(["pypi.org"], b"CONNECT pypi.org:443 HTTP/1.1\r\n" + b"x" * 20000).startswith(b"HTTP/1.1 400")
+
+
+def test_build_hosts_are_checked_and_the_environments_indexes_added(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="PARITY_BUILD_HOSTS: 'http://pypi.org'"):
+        Settings(build_hosts=["http://pypi.org"])
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example:8443/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "file:///opt/pypi/simple https://extra.example/simple")
+    assert Settings(build_hosts=["PyPI.org"]).build_hosts_allowed() == [
+        "extra.example", "mirror.example:8443", "pypi.org"]
