@@ -251,6 +251,49 @@ def remove_files_of(user: JobUser, roots: tuple[str, ...] = SHARED_FOLDERS, *, s
     return removed
 
 
+# SysV IPC objects outlive every process (a shared memory segment, a semaphore set, a message queue another
+# job of the uid could attach to): a local job has an IPC namespace of its own (job_sandbox.py), a Slurm job or
+# a waived one the node's, where what its uid made or owns is removed with the lease. {/proc/sysvipc file: ipcrm}
+SYSV_IPC = {"shm": "--shmem-id", "sem": "--semaphore-id", "msg": "--queue-id"}
+
+
+def ipc_of(uid: int, folder: Path = Path("/proc/sysvipc")) -> list[tuple[str, int]]:
+    """(kind, id) of every SysV IPC object `uid` owns or created on this node (its IPC namespace)."""
+    found = []
+    for kind in SYSV_IPC:
+        try:
+            lines = (folder / kind).read_text().splitlines()
+        except OSError:
+            continue
+        if not lines:
+            continue
+        header = lines[0].split()
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(), strict=False))
+            ident = row.get("shmid") or row.get("semid") or row.get("msqid")
+            if ident is not None and str(uid) in (row.get("uid"), row.get("cuid")):
+                found.append((kind, int(ident)))
+    return found
+
+
+def remove_ipc_of(user: JobUser) -> int:
+    """Remove every SysV IPC object `user` owns or created on this node; how many."""
+    removed = 0
+    for kind, ident in ipc_of(user.uid):
+        try:
+            done = subprocess.run(["ipcrm", SYSV_IPC[kind], str(ident)], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("%s's %s %d not removed: %s", user.name, kind, ident, exc)
+            continue
+        if done.returncode == 0:
+            removed += 1
+        else:
+            log.warning("%s's %s %d not removed: %s", user.name, kind, ident, done.stderr.strip())
+    if removed:
+        log.info("removed %d SysV IPC objects %s left on the node", removed, user.name)
+    return removed
+
+
 def _passable(dirfd: int, name: str, uid: int, groups: set[int], device: int) -> bool:
     try:
         st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
@@ -278,6 +321,7 @@ def release(settings: Settings, holder: Path) -> None:
         # shared folders: ~1 s on this project's busy test machine); its own folders (in the run folder, below
         # the node's /tmp where a clone in `mktemp -d` keeps it) are taken back already, never removed
         remove_files_of(user, spare=(settings.resolved_run_folder, settings.resolved_artifact_folder))
+        remove_ipc_of(user)
     fd = _folder(settings)
     try:
         os.unlink(held, dir_fd=fd)

@@ -16,7 +16,8 @@ no import path a job could have written). SPEC is JSON (`sandbox_command` makes 
   granted folders (`writable`) remounted nosuid,nodev on themselves: nothing it writes can be setuid or a
   device, and nothing it leaves in the node's `/tmp`, `/var/tmp` or `/dev/shm` exists after it. What the job
   must reach below one of those (`keep`: its interpreter, the checkout, the run folder, when they live under
-  `/tmp`) is bound back in from the node's, at the same path;
+  `/tmp`) is bound back in from the node's, at the same path; and an IPC namespace of its own: the SysV shared
+  memory, semaphores and message queues (and POSIX message queues) it makes die with its last process;
 - always: `no_new_privs` (no exec gains a privilege: a setuid file anywhere is an ordinary one to the job),
   then the drop to `uid`/`gid` with no supplementary groups.
 
@@ -36,7 +37,7 @@ import struct
 import sys
 from typing import Any
 
-CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
+CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWIPC = 0x00020000, 0x40000000, 0x08000000
 MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 32, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS = 38
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -138,7 +139,7 @@ def enter(spec: dict[str, Any]) -> None:
     for procs in spec.get("cgroups", []):
         with open(str(procs), "w") as fh:
             fh.write(str(os.getpid()))
-    flags = (CLONE_NEWNS if spec.get("mounts") else 0) | (CLONE_NEWNET if spec.get("network") else 0)
+    flags = (CLONE_NEWNS | CLONE_NEWIPC if spec.get("mounts") else 0) | (CLONE_NEWNET if spec.get("network") else 0)
     gateway: dict[str, Any] = spec.get("gateway") or {} if spec.get("network") else {}
     hand = _gateway().start(list(gateway["allow"]), _libc) if gateway else None  # forked in the node's network
     if flags:

@@ -95,3 +95,19 @@ def reach_from_a_build(index_host: str) -> dict[str, str]:
         except (OSError, ValueError) as exc:
             out[name] = type(exc).__name__
     return out
+
+
+def leave_ipc() -> list[int]:
+    """A SysV shared memory segment, semaphore set and message queue, each under a key of its own, left behind
+    (they outlive every process): the keys, for the test to look for on the node."""
+    import ctypes
+    import random
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ipc_creat = 0o1000
+    keys = [random.randrange(1 << 20, 1 << 30) for _ in range(3)]
+    made = [libc.shmget(keys[0], 4096, ipc_creat | 0o666), libc.semget(keys[1], 1, ipc_creat | 0o666),
+            libc.msgget(keys[2], ipc_creat | 0o666)]
+    if min(made) < 0:
+        raise OSError(ctypes.get_errno(), f"SysV IPC not made: {made}")
+    return keys

@@ -23,7 +23,7 @@ import pytest
 from service.core.settings import Settings
 from service.executors import isolation, job_leases, launcher
 from tests.plugins.job_user import JOB_USER, reachable_folder, require_job_user
-from tests.plugins.sandbox_probes import leave_files, no_new_privs, reach_from_a_build, try_to_gain
+from tests.plugins.sandbox_probes import leave_files, leave_ipc, no_new_privs, reach_from_a_build, try_to_gain
 
 FORKS = 100
 
@@ -141,6 +141,42 @@ def test_what_a_uid_leaves_in_the_nodes_shared_folders_goes_with_its_lease(base:
         assert shared.is_dir()  # not the uid's: stays
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def _ipc_keys_on_the_node() -> set[int]:
+    keys = set()
+    for kind in ("shm", "sem", "msg"):
+        for line in Path("/proc/sysvipc", kind).read_text().splitlines()[1:]:
+            keys.add(int(line.split()[0]))
+    return keys
+
+
+@pytest.mark.parametrize("waived", ["", "mounts"])
+def test_the_sysv_ipc_a_job_makes_dies_with_it(base: Path, waived: str) -> None:
+    """SysV shared memory, semaphores and message queues outlive every process: a local job makes them in an
+    IPC namespace of its own (gone with it: never on the node at all), and where it shares the node's (mounts
+    waived, as a Slurm job does) its uid's are removed with its lease (job_leases.remove_ipc_of)."""
+    require_job_user()
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER,
+                        job_isolation_waive=waived or None)
+    if isolation.missing(settings).keys() - settings.waived_isolations():
+        pytest.skip(f"this host cannot isolate a local job: {isolation.missing(settings)}")
+    keys = set(_run(settings, base, function=leave_ipc))
+    assert len(keys) == 3 and not keys & _ipc_keys_on_the_node(), "the job's SysV IPC outlived its lease"
+
+
+def test_a_uids_ipc_is_what_it_owns_or_created_and_nothing_else(tmp_path: Path) -> None:
+    """What the lease's sweep removes, read as /proc/sysvipc lists it: the uid's objects (owned, or created and
+    handed to another uid), never another's."""
+    (tmp_path / "shm").write_text(
+        "       key      shmid perms       size  cpid  lpid nattch   uid   gid  cuid  cgid\n"
+        "   1433715          4   600         56  2237  1360      5   101   104   101   104\n"
+        "  98765432          7   666       4096  3000     0      0  1001  1001  1001  1001\n")
+    (tmp_path / "sem").write_text("       key      semid perms      nsems   uid   gid  cuid  cgid\n"
+                                  "  12345678          9   600          1   101   101  1001  1001\n")
+    (tmp_path / "msg").write_text("key msqid perms cbytes qnum lspid lrpid uid gid cuid cgid\n")
+    assert job_leases.ipc_of(1001, tmp_path) == [("shm", 7), ("sem", 9)]
+    assert job_leases.ipc_of(4242, tmp_path) == []
 
 
 @pytest.mark.slurm
