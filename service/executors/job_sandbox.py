@@ -12,7 +12,8 @@ no import path a job could have written). SPEC is JSON (`sandbox_command` makes 
   in its namespace that reaches the package index hosts in `allow` and nothing else (index_gateway.py,
   forked here before the namespace is made);
 - `mounts`: a mount namespace of its own, where `/tmp` and `/var/tmp` are folders of the job's (counted in
-  its disk quota), `/dev/shm` a tmpfs of `shm_size` bytes (counted in its memory), all nosuid,nodev, and its
+  its disk quota), `/dev/shm` and `/run` tmpfs of `shm_size` bytes (counted in its memory: the node's service
+  sockets under `/run`, `/var/run` with it, are not there), all nosuid,nodev, and its
   granted folders (`writable`) remounted nosuid,nodev on themselves: nothing it writes can be setuid or a
   device, and nothing it leaves in the node's `/tmp`, `/var/tmp` or `/dev/shm` exists after it. What the job
   must reach below one of those (`keep`: its interpreter, the checkout, the run folder, when they live under
@@ -42,7 +43,10 @@ MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 32, 4096, 1
 PR_SET_NO_NEW_PRIVS = 38
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 FAILED = 111
-HIDDEN = ("/tmp", "/var/tmp", "/dev/shm")  # the node's shared, world-writable folders: the job gets its own
+# the node's shared, world-writable folders, and /run, where the node's services keep their Unix sockets (the
+# host's Postgres at /run/postgresql trusts local connections on many hosts; a socket is no network, so the job's
+# own network namespace does not hide it): the job gets its own of each
+HIDDEN = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -93,7 +97,7 @@ def private_mounts(spec: dict[str, Any]) -> None:
     folders = dict(spec["folders"])
     keep = [os.path.realpath(str(p)) for p in spec.get("keep", [])]
     # every source opened before the first mount: a later mount must not change what a path names
-    old = {h: os.open(h, os.O_PATH | os.O_DIRECTORY) for h in HIDDEN if os.path.isdir(h)}
+    old = {h: os.open(h, os.O_PATH | os.O_DIRECTORY) for h in HIDDEN if os.path.isdir(h) and not os.path.islink(h)}
     sources = {h: os.open(folders[h], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW) for h in folders if h in old}
     for hidden in old:
         if hidden in sources:

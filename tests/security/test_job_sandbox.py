@@ -81,6 +81,8 @@ def test_a_hostile_job_gains_reaches_and_keeps_nothing(base: Path, setuid_id: st
         left = [p for p in Path(folder).glob("sh-*") if p.lstat().st_uid == uid]
         assert not left, f"the job left {left} in the node's {folder}"
     assert out["postgres"] == "ConnectionRefusedError", f"the job reached the node's Postgres: {out['postgres']}"
+    assert out["postgres socket"] == "FileNotFoundError" and not out["node sockets"], \
+        f"the job reached the node's services by their Unix sockets: {out['postgres socket']}, {out['node sockets']}"
     assert out["bind"] == "bound", f"the job's rendezvous port clashed with the node's: {out['bind']}"
     assert out["forked"] < 64 and out.get("fork_refused"), f"no pids.max: {out['forked']} of {FORKS} ran at once"
     assert out["hog"] == -9, f"no memory.max: a 768 MiB allocation under a 512 MiB cap ended {out['hog']}"
