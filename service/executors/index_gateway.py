@@ -10,7 +10,8 @@ listening socket, 127.0.0.1:PORT, that this process, forked in the node's networ
 answers `CONNECT host:port` for the hosts in its allow list only (exact names; ports 443 and 80 unless
 an entry names its own, `host:port`), and 403 to everything else, a loopback answer included. pip, uv
 and git reach it through HTTPS_PROXY (launcher.py sets it); plain-http requests are refused (501): an
-index served over http needs the `network` isolation waived for builds (docs/security.md).
+index served over http needs the `network` isolation waived for builds (docs/security.md). Where the node
+itself reaches the index only through a proxy (the service's HTTPS_PROXY), every tunnel goes through it.
 
 It runs as nobody with no_new_privs, in the job's cgroup (its threads count against the job's pids
 and memory caps, and it is killed with the job) and with PR_SET_PDEATHSIG (it dies with the job's
@@ -98,8 +99,26 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
             (b if src is a else a).sendall(data)
 
 
-def handle(conn: socket.socket, allow: dict[str, frozenset[int]]) -> None:
-    """One client connection: a tunnel to an allowed host, or a refusal naming why."""
+def _through(proxy: tuple[str, int], host: str, port: int) -> tuple[socket.socket, bytes]:
+    """A tunnel to host:port through the node's own proxy (where the node reaches the index only through one),
+    and what the far end already sent through it."""
+    sock = socket.create_connection(proxy, timeout=30)
+    try:
+        sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        head, rest = _read_head(sock)
+    except (OSError, ValueError) as exc:
+        sock.close()
+        raise OSError(f"the node's proxy {proxy[0]}:{proxy[1]}: {exc}") from None
+    status = head.split(b"\r\n", 1)[0].decode("latin-1")
+    if status.split(" ")[1:2] != ["200"]:
+        sock.close()
+        raise OSError(f"the node's proxy {proxy[0]}:{proxy[1]} answered {status[:100]!r}")
+    return sock, rest
+
+
+def handle(conn: socket.socket, allow: dict[str, frozenset[int]], proxy: tuple[str, int] | None = None) -> None:
+    """One client connection: a tunnel to an allowed host (through the node's proxy when it has one), or a
+    refusal naming why."""
     upstream = None
     try:
         conn.settimeout(30)
@@ -117,15 +136,16 @@ def handle(conn: socket.socket, allow: dict[str, frozenset[int]]) -> None:
                                            "(PARITY_BUILD_HOSTS)")
             return
         try:
-            upstream = socket.create_connection((host, port), timeout=30)
+            upstream, early = _through(proxy, host, port) if proxy else (
+                socket.create_connection((host, port), timeout=30), b"")
         except OSError as exc:
             _answer(conn, "502 Bad Gateway", f"{host}:{port}: {exc}")
             return
-        address = ipaddress.ip_address(upstream.getpeername()[0])
-        if address.is_loopback or address.is_unspecified:  # an allowed name that resolves to the node itself
+        address = None if proxy else ipaddress.ip_address(upstream.getpeername()[0])
+        if address is not None and (address.is_loopback or address.is_unspecified):  # the node itself, by name
             _answer(conn, "403 Forbidden", f"{host} resolves to {address}, the node itself")
             return
-        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n" + early)
         if rest:
             upstream.sendall(rest)
         _relay(conn, upstream)
@@ -137,13 +157,13 @@ def handle(conn: socket.socket, allow: dict[str, frozenset[int]]) -> None:
                 s.close()
 
 
-def serve(listener: socket.socket, allow: dict[str, frozenset[int]]) -> None:
+def serve(listener: socket.socket, allow: dict[str, frozenset[int]], proxy: tuple[str, int] | None = None) -> None:
     """Accept forever, each connection on a thread of its own (at most MAX_TUNNELS at once)."""
     slots = threading.BoundedSemaphore(MAX_TUNNELS)
 
     def one(conn: socket.socket) -> None:
         try:
-            handle(conn, allow)
+            handle(conn, allow, proxy)
         finally:
             slots.release()
 
@@ -166,9 +186,19 @@ def _become_nobody(libc: ctypes.CDLL) -> None:
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
-def start(allow: list[str], libc: ctypes.CDLL) -> Callable[[socket.socket], None]:
+def parse_proxy(url: str | None) -> tuple[str, int] | None:
+    """(host, port) of the node's own http:// proxy URL (https_proxy), None when there is none."""
+    if not url:
+        return None
+    rest = url.split("://", 1)[1] if "://" in url else url
+    host, _, port = rest.split("/", 1)[0].rsplit("@", 1)[-1].rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
+
+
+def start(allow: list[str], libc: ctypes.CDLL, proxy: str | None = None) -> Callable[[socket.socket], None]:
     """Fork the gateway here (still in the node's network); return what hands it the listening socket the
-    caller makes once it is in the job's own network namespace."""
+    caller makes once it is in the job's own network namespace. `proxy`: the node's own proxy URL, which
+    every tunnel then goes through (the allow list still decides which)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     parent = os.getpid()
     pid = os.fork()
@@ -188,7 +218,7 @@ def start(allow: list[str], libc: ctypes.CDLL) -> Callable[[socket.socket], None
             theirs.close()
             if not fds:
                 os._exit(0)
-            serve(socket.socket(fileno=fds[0]), parse_allow(allow))
+            serve(socket.socket(fileno=fds[0]), parse_allow(allow), parse_proxy(proxy))
         except BaseException:
             code = 1
         os._exit(code)

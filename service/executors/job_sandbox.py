@@ -145,7 +145,8 @@ def enter(spec: dict[str, Any]) -> None:
             fh.write(str(os.getpid()))
     flags = (CLONE_NEWNS | CLONE_NEWIPC if spec.get("mounts") else 0) | (CLONE_NEWNET if spec.get("network") else 0)
     gateway: dict[str, Any] = spec.get("gateway") or {} if spec.get("network") else {}
-    hand = _gateway().start(list(gateway["allow"]), _libc) if gateway else None  # forked in the node's network
+    # forked in the node's network
+    hand = _gateway().start(list(gateway["allow"]), _libc, gateway.get("proxy")) if gateway else None
     if flags:
         _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
     if spec.get("network"):

@@ -245,7 +245,9 @@ def _sandbox(settings: Settings, folder: Path, python: str, promised: frozenset[
     """job_sandbox.py's SPEC for a local job (its cgroups and user are added at the start)."""
     spec: dict[str, Any] = {"network": "network" in promised, "mounts": "mounts" in promised}
     if spec["network"] and network:  # a build: its own network too, with the package index its only way out
-        spec["gateway"] = {"port": GATEWAY_PORT, "allow": settings.build_hosts_allowed()}
+        # the node's own proxy, where it has one, carries every tunnel (never the job: it has no network)
+        proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+        spec["gateway"] = {"port": GATEWAY_PORT, "allow": settings.build_hosts_allowed(), "proxy": proxy}
     if spec["mounts"]:
         own = Path(private_environment(folder.parent)["TMPDIR"])
         # what the job must reach, wherever it lives: under the node's /tmp it is bound back into the job's own

@@ -59,3 +59,43 @@ def test_build_hosts_are_checked_and_the_environments_indexes_added(monkeypatch:
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "file:///opt/pypi/simple https://extra.example/simple")
     assert Settings(build_hosts=["PyPI.org"]).build_hosts_allowed() == [
         "extra.example", "mirror.example:8443", "pypi.org"]
+
+
+def test_a_node_behind_a_proxy_tunnels_through_it_and_the_allow_list_still_decides() -> None:
+    """The node's own proxy (HTTPS_PROXY of the service) carries every tunnel; a host outside the allow list is
+    refused before the proxy is asked; a proxy that refuses is a 502 naming it."""
+    asked: list[bytes] = []
+    with socket.create_server(("127.0.0.1", 0)) as node_proxy:
+        def answer(status: bytes) -> None:
+            conn, _ = node_proxy.accept()
+            with conn:
+                asked.append(conn.recv(4096).split(b"\r\n", 1)[0])
+                conn.sendall(status + b"\r\n\r\n")
+                if status.endswith(b"200 OK"):
+                    conn.sendall(b"index bytes")
+
+        proxy = f"http://127.0.0.1:{node_proxy.getsockname()[1]}"
+        assert index_gateway.parse_proxy(proxy) == ("127.0.0.1", node_proxy.getsockname()[1])
+        for status in (b"HTTP/1.1 200 OK", b"HTTP/1.1 403 Forbidden"):
+            server = threading.Thread(target=answer, args=(status,), daemon=True)
+            server.start()
+            with socket.create_server(("127.0.0.1", 0)) as listener:
+                job_end = threading.Thread(target=lambda: index_gateway.handle(
+                    listener.accept()[0], index_gateway.parse_allow(["pypi.org"]),
+                    index_gateway.parse_proxy(proxy)), daemon=True)
+                job_end.start()
+                with socket.create_connection(listener.getsockname(), timeout=10) as client:
+                    client.sendall(b"CONNECT pypi.org:443 HTTP/1.1\r\n\r\n")
+                    got = b""
+                    while len(got) < 60 and (chunk := client.recv(4096)):
+                        got += chunk
+                job_end.join(10)
+            server.join(10)
+            if status.endswith(b"200 OK"):
+                assert got == b"HTTP/1.1 200 Connection established\r\n\r\nindex bytes", got
+            else:
+                assert got.startswith(b"HTTP/1.1 502") and b"answered 'HTTP/1.1 403 Forbidden'" in got, got
+    assert asked == [b"CONNECT pypi.org:443 HTTP/1.1"] * 2
+    assert _ask(["pypi.org"], b"CONNECT example.com:443 HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 403")
+    assert index_gateway.parse_proxy("http://user:pw@proxy.corp:3128/") == ("proxy.corp", 3128)
+    assert index_gateway.parse_proxy("") is None and index_gateway.parse_proxy("http://proxy.corp") is None
