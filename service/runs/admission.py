@@ -28,6 +28,13 @@ class Caps:
     max_queued_per_requester: int
     retry_after_s: int = 30
     gpus: Budget | None = None
+    # False for the scheduler's own work (a track's suite): only the GPU budget applies, never a 429
+    counted: bool = True
+
+    @classmethod
+    def gpus_only(cls, budget: Budget) -> Caps:
+        """What the scheduler's own queueing is held to: a cuda check must fit the executor's GPUs."""
+        return cls(max_in_flight=0, max_queued_per_requester=0, gpus=budget, counted=False)
 
 
 def _upto(query: Select[tuple[int]], cap: int) -> Any:

@@ -46,7 +46,8 @@ def create_run(
     if caps is not None:
         if caps.gpus is not None:
             caps.gpus.check(spec)  # a permanent refusal (422) before a transient one (429)
-        check_caps(session, caps, requester)
+        if caps.counted:
+            check_caps(session, caps, requester)
     run = Run(
         config=spec.config,
         spec=spec_dict,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from models import Environment, NotificationChannel, OutboxMessage, Regression, Run, SuiteRun, Track
@@ -223,3 +223,28 @@ def test_a_pass_to_fail_on_the_track_is_bisected_to_the_first_bad_commit(
     row = overview.split('id="tracks"', 1)[1].split("</table>", 1)[0]
     # its latest commit, and the one that broke it (the bisect's answer, not the first failing track run)
     assert shas[-1][:12] in row and shas[2][:12] in row and "(first bad, bisected)" in row
+
+
+@pytest.mark.engine
+def test_a_track_whose_suite_holds_a_cuda_check_the_executor_cannot_give_says_so_and_queues_nothing(
+    db_session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scheduler's own queueing is held to the GPUs as a client's is (never to the 429 caps): a track's suite
+    with a cuda check on a CPU-only installation queues nothing, and the track's last error names the check."""
+    monkeypatch.setenv("PARITY_GPUS", "0")
+    get_settings.cache_clear()
+    try:
+        _setup(db_session, tmp_path)
+        apply_suite(db_session, name="one", checks=[
+            SuiteCheck.model_validate({"name": "dense", "spec": SPEC}),
+            SuiteCheck.model_validate({"name": "dense-cuda", "spec": {**SPEC, "device": "cuda"}})])
+        schedule.add_track(db_session, name="main", source="mlm", suite="one", every="24h", auto_bisect=False,
+                           created_by="admin")
+        queued = db_session.scalar(select(func.count()).select_from(Run))
+        assert schedule.run_due(db_session, settings=get_settings()) == 0
+        track = schedule.get_track(db_session, "main")
+        error = track.last_error or ""
+        assert "checks[1] (dense-cuda)" in error and "PARITY_GPUS has 0" in error, error
+        assert db_session.scalar(select(func.count()).select_from(Run)) == queued
+    finally:
+        get_settings.cache_clear()
