@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from models import Run
 from service.core.errors import TooManyRequests
 from service.core.run_state import UNFINISHED, RunState
+from service.core.settings import Settings
 from service.executors.gpus import Budget
 
 
@@ -32,9 +33,9 @@ class Caps:
     counted: bool = True
 
     @classmethod
-    def gpus_only(cls, budget: Budget) -> Caps:
+    def gpus_only(cls, settings: Settings) -> Caps:
         """What the scheduler's own queueing is held to: a cuda check must fit the executor's GPUs."""
-        return cls(max_in_flight=0, max_queued_per_requester=0, gpus=budget, counted=False)
+        return cls(max_in_flight=0, max_queued_per_requester=0, gpus=Budget(settings), counted=False)
 
 
 def _upto(query: Select[tuple[int]], cap: int) -> Any:

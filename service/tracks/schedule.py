@@ -26,7 +26,6 @@ from service.core.checks import TRACK_LABEL
 from service.core.errors import Conflict, DomainError, InvalidSpec, NotFound
 from service.core.settings import Settings
 from service.environments import sources
-from service.executors import gpus
 from service.oncall import notification_events as events
 from service.runs.admission import Caps
 from service.suites.definitions import get_suite
@@ -94,7 +93,7 @@ def run_track(session: Session, track: Track, *, settings: Settings) -> str | No
             suite_run, _ = create_suite_run(
                 session, suite_name=track.suite, version=None, environment=env.name,
                 labels={"branch": track.name, TRACK_LABEL: track.name, "commit": commit.sha},
-                requester=f"track:{track.name}", settings=settings, caps=Caps.gpus_only(gpus.Budget(settings)))
+                requester=f"track:{track.name}", settings=settings, caps=Caps.gpus_only(settings))
     except DomainError as exc:
         track.last_error = exc.detail[:2000]
         log.warning("track %s: %s", track.name, exc.detail)

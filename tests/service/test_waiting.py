@@ -26,6 +26,18 @@ def _token(*scopes: str) -> str:
         return tokens.create_token(session, name="ci", scopes=list(scopes), tracks=["*"])
 
 
+def _once(condition, act, timeout_s: float = 60.0) -> threading.Thread:
+    """Run act() as soon as condition() holds (looked at every 20 ms, for at most timeout_s)."""
+    def run() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        act()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 def _later(seconds: float, act) -> threading.Thread:
     def run() -> None:
         time.sleep(seconds)  # the change the waiter waits for, after it began waiting
@@ -53,12 +65,14 @@ def test_a_wait_answers_within_a_round_trip_of_the_change_and_holds_otherwise(li
         answer = client.get(f"/api/v1/runs/{run['id']}/wait", params={"after": run["state_version"]})
         answered_at = time.monotonic()
     assert answer.json()["state"] == "cancelled"
-    assert answered_at - cancelled_at[0] < 2.0  # not the 20 s timeout: the NOTIFY woke it
+    # the NOTIFY woke it, not the 20 s timeout (a bound far from both, so a loaded host cannot flake it: the
+    # latency itself is benchmarks/wait_load.py's)
+    assert answered_at - cancelled_at[0] < 10.0
     # a caller already past the change is answered at once
     with httpx.Client(base_url=live_api, timeout=60) as client:
         started = time.monotonic()
         again = client.get(f"/api/v1/runs/{run['id']}/wait", params={"after": 0})
-        assert again.json()["state"] == "cancelled" and time.monotonic() - started < 2.0
+        assert again.json()["state"] == "cancelled" and time.monotonic() - started < 10.0
 
 
 class Counter:
@@ -95,7 +109,7 @@ def test_submit_wait_asks_once_per_change_and_prints_the_verdict_at_once(
     waits = [p for p in counter.paths if p.endswith("/wait")]
     assert code == 2  # cancelled: no verdict, so "could not tell"
     assert "cancelled" in capsys.readouterr().out
-    assert took < 3.0 + 2.0 + 1.0  # the cancel, then within 2 s the answer (and the report)
+    assert took < 3.0 + 10.0  # the cancel, then the answer: not the 20 s hold (wait_load.py measures how soon)
     assert len(waits) == 1, counter.paths  # 3 s of waiting: one request (polling at 0.25 s sent ~12)
 
 
@@ -181,7 +195,9 @@ def test_a_wait_that_fails_for_a_while_carries_on_to_the_verdict(
         with httpx.Client(base_url=proxy.url, headers={"Authorization": f"Bearer {token}"}) as client:
             client.post(f"/api/v1/runs/{client.get('/api/v1/runs').json()['items'][0]['id']}/cancel")
 
-    _later(2.0, recover_then_cancel)
+    # the service comes back once the waiter has been refused twice (it retried), however long that takes on a
+    # loaded host: waiting for the state the test needs, never a fixed 2 s it may not reach in (a flake seen)
+    _once(lambda: proxy.failed >= 2, recover_then_cancel)
     code = parity(["submit", "--url", proxy.url, "--token", token, "--config", "moe-fp32-router", "--steps", "6",
                    "--save-step", "3", "--wait", "--timeout", "60"])
     out = capsys.readouterr()
