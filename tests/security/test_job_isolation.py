@@ -128,12 +128,17 @@ def test_a_build_cannot_poison_the_next_builds_pip(scene: Path) -> None:
     (cure / CURE).write_bytes(wheel_bytes("fake-megatron-core", "0.0.1", fake))
     (cure / "requirements.txt").write_text(f"{cure / CURE}\n")
     report = scene / "report"
-    report.mkdir(mode=0o777)
-    report.chmod(0o777)
+    report.mkdir(mode=0o755)
+    # the install code's report: a file the test owns that the job may write, so the sweep of what the job's
+    # uid leaves below the node's /var/tmp at the end of its lease (job_leases.remove_files_of) keeps it
+    (report / "poisoner-home.txt").touch(mode=0o666)
+    (report / "poisoner-home.txt").chmod(0o666)
     poisoner = _source(scene, "poisoner", POISONER % {"requirements": cure / "requirements.txt",
                                                       "report": str(report)})
     first = _build(settings, poisoner)  # its install code ran (its own outcome does not matter)
-    home = Path((report / "poisoner-home.txt").read_text())
+    written = (report / "poisoner-home.txt").read_text()
+    assert written, "the poisoner's install code did not run"
+    home = Path(written)
     assert home.is_relative_to(Path(first.folder or "")), f"the build's HOME {home} is outside its own folder"
     victim = _build(settings, _source(scene, "innocent", INNOCENT))
     assert victim.state == "failed", "a build with no Megatron-Core passed: the poisoned pip config installed one"
