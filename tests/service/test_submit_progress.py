@@ -16,8 +16,14 @@ from sqlalchemy.orm import Session
 
 from models import Run
 from service.cli.client.progress import Heartbeat, waiting_for
+from service.cli.client.waiting import MAX_WAIT_S
 from service.core.tokens import create_token
 from tests.plugins.server import configure, serve
+
+# A heartbeat of 1 s must come in about 1 s, not when a long poll that found no change answers (up to
+# MAX_WAIT_S later): the wait holds no longer than until the heartbeat is due. Half a poll's hold is a
+# wide margin for a loaded host and still fails a client that waits the poll out.
+HEARTBEAT_BOUND_S = MAX_WAIT_S / 2
 
 SMALL = {"name": "small", "description": "two checks", "checks": [
     {"name": "dp2-dense", "spec": {"config": "dense-bf16", "dp": 2, "steps": 6, "save_step": 3}},
@@ -55,12 +61,13 @@ def test_submit_wait_streams_progress_into_a_file(committed_db: str, monkeypatch
             text = out.read_text
             _until(lambda: "suite run " in text(), "the suite-run link", proc)
             assert text().startswith("suite run ") and "/suite-runs/" in text().splitlines()[0]
-            _until(lambda: "queued 2/2" in text(), "a heartbeat naming the queued checks", proc)
+            _until(lambda: "queued 2/2" in text(), "a heartbeat naming the queued checks", proc, HEARTBEAT_BOUND_S)
             with Session(engine) as session:
                 ids = dict(session.execute(select(Run.labels["suite_check"].astext, Run.id)).tuples().all())
                 session.execute(update(Run).where(Run.id == ids["dp2-dense"]).values(state="train_running"))
                 session.commit()
-            _until(lambda: "running 1/2 (train running)" in text(), "a heartbeat naming the running check", proc)
+            _until(lambda: "running 1/2 (train running)" in text(), "a heartbeat naming the running check", proc,
+                   HEARTBEAT_BOUND_S)
             with Session(engine) as session:
                 session.execute(update(Run).where(Run.id == ids["dp2-dense"]).values(
                     state="failed", verdict="fail", signatures=["lr-schedule-mismatch"], first_divergent_step=4))
@@ -96,7 +103,7 @@ def test_submit_wait_of_one_check_streams_its_link_and_heartbeat(committed_db: s
             stdout=stdout, stderr=subprocess.DEVNULL, env={**os.environ})
         try:
             _until(lambda: out.read_text().startswith("run "), "the run's link", proc)
-            _until(lambda: "queued 1/1" in out.read_text(), "a heartbeat", proc)
+            _until(lambda: "queued 1/1" in out.read_text(), "a heartbeat", proc, HEARTBEAT_BOUND_S)
             with Session(engine) as session:
                 session.execute(update(Run).values(state="passed", verdict="pass"))
                 session.commit()

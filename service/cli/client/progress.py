@@ -68,6 +68,11 @@ class Heartbeat:
         """Whether a heartbeat line is due now."""
         return self.clock() - self.last >= self.every
 
+    def until_due(self) -> float:
+        """Seconds until a heartbeat line is due (0 when it is): a wait holds no longer than this, or the
+        line would come late by up to a whole long poll."""
+        return max(0.0, self.every - (self.clock() - self.last))
+
     def beat(self, what: str) -> None:
         """Print `waiting (…): what` if the period passed since the last line."""
         if self.due():

@@ -158,9 +158,9 @@ def run(args: argparse.Namespace) -> int:
                     queued = run_doc["state"] == "queued"
                     pulse.beat(waiting_for([run_doc], environment_of(client, run_doc["environment"]) if queued
                                            else None))
-                # answered when the run changed, else after at most MAX_WAIT_S (waiting.py)
+                # answered when the run changed, else after at most MAX_WAIT_S or when the heartbeat is due
                 run_doc = long_poll(client, f"/api/v1/runs/{run_doc['id']}/wait", after=run_doc["state_version"],
-                                    deadline=deadline)
+                                    deadline=deadline, hold_s=pulse.until_due())
             timed_out = run_doc["state"] not in TERMINAL
             code = report(client, run_doc, timed_out=timed_out, junit=args.junit, strict=args.strict)
         except (ClientFailure, WaitFailed, httpx.HTTPError) as exc:

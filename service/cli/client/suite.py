@@ -113,9 +113,9 @@ def submit_suite(http: httpx.Client, *, suite: str, environment: str, labels: di
             runs = [c["run"] for c in view["checks"]]
             queued = any(r["state"] == "queued" for r in runs)
             pulse.beat(waiting_for(runs, environment_of(http, view["environment"]) if queued else None))
-        try:  # answered when one of its runs changed, else after at most MAX_WAIT_S (waiting.py)
+        try:  # answered when one of its runs changed, else at MAX_WAIT_S or when the heartbeat is due
             view = long_poll(http, f"/api/v1/suite-runs/{view['id']}/wait", after=view["changes"],
-                             deadline=started + timeout)
+                             deadline=started + timeout, hold_s=pulse.until_due())
         except WaitFailed as exc:  # refused, or the service stayed away past the timeout: not a verdict
             print(f"parity submit: {exc}", file=sys.stderr, flush=True)
             if forge:

@@ -19,6 +19,7 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
 
 MAX_WAIT_S = 20.0  # the service's own bound (service/runs/api.py MAX_WAIT_S)
+MIN_HOLD_S = 1.0  # a poll holds at least this long: a due heartbeat never turns the wait into a busy loop
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0
 
@@ -62,9 +63,11 @@ def _say_retry(state: RetryCallState) -> None:
     print(f"parity submit: poll failed ({exc}); retrying in {wait:.1f} s", file=sys.stderr, flush=True)
 
 
-def long_poll(client: httpx.Client, path: str, *, after: int, deadline: float) -> dict[str, Any]:
-    """GET path?after=… (the service answers once past `after`, or at its timeout); sent again with backoff
-    on a 5xx, a malformed answer or a lost connection until deadline (time.monotonic()); WaitFailed then."""
+def long_poll(client: httpx.Client, path: str, *, after: int, deadline: float,
+              hold_s: float = MAX_WAIT_S) -> dict[str, Any]:
+    """GET path?after=… (the service answers once past `after`, or at its timeout: at most hold_s, at least
+    MIN_HOLD_S); sent again with backoff on a 5xx, a malformed answer or a lost connection until deadline
+    (time.monotonic()); WaitFailed then."""
 
     def past_deadline(_: RetryCallState) -> bool:
         return time.monotonic() >= deadline
@@ -77,7 +80,7 @@ def long_poll(client: httpx.Client, path: str, *, after: int, deadline: float) -
     try:
         for attempt in retrying:
             with attempt:
-                left = max(1.0, min(MAX_WAIT_S, deadline - time.monotonic()))
+                left = max(MIN_HOLD_S, min(MAX_WAIT_S, hold_s, deadline - time.monotonic()))
                 params: dict[str, Any] = {"after": after, "timeout_s": round(left, 1)}
                 return _answer(client.get(path, params=params, timeout=left + 30), path)
     except (httpx.TransportError, _Unanswered) as exc:
