@@ -329,27 +329,3 @@ def get_config(name: str) -> ModelConfig:
 def config_names() -> list[str]:
     """Return the names of all configs, sorted."""
     return sorted(CONFIGS)
-
-
-def list_configs() -> list[dict[str, Any]]:
-    """Return every config as plain data: name, description, why, parameters, expected, shape fields, layouts."""
-    from jobs.parallel_layout import config_layouts  # imports nothing back at module level
-    from jobs.shape import shape_fields  # jobs.shape imports this module
-
-    return [
-        {
-            "name": c.name,
-            "description": c.description,
-            "why": c.why,
-            "parameters": c.parameters,
-            "expected": dict(c.expected),
-            # the Megatron-Core settings the config switches on (what a production run would set)
-            "megatron": c.megatron_settings,
-            # beyond CPU Megatron-Core: a GPU check, run where a GPU is present ([] on CPU)
-            "requires": list(c.requires),
-            # what a spec's `shape` may override on this preset: range, description, preset value
-            "shape_fields": shape_fields(c),
-            "layouts": config_layouts(c),  # tp / pp / ep sizes this config can run with
-        }
-        for c in (CONFIGS[n] for n in config_names())
-    ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.configs import list_configs
+from jobs.config_listing import list_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "jobs" / "README.md",

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from sqlalchemy import func, select, text
 
-from jobs.configs import list_configs
+from jobs.config_listing import list_configs
 from models import Phase, Regression, Run, SchedulerHeartbeat
 from models.base import utcnow
 from service.core.db import session_scope

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jobs.configs import list_configs
+from jobs.config_listing import list_configs
 from jobs.spec import MAX_DP, WORKAROUNDS, RunSpec, SpecError, allowed_values
 
 GOOD = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3}

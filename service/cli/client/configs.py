@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def handle(args: argparse.Namespace) -> int:
     """Print the configs as a table (or JSON); exit 0."""
-    from jobs.configs import list_configs
+    from jobs.config_listing import list_configs
 
     configs = list_configs()
     if args.json:
