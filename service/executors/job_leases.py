@@ -37,6 +37,7 @@ from pathlib import Path
 import psutil
 
 from service.core.settings import Settings
+from service.executors import node_folders
 from service.executors.job_user import JobUser, JobUserError, job_user
 
 log = logging.getLogger(__name__)
@@ -209,21 +210,19 @@ def cancel_slurm_jobs_of(user: JobUser) -> None:
         log.warning("scancel -u %s: %s", user.name, done.stderr.strip() or done.returncode)
 
 
-# Where any uid may leave a file on a node: a local job sees its own of the first three (job_sandbox.py), a
-# Slurm job or a waived one the node's; what a job's uid owns there is removed before the uid serves anyone
-# else (the review's setuid shells in /var/tmp and /dev/shm waited there for the uid's next job).
-SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
-
-
-def remove_files_of(user: JobUser, roots: tuple[str, ...] = SHARED_FOLDERS, *, spare: tuple[Path, ...] = ()) -> int:
-    """Remove every entry `user` owns below `roots` (a folder it owns, whole), except in and above `spare`
-    (the service's run folder: the job's granted folders); how many. Descends only where the uid may pass
-    (nothing of it can lie below a folder it cannot enter), never follows a link nor leaves the root's file
-    system."""
+def remove_files_of(user: JobUser, roots: tuple[str, ...] | None = None, *, spare: tuple[Path, ...] = ()) -> int:
+    """Remove every entry `user` owns below `roots` (default: every folder any uid may write on this node,
+    node_folders.py; a folder it owns, whole), except in and above `spare` (the service's run folder: the
+    job's granted folders); how many. What a job's uid leaves there is removed before the uid serves anyone
+    else (the review's setuid shells in /var/tmp and /dev/shm waited there for the uid's next job). Descends
+    only where the uid may pass (nothing of it can lie below a folder it cannot enter), never follows a link
+    nor leaves the root's file system."""
     groups = set(os.getgrouplist(user.name, user.gid))
     kept = {os.path.realpath(p) for p in spare}
     removed = 0
-    for root in roots:
+    for root in node_folders.shared_folders() if roots is None else roots:
+        if any(root == k or root.startswith(k.rstrip("/") + "/") for k in kept):
+            continue  # a world-writable folder inside the run folder holds the job's outputs
         try:
             device = os.stat(root, follow_symlinks=False).st_dev
         except OSError:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from service.core.settings import Settings
-from service.executors import isolation, job_leases, launcher
+from service.executors import isolation, job_leases, launcher, node_folders
 from tests.plugins.job_user import JOB_USER, reachable_folder, require_job_user
 from tests.plugins.sandbox_probes import leave_files, leave_ipc, no_new_privs, reach_from_a_build, try_to_gain
 
@@ -143,6 +143,43 @@ def test_what_a_uid_leaves_in_the_nodes_shared_folders_goes_with_its_lease(base:
         assert shared.is_dir()  # not the uid's: stays
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_what_a_uid_leaves_in_any_world_writable_folder_of_the_node_goes_with_its_lease(base: Path) -> None:
+    """The class, not the review's two folders: a node may have other folders every uid may write (an admin's
+    drop folder, a distribution's crash folder). A job with every isolation on still sees those as the node's;
+    what its uid leaves there (files, a folder, a setuid shell) is removed with its lease (node_folders.py)."""
+    require_job_user()
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER)
+    if isolation.missing(settings).keys() - settings.waived_isolations():
+        pytest.skip(f"this host cannot isolate a local job: {isolation.missing(settings)}")
+    drop = Path("/opt") / f"parity-drop-{uuid.uuid4().hex[:8]}"  # outside /tmp, /var/tmp, /dev/shm and /run
+    drop.mkdir()
+    drop.chmod(0o1777)
+    node_folders.forget()  # made after this process last looked
+    try:
+        left = [Path(p) for p in _run(settings, base, str(drop), function=leave_files) if p.startswith(str(drop))]
+        assert len(left) == 2 and not [p for p in left if os.path.lexists(p)], f"the job's uid kept {left}"
+        assert drop.is_dir()  # not the uid's: stays
+    finally:
+        shutil.rmtree(drop, ignore_errors=True)
+        node_folders.forget()
+
+
+def test_the_folders_any_uid_may_write_are_found_where_others_may_reach_them(tmp_path: Path) -> None:
+    """What the walk finds: a world-writable folder others can reach (once, not what lies inside it), never
+    one behind a folder others cannot pass, nor a link to one."""
+    (tmp_path / "open" / "inner").mkdir(parents=True)
+    (tmp_path / "open").chmod(0o1777)
+    (tmp_path / "open" / "inner").chmod(0o777)
+    (tmp_path / "closed" / "drop").mkdir(parents=True)
+    (tmp_path / "closed").chmod(0o700)
+    (tmp_path / "closed" / "drop").chmod(0o1777)
+    (tmp_path / "plain").mkdir(mode=0o755)
+    (tmp_path / "link").symlink_to(tmp_path / "open")
+    tmp_path.chmod(0o755)
+    assert node_folders.writable_by_all(str(tmp_path)) == [str(tmp_path / "open")]
+    assert node_folders.outermost(["/tmp", "/tmp/a", "/tmpx", "/var/tmp/"]) == ("/tmp", "/tmpx", "/var/tmp")
 
 
 def _ipc_keys_on_the_node() -> set[int]:
