@@ -191,10 +191,16 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
             # the attempt holds mid-run (after step HOLD_STEP, both ranks): the fault cannot come too late
             wait_for(partial(_held, run_id), 300, "the attempt to hold mid-run", 0.1, alive)
             worker, hit = wait_for(partial(_busy_with, runs, run_id), 60, "a busy worker", 0.1, alive)
+            held = _held_ranks(run_id)
+            assert len(held) == 2, held
             if fault == "task killed":
-                _kill_task(worker)
+                _kill_task(worker)  # SIGKILL, delivered before kill(2) returns
             else:
                 _end_allocation(worker, executor)
+                # scancel only asks slurmctld: its SIGKILL reaches the tasks later, and a hold released before
+                # then let the attempt run through and the fault strike nothing (a red nightly). The fault is
+                # the allocation's end: wait for it (every held rank dead) before the hold is released.
+                wait_for(partial(_all_dead, held), 120, f"the held ranks to die ({fault})", 0.1, alive)
             release.touch()  # the retry runs through
             wait_for(partial(_finished, run_id), 600, f"the run after {fault}", alive=alive)
             row, attempts = run_row(run_id), phases(run_id)
@@ -232,6 +238,29 @@ def _held(run_id: int) -> bool:
     """Whether every rank of one of the run's live attempts holds after HOLD_STEP (jobs/rank/context.py)."""
     return any(len(list(Path(p.folder).glob("held.rank*"))) == 2 for p in phases(run_id)
                if p.folder and p.state in ("submitted", "running"))
+
+
+def _held_ranks(run_id: int) -> list[psutil.Process]:
+    """The rank processes holding after HOLD_STEP (each wrote its pid in held.rank<r>), as they are now."""
+    procs = []
+    for p in phases(run_id):
+        if p.folder and p.state in ("submitted", "running"):
+            for held in Path(p.folder).glob("held.rank*"):
+                try:
+                    procs.append(psutil.Process(int(held.read_text())))
+                except (ValueError, psutil.NoSuchProcess):
+                    pass
+    return procs
+
+
+def _all_dead(procs: list[psutil.Process]) -> bool:
+    """Whether every one of procs has ended (is_running also tells a reused pid from the process)."""
+    def dead(proc: psutil.Process) -> bool:
+        try:
+            return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    return all(dead(p) for p in procs)
 
 
 def _leases(runs: Path) -> list[str]:
