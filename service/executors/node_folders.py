@@ -40,7 +40,7 @@ _found_at = float("-inf")
 
 def _not_walked_mounts(mountinfo: str = "/proc/self/mountinfo") -> set[str]:
     """Mount points of the file systems in NOT_WALKED."""
-    points = set()
+    points: set[str] = set()
     try:
         lines = open(mountinfo).read().splitlines()
     except OSError:
