@@ -221,7 +221,7 @@ def remove_files_of(user: JobUser, roots: tuple[str, ...] | None = None, *, spar
     kept = {os.path.realpath(p) for p in spare}
     removed = 0
     for root in node_folders.shared_folders() if roots is None else roots:
-        if any(root == k or root.startswith(k.rstrip("/") + "/") for k in kept):
+        if any(node_folders.inside(root, k) for k in kept):
             continue  # a world-writable folder inside the run folder holds the job's outputs
         try:
             device = os.stat(root, follow_symlinks=False).st_dev

@@ -19,6 +19,7 @@ import re
 import stat
 import threading
 import time
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,13 @@ def _not_walked_mounts(mountinfo: str = "/proc/self/mountinfo") -> set[str]:
     """Mount points of the file systems in NOT_WALKED."""
     points: set[str] = set()
     try:
-        lines = open(mountinfo).read().splitlines()
+        lines = Path(mountinfo).read_text().splitlines()
     except OSError:
         return points
     for line in lines:
         left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) > 4 and right.split()[:1] and right.split()[0] in NOT_WALKED:
+        fields, fstype = left.split(), right.split()[:1]
+        if len(fields) > 4 and fstype and fstype[0] in NOT_WALKED:
             # mount points escape a space, tab, newline and backslash as octal (\040 ...)
             points.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
     return points
@@ -79,12 +80,16 @@ def writable_by_all(root: str = "/") -> list[str]:
     return found
 
 
+def inside(path: str, folder: str) -> bool:
+    """Whether path is folder or lies below it (both normalized, absolute)."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def outermost(folders: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """folders without any that lies inside another of them (a walk of the outer one covers it)."""
-    unique = sorted({os.path.normpath(f) for f in folders})
     kept: list[str] = []
-    for folder in unique:
-        if not any(folder == k or folder.startswith(k.rstrip("/") + "/") for k in kept):
+    for folder in sorted({os.path.normpath(f) for f in folders}):
+        if not any(inside(folder, k) for k in kept):
             kept.append(folder)
     return tuple(kept)
 
