@@ -8,6 +8,9 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.rank.listeners import ports_listened_on_by_others
+from jobs.rank.multinode import job_nodes
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -39,6 +42,9 @@ def _ephemeral_floor() -> int:
 
 # Rendezvous ports a job may use: one per phase child under isolation "process".
 PORTS_PER_JOB = 2
+# Blocks stepped over when a derived port is held by another user's listener (a broker, a database,
+# another tenant's job): a prime, far from the neighbouring job ids' blocks that concurrent jobs hold.
+SKIP_STRIDE_BLOCKS = 1009
 
 
 def job_master_port(job_id: str, index: int = 0) -> int:
@@ -48,10 +54,22 @@ def job_master_port(job_id: str, index: int = 0) -> int:
     connections (32768-60999 here): a busy host then fails rank 0 with EADDRINUSE now and then.
     Consecutive job ids get disjoint blocks of PORTS_PER_JOB ports (`index` picks one: a forked
     phase child's own process group), so concurrent jobs on one node do not collide.
+
+    A port another user's process listens on is stepped over (RabbitMQ's 25672 failed a nightly
+    job with EADDRINUSE): every rank of a one-node job reads the same socket table, and this job's
+    own listener (rank 0's store) never counts. Ranks on several nodes cannot see the master
+    node's table alike, so a multi-node job keeps its first pick.
     """
-    span = max(PORTS_PER_JOB, _ephemeral_floor() - LOWEST_MASTER_PORT)
+    blocks = max(1, (_ephemeral_floor() - LOWEST_MASTER_PORT) // PORTS_PER_JOB)
     digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
-    return LOWEST_MASTER_PORT + (int(digits) * PORTS_PER_JOB + index % PORTS_PER_JOB) % span
+    first = int(digits) % blocks
+    held = ports_listened_on_by_others() if job_nodes() == 1 else frozenset()
+    for step in range(blocks):
+        block = (first + step * SKIP_STRIDE_BLOCKS) % blocks
+        port = LOWEST_MASTER_PORT + block * PORTS_PER_JOB + index % PORTS_PER_JOB
+        if port not in held:
+            return port
+    return LOWEST_MASTER_PORT + first * PORTS_PER_JOB + index % PORTS_PER_JOB
 
 
 def under_submitit() -> bool:
