@@ -9,13 +9,13 @@ TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 LISTEN = "0A"  # include/net/tcp_states.h: TCP_LISTEN, as the table prints it
 
 
-def ports_listened_on_by_others(uid: int | None = None) -> frozenset[int]:
-    """Ports a socket owned by a uid other than `uid` (default: ours) listens on, in this network namespace.
+def ports_listened_on_by_others() -> frozenset[int]:
+    """Ports a socket owned by a uid other than ours listens on, in this network namespace.
 
     Our own listeners stay out: a rank deriving the job's rendezvous port after rank 0 bound it must
     still get that port. An unreadable table counts as empty (the caller then keeps its first pick).
     """
-    own = os.geteuid() if uid is None else uid
+    own = os.geteuid()
     held: set[int] = set()
     for table in TCP_TABLES:
         try:
