@@ -16,6 +16,9 @@ ROUTER_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
 OPTIMIZER_KINDS = ("distributed-adam", "layerwise-adam")
 MAX_MTP_LAYERS = 2
 FP8_FORMATS = ("", "hybrid", "e4m3")  # "": no FP8; TransformerConfig.fp8 otherwise (Transformer Engine only)
+LR_DECAY_STYLES = ("cosine", "linear", "constant", "WSD")
+WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
+MAX_MICROBATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,25 @@ class ModelConfig:
     # mtp_loss_scaling_factor / mtp_num_layers joins the main loss's backward (MTPLossAutoScaler)
     mtp_num_layers: int = 0
     mtp_loss_scaling_factor: float = 0.1
+    # How production recipes train (Megatron-LM's examples, Megatron-Bridge's recipes; ../docs/detection.md).
+    # Every default below is the engine's first, toy way, so the configs made before them keep their
+    # training (and with it every stored check's history); a recipe-shaped config turns them on.
+    gated_mlp: bool = False  # SwiGLU: gated_linear_unit with silu; fc1 holds two matrices
+    tied_embeddings: bool = False  # share_embeddings_and_output_weights (the last PP stage holds a copy)
+    # > 0: overlap_grad_reduce + overlap_param_gather with buckets of this many elements (several
+    # buckets per buffer, the param all-gather deferred to the next forward); 0: one bucket, no overlap
+    bucket_size: int = 0
+    microbatches: int = 1  # per DP rank and step, through Megatron's schedule (no_sync before the last)
+    grad_reduce_in_fp32: bool = True  # False: grads reduced in the params' bf16
+    decoupled_lr: float = 0.0  # > 0: the embedding and output layer's own max_lr (decoupled_lr)
+    decoupled_min_lr: float = 0.0  # with decoupled_lr: their own min_lr
+    lr_warmup_init: float = 0.0  # warmup starts here, not at 0
+    wsd_decay_steps: int = 0  # lr_decay_style "WSD": the annealing steps at the end
+    lr_wsd_decay_style: str = "linear"
+    override_opt_param_scheduler: bool = False  # the scheduler keeps its own settings over the checkpoint's
+    # production steps the scheduler by consumed samples, on successful updates only (warmup and decay
+    # counted in samples); False: by 1 per step whatever the update did
+    scheduler_by_samples: bool = False
     # What the feature needs beyond CPU Megatron-Core ("cuda", "transformer-engine"): a GPU check
     requires: tuple[str, ...] = ()
     expected: dict[str, str] = field(default_factory=dict)
@@ -108,6 +130,30 @@ class ModelConfig:
             raise ValueError(f"{self.name}: an FP32 eh_proj needs an MTP head (mtp_num_layers > 0)")
         if not 0.0 < self.mtp_loss_scaling_factor <= 1.0:
             raise ValueError(f"{self.name}: mtp_loss_scaling_factor must be in (0, 1]")
+        self._check_recipe()
+
+    def _check_recipe(self) -> None:
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            raise ValueError(f"{self.name}: lr_decay_style {self.lr_decay_style!r} not in {LR_DECAY_STYLES}")
+        if (self.lr_decay_style == "WSD") != (self.wsd_decay_steps > 0):
+            raise ValueError(f"{self.name}: lr_decay_style WSD and wsd_decay_steps > 0 go together")
+        if self.lr_wsd_decay_style not in WSD_DECAY_STYLES:
+            raise ValueError(f"{self.name}: lr_wsd_decay_style not in {WSD_DECAY_STYLES}")
+        if not 1 <= self.microbatches <= MAX_MICROBATCHES:
+            raise ValueError(f"{self.name}: microbatches must be in 1..{MAX_MICROBATCHES}")
+        if self.bucket_size < 0 or (self.bucket_size and self.optimizer != "distributed-adam"):
+            raise ValueError(f"{self.name}: bucket_size needs the distributed optimizer and must be >= 0")
+        if (self.gated_mlp or self.tied_embeddings) and self.kind != "gpt":
+            raise ValueError(f"{self.name}: gated_mlp / tied_embeddings need a GPT config")
+        if self.decoupled_min_lr and not self.decoupled_lr:
+            raise ValueError(f"{self.name}: decoupled_min_lr needs decoupled_lr")
+        if not 0.0 <= self.lr_warmup_init <= self.lr:
+            raise ValueError(f"{self.name}: lr_warmup_init must be in [0, lr]")
+
+    @property
+    def recipe_loop(self) -> bool:
+        """Whether a step runs through Megatron's own schedule, as a production trainer's does."""
+        return self.microbatches > 1 or self.bucket_size > 0 or self.scheduler_by_samples
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -141,10 +187,39 @@ class ModelConfig:
                 out.update(moe_grouped_gemm=True, transformer_impl="transformer_engine")
         if self.fp8:  # TE's layers run the GEMMs in FP8 (delayed scaling); TE's FusedAdam is the optimizer
             out.update(fp8=self.fp8, fp8_recipe="delayed", transformer_impl="transformer_engine")
+        out.update(self._recipe_settings())
         if self.mtp_num_layers:  # GPTModel(mtp_block_spec=get_gpt_mtp_block_spec(...)) builds the head
             out.update(mtp_num_layers=self.mtp_num_layers, mtp_loss_scaling_factor=self.mtp_loss_scaling_factor)
             if "eh_proj" in self.fp32_modules:  # the "keep in FP32" recipe on the head's projection
                 out["fp32_mtp_modules"] = ["eh_proj"]
+        return out
+
+    def _recipe_settings(self) -> dict[str, Any]:
+        """The production-recipe settings this config turns on, by their Megatron-Core names."""
+        out: dict[str, Any] = {}
+        if self.gated_mlp:  # TransformerConfig
+            out.update(gated_linear_unit=True, activation_func="silu")
+        if self.tied_embeddings:  # GPTModel
+            out["share_embeddings_and_output_weights"] = True
+        if self.bucket_size:  # DistributedDataParallelConfig
+            out.update(overlap_grad_reduce=True, overlap_param_gather=True, bucket_size=self.bucket_size)
+        if not self.grad_reduce_in_fp32:
+            out["grad_reduce_in_fp32"] = False
+        if self.microbatches > 1:  # the schedule's num_microbatches
+            out["num_microbatches"] = self.microbatches
+        if self.decoupled_lr:  # OptimizerConfig
+            out["decoupled_lr"] = self.decoupled_lr
+            if self.decoupled_min_lr:
+                out["decoupled_min_lr"] = self.decoupled_min_lr
+        if self.lr_warmup_init:  # OptimizerParamScheduler
+            out["lr_warmup_init"] = self.lr_warmup_init
+        if self.lr_decay_style == "WSD":
+            out.update(lr_decay_style="WSD", wsd_decay_steps=self.wsd_decay_steps,
+                       lr_wsd_decay_style=self.lr_wsd_decay_style)
+        if self.override_opt_param_scheduler:
+            out["override_opt_param_scheduler"] = True
+        if self.scheduler_by_samples:  # the training loop: increment = global batch samples, on success
+            out["scheduler_by_samples"] = True
         return out
 
 
@@ -289,6 +364,34 @@ CONFIGS: dict[str, ModelConfig] = {
             mtp_num_layers=1,
             fp32_modules=("eh_proj",),
             expected={"no-workaround": "fail: optimizer-index-misalignment (save crash)"},
+        ),
+        ModelConfig(
+            name="gpt-recipe",
+            description="GPT, 2 dense layers, hidden 128, bf16, trained as a production recipe: SwiGLU, tied "
+            "embeddings, 2 microbatches per step, overlapped grad reduce and param gather over buckets of "
+            "20,000 elements, bf16 grad reduce, a decoupled LR for the embedding, warmup from a non-zero LR, "
+            "WSD decay, the scheduler stepped by samples and overriding the checkpoint's settings",
+            why="What Megatron-LM's and Megatron-Bridge's Llama-style recipes turn on and a checkpoint holds: "
+            "several buckets per grad buffer (their per-bucket layout and the param all-gather deferred to the "
+            "next forward), the tied output weight, fc1's two matrices, param groups with their own LR bounds "
+            "and a scheduler counted in samples, each of which a resume must restore as saved.",
+            kind="gpt",
+            gated_mlp=True,
+            tied_embeddings=True,
+            bucket_size=20_000,
+            microbatches=2,
+            micro_batch_size=2,
+            grad_reduce_in_fp32=False,
+            decoupled_lr=2e-3,
+            decoupled_min_lr=2e-4,
+            lr_warmup_steps=2,
+            lr_warmup_init=1e-4,
+            lr_decay_style="WSD",
+            wsd_decay_steps=3,
+            lr_wsd_decay_style="cosine",
+            override_opt_param_scheduler=True,
+            scheduler_by_samples=True,
+            expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
         ),
         ModelConfig(
             name="dense-fp8-te",

@@ -38,12 +38,15 @@ STAGES: tuple[Stage, ...] = get_args(Stage)
 
 SignatureKind = Literal["cause", "latent", "crash"]
 
-WorkaroundName = Literal["realign-param-index", "restore-adam-step", "load-no-grad", "load-absent-step"]
+WorkaroundName = Literal[
+    "realign-param-index", "restore-adam-step", "load-no-grad", "load-absent-step", "match-groups-by-lr-bounds"
+]
 WORKAROUND_NAMES: tuple[WorkaroundName, ...] = get_args(WorkaroundName)
 REALIGN: WorkaroundName = "realign-param-index"
 LOAD_NO_GRAD: WorkaroundName = "load-no-grad"
 RESTORE_STEP: WorkaroundName = "restore-adam-step"
 LOAD_ABSENT_STEP: WorkaroundName = "load-absent-step"
+MATCH_GROUPS: WorkaroundName = "match-groups-by-lr-bounds"
 
 # Probe keys of a phase document. State probes run at a moment: at the save, or right after the load.
 Moment = Literal["at_save", "after_load"]

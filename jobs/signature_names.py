@@ -28,6 +28,7 @@ SignatureId = Literal[
     "main-params-mismatch",
     "optimizer-moments-mismatch",
     "param-group-scalars-mismatch",
+    "param-group-identity-collision",
     "scheduler-state-mismatch",
     "iteration-mismatch",
     "rng-state-mismatch",
@@ -57,6 +58,7 @@ MODEL_WEIGHTS_MISMATCH: Final = "model-weights-mismatch"
 MAIN_PARAMS_MISMATCH: Final = "main-params-mismatch"
 OPTIMIZER_MOMENTS_MISMATCH: Final = "optimizer-moments-mismatch"
 PARAM_GROUP_SCALARS_MISMATCH: Final = "param-group-scalars-mismatch"
+PARAM_GROUP_IDENTITY_COLLISION: Final = "param-group-identity-collision"
 SCHEDULER_STATE_MISMATCH: Final = "scheduler-state-mismatch"
 ITERATION_MISMATCH: Final = "iteration-mismatch"
 RNG_STATE_MISMATCH: Final = "rng-state-mismatch"

@@ -348,8 +348,11 @@ class RunSpec:
 
     @property
     def global_microbatches(self) -> int:
-        """Microbatches per step over all ranks: the same global batch at both DP sizes."""
-        return math.lcm(self.dp, self.resume_dp or self.dp)
+        """Microbatches per step over all ranks: the same global batch at both DP sizes.
+
+        A recipe-shaped config accumulates its own `microbatches` per rank at the smaller DP size.
+        """
+        return math.lcm(self.dp, self.resume_dp or self.dp) * CONFIGS[self.config].microbatches
 
     def microbatches(self, phase: str) -> int:
         """Microbatches each rank accumulates per step in a phase (1 unless the run reshards)."""

@@ -37,6 +37,10 @@ class Trainee:
     finalize_grads: bool = True
     # pp > 1: the pipelined schedule runs forward + backward (jobs/rank/pipeline.py)
     pipelined: Callable[[int], tuple[torch.Tensor, float]] | None = None
+    # a recipe-shaped config: (step, microbatches) -> the step's mean loss, through Megatron's own
+    # schedule, which also reduces the grads (jobs/rank/schedule.py)
+    scheduled: Callable[[int, int], torch.Tensor] | None = None
+    samples_per_microbatch: int = 1
 
     def forward_backward(self, step: int) -> tuple[torch.Tensor, float]:
         """Run one step's forward and backward; -> (loss, 1.0), or (0, 0.0) on a stage without the loss."""
@@ -66,6 +70,38 @@ class Trainee:
             finalize_model_grads([self.ddp])
         else:
             self.ddp.finish_grad_sync()
+
+    def scheduler_increment(self, update_successful: bool, microbatches: int) -> int:
+        """What the scheduler steps by after an update: 1, or (production) the step's samples if it applied."""
+        if not self.config.scheduler_by_samples:
+            return 1
+        from megatron.core import parallel_state
+
+        samples = microbatches * self.samples_per_microbatch * parallel_state.get_data_parallel_world_size()
+        return samples if update_successful else 0
+
+    def gather_params(self) -> None:
+        """Finish the deferred param all-gather (overlap_param_gather): every param whole, hooks off.
+
+        Megatron-LM's trainer does this before a save (disable_forward_pre_hook), so what is saved and
+        snapshotted is the updated model, not the stale halves the next forward would gather.
+        """
+        if getattr(self.ddp, "use_forward_hook", False) and self.ddp.remove_forward_pre_hook_handles:
+            self.ddp.disable_forward_pre_hook(param_sync=True)
+
+    def regather_params_in_forward(self) -> None:
+        """Turn the deferred param all-gather back on after gather_params (training goes on)."""
+        if getattr(self.ddp, "use_forward_hook", False) and not self.ddp.remove_forward_pre_hook_handles:
+            self.ddp.enable_forward_pre_hook()
+
+    def start_resume_without_gather(self) -> None:
+        """Start a resume with the forward pre-hook off, as Megatron-LM's trainer does for one step.
+
+        The loaded params are whole on every rank; the trainer skips the first all-gather so that a
+        load gone wrong on one rank does not spread through it, and turns the hook on after step one.
+        """
+        if getattr(self.ddp, "use_forward_hook", False) and self.ddp.remove_forward_pre_hook_handles:
+            self.ddp.disable_forward_pre_hook(param_sync=False)
 
     @property
     def sub_optimizers(self) -> list[Any]:
@@ -114,6 +150,8 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
         moe.update(mtp_num_layers=cfg.mtp_num_layers, mtp_loss_scaling_factor=cfg.mtp_loss_scaling_factor)
     if cfg.fp8:  # GPU check (compat.check_requirements refuses it without CUDA and Transformer Engine)
         moe.update(fp8=cfg.fp8, fp8_recipe="delayed")
+    if cfg.gated_mlp:  # SwiGLU, as the Llama / Mixtral / Qwen / DeepSeek recipes train
+        moe.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -215,12 +253,13 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
         vocab_size=cfg.vocab_size,
         max_sequence_length=cfg.seq_length,
         position_embedding_type="rope",
-        # each pipeline stage builds only its part; untied output weights (as every layout had before
-        # pipelines: the output head is its own param, which `fp32_output_head` keeps in FP32) need no
-        # embedding group across stages
+        # each pipeline stage builds only its part. Untied output weights (the toy configs: the output
+        # head is its own param, which `fp32_output_head` keeps in FP32) need no embedding group across
+        # stages; tied ones (production's default) put a copy on the last stage that finalize_model_grads
+        # keeps equal to the first stage's through the embedding group
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=False,
+        share_embeddings_and_output_weights=cfg.tied_embeddings,
         mtp_block_spec=mtp_spec,
     )
     if cfg.fp32_residual_gates:
@@ -300,9 +339,42 @@ def _build_linear_stack(cfg: ModelConfig) -> tuple[torch.nn.Module, Callable[...
     return net, forward
 
 
-def _build_optimizer(cfg: ModelConfig, ddp: Any, total_steps: int) -> tuple[Any, Any]:
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+def _decoupled_lr(cfg: ModelConfig) -> dict[str, Any]:
+    # the embedding and output layer's own LR bounds: their param groups get max_lr / min_lr overrides
+    # that the scheduler reads per group (get_standard_config_overrides)
+    if not cfg.decoupled_lr:
+        return {}
+    return {"decoupled_lr": cfg.decoupled_lr, "decoupled_min_lr": cfg.decoupled_min_lr or None}
+
+
+def _scheduler(cfg: ModelConfig, opt: Any, total_steps: int, samples_per_step: int) -> Any:
+    """The LR / weight-decay scheduler, counted in steps, or (production) in samples."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    unit = samples_per_step if cfg.scheduler_by_samples else 1
+    extra: dict[str, Any] = {}
+    if cfg.lr_decay_style == "WSD":
+        extra.update(wsd_decay_steps=cfg.wsd_decay_steps * unit, lr_wsd_decay_style=cfg.lr_wsd_decay_style)
+    if cfg.override_opt_param_scheduler:  # Bridge's default: the run's settings win over the checkpoint's
+        extra.update(override_opt_param_scheduler=True, use_checkpoint_opt_param_scheduler=False)
+    return OptimizerParamScheduler(
+        opt,
+        init_lr=cfg.lr_warmup_init,
+        max_lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        lr_warmup_steps=cfg.lr_warmup_steps * unit,
+        lr_decay_steps=total_steps * unit,
+        lr_decay_style=cfg.lr_decay_style,
+        start_wd=cfg.weight_decay,
+        end_wd=cfg.weight_decay,
+        wd_incr_steps=total_steps * unit,
+        wd_incr_style="constant",
+        **extra,
+    )
+
+
+def _build_optimizer(cfg: ModelConfig, ddp: Any, total_steps: int, samples_per_step: int = 1) -> tuple[Any, Any]:
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     layerwise = cfg.optimizer == "layerwise-adam"
     fp16: dict[str, Any] = {}
@@ -318,25 +390,13 @@ def _build_optimizer(cfg: ModelConfig, ddp: Any, total_steps: int) -> tuple[Any,
         bf16=not layerwise and not cfg.fp16,
         use_distributed_optimizer=not layerwise,
         clip_grad=cfg.clip_grad,
+        **_decoupled_lr(cfg),
         **fp16,
     )
     opt = get_megatron_optimizer(ocfg, [ddp])
     if layerwise:
         opt = _layerwise(opt, ocfg)
-    sched = OptimizerParamScheduler(
-        opt,
-        init_lr=0.0,
-        max_lr=cfg.lr,
-        min_lr=cfg.min_lr,
-        lr_warmup_steps=cfg.lr_warmup_steps,
-        lr_decay_steps=total_steps,
-        lr_decay_style=cfg.lr_decay_style,
-        start_wd=cfg.weight_decay,
-        end_wd=cfg.weight_decay,
-        wd_incr_steps=total_steps,
-        wd_incr_style="constant",
-    )
-    return opt, sched
+    return opt, _scheduler(cfg, opt, total_steps, samples_per_step)
 
 
 def _layerwise(opt: Any, ocfg: Any) -> Any:
@@ -360,7 +420,7 @@ def _layerwise(opt: Any, ocfg: Any) -> Any:
 
 def build(
     cfg: ModelConfig, seed: int, total_steps: int, init_seed: int | None = None, tp: int = 1, ep: int = 1,
-    pp: int = 1,
+    pp: int = 1, global_microbatches: int = 1,
 ) -> Trainee:
     """Build a freshly initialised, DDP-wrapped model with its optimizer and scheduler.
 
@@ -385,12 +445,15 @@ def build(
     _keep_fp32(model, cfg)
     ddp_cfg = DistributedDataParallelConfig(
         use_distributed_optimizer=cfg.optimizer == "distributed-adam",
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
-        overlap_param_gather=False,
+        grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
+        # several buckets per buffer, each reduced as its grads are ready and its params gathered in
+        # the next forward (bucket_size 0 keeps DDP's default: one bucket for a model this small)
+        overlap_grad_reduce=cfg.bucket_size > 0,
+        overlap_param_gather=cfg.bucket_size > 0,
+        bucket_size=cfg.bucket_size or None,
     )
     ddp = DistributedDataParallel(tcfg, ddp_cfg, model)
-    opt, sched = _build_optimizer(cfg, ddp, total_steps)
+    opt, sched = _build_optimizer(cfg, ddp, total_steps, global_microbatches * cfg.micro_batch_size)
     if cfg.fp16:  # the pipeline schedule scales the loss through the config, as Megatron-LM wires it
         tcfg.grad_scale_func = opt.scale_loss
     rank = parallel_state.get_data_parallel_rank()
@@ -405,10 +468,16 @@ def build(
     def loss_fn(step: int) -> torch.Tensor:
         return forward(ddp, gen_for(step)).float().mean()
 
-    pipelined = None
-    if pp > 1:
+    pipelined = scheduled = None
+    if cfg.recipe_loop:  # every layout through Megatron's schedule, wired as Megatron-LM's trainer wires it
+        from jobs.rank.schedule import scheduled_step, wire_trainer_config
+
+        wire_trainer_config(tcfg, ddp)
+        scheduled = scheduled_step(ddp, cfg, forward, gen_for, rank)
+    elif pp > 1:
         from jobs.rank.pipeline import forward_backward
 
         pipelined = forward_backward(ddp, cfg, forward, gen_for)
     name_of = {p: n for n, p in ddp.named_parameters()}
-    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, micro_loss_fn, pipelined=pipelined)
+    return Trainee(cfg, ddp, opt, sched, name_of, loss_fn, micro_loss_fn, pipelined=pipelined, scheduled=scheduled,
+                   samples_per_microbatch=cfg.micro_batch_size)

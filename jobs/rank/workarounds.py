@@ -10,6 +10,9 @@
   priming's dummy value back to the checkpoint's step (dp_reshardable leaves it there).
 - `load-absent-step`: let fully_reshardable / dp_zero_gather_scatter loads skip the per-param Adam
   `step` their checkpoints do not carry (KeyError: 'step' on the torch-Adam path).
+- `match-groups-by-lr-bounds`: let the optimizer load tell apart param groups that differ only in
+  their LR bounds (`max_lr` / `min_lr`: decoupled_lr, per-group overrides), as Megatron-LM main's
+  `param_group_identifier_keys` does; 0.16.x matches them by keys that leave the bounds out.
 
 Every workaround is narrow: it changes only what its known bug predicts, reports anything else it
 would have changed as unexplained (a finding, never corrected), and says when it was not needed.
@@ -21,7 +24,7 @@ from typing import Any
 
 import torch
 
-from jobs.contract import LOAD_ABSENT_STEP, REALIGN, RESTORE_STEP
+from jobs.contract import LOAD_ABSENT_STEP, MATCH_GROUPS, REALIGN, RESTORE_STEP
 from jobs.rank.probes.index_map import bug_a_map, correct_map, distributed_optimizers
 
 
@@ -204,3 +207,62 @@ def fp32_leaf_views(optimizer: Any, name_of: dict[Any, str]) -> dict[str, Any]:
         except RuntimeError as exc:
             message = str(exc).splitlines()[0][:300]
     return {"would_raise": message is not None, "params": [n for n, _ in views][:12], "message": message}
+
+
+# The LR bounds the scheduler reads per group; Megatron-LM main matches saved groups by them too
+# (its keys are ParamGroupOverride's fields), 0.16.x does not.
+LR_BOUND_KEYS = ("max_lr", "min_lr")
+_IDENTITY_MODULES = ("megatron.core.optimizer.optimizer", "megatron.core.optimizer.distrib_optimizer")
+
+
+def group_identity_collisions(optimizer: Any) -> dict[str, Any]:
+    """Groups this build's load cannot tell apart although their LR bounds differ (0.16.x's key set).
+
+    Read from the live optimizer before a load: for each inner optimizer, the groups whose values of
+    the build's `param_group_identifier_keys` are equal while `max_lr` / `min_lr` differ. Such groups
+    collide in the load's matching dict, so one group's saved settings are loaded into both.
+    """
+    import importlib
+
+    keys = tuple(getattr(importlib.import_module(_IDENTITY_MODULES[0]), "param_group_identifier_keys", ()))
+    collisions = []
+    for o, opt in enumerate(_inner_optimizers(optimizer)):
+        seen: dict[tuple[Any, ...], tuple[int, tuple[Any, ...]]] = {}
+        for g, group in enumerate(opt.param_groups):
+            ident = tuple(group.get(k, group.get(f"pre_{k}")) for k in keys)
+            bounds = tuple(group.get(k) for k in LR_BOUND_KEYS)
+            if ident in seen and seen[ident][1] != bounds:
+                collisions.append({"optimizer": o, "groups": [seen[ident][0], g],
+                                   "lr_bounds": [list(seen[ident][1]), list(bounds)]})
+            seen.setdefault(ident, (g, bounds))
+    return {"identifier_keys": list(keys), "bounds_in_keys": all(k in keys for k in LR_BOUND_KEYS),
+            "collisions": collisions}
+
+
+def match_groups_by_lr_bounds(optimizer: Any) -> dict[str, Any]:
+    """Add the LR bounds to the keys the optimizer load matches param groups by, where the build lacks them.
+
+    Megatron-LM main's fix, applied to this process only: the build's own key tuple, extended by the
+    bounds every group carries, in the modules that read it at load time. Nothing else changes; a
+    build that already matches by the bounds is left alone (not needed), and the report says which
+    groups collided, the only ones whose load it changes.
+    """
+    import importlib
+
+    found = group_identity_collisions(optimizer)
+    report: dict[str, Any] = {"name": MATCH_GROUPS, **found, "needed": bool(found["collisions"])}
+    if found["bounds_in_keys"]:
+        return report
+    every_group = [g for opt in _inner_optimizers(optimizer) for g in opt.param_groups]
+    added = tuple(k for k in LR_BOUND_KEYS if all(k in g for g in every_group))
+    for name in _IDENTITY_MODULES:
+        module = importlib.import_module(name)
+        if hasattr(module, "param_group_identifier_keys"):
+            module.param_group_identifier_keys = (*module.param_group_identifier_keys, *added)
+    report["added_keys"] = list(added)
+    return report
+
+
+def _inner_optimizers(optimizer: Any) -> list[Any]:
+    """The torch optimizers whose param groups a load matches (one per optimizer of the chain)."""
+    return [getattr(o, "optimizer", o) for o in getattr(optimizer, "chained_optimizers", [optimizer])]

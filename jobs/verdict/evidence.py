@@ -13,6 +13,7 @@ from jobs.contract import (
     INDEX_MAP_EFFECTIVE,
     LOAD_ABSENT_STEP,
     LOAD_NO_GRAD,
+    MATCH_GROUPS,
     PARAM_GROUPS,
     REALIGN,
     RESTORE_STEP,
@@ -37,6 +38,7 @@ from jobs.signature_names import (
     OPTIMIZER_INDEX_UNEXPLAINED,
     OPTIMIZER_STATE_MISMATCH,
     OPTIMIZER_STEP_KEY_MISSING,
+    PARAM_GROUP_IDENTITY_COLLISION,
     PROBE_NOT_APPLICABLE,
 )
 from jobs.spec import RunSpec
@@ -283,6 +285,7 @@ def collect_evidence(
             "priming_steps": step_report.get("primed"),
             "unexplained_values": step_report["unexplained"],
         }
+    _group_identity(resumed, hidden, ev)
     absent = _workaround_reports(resumed).get(LOAD_ABSENT_STEP) or {}
     if absent.get("needed"):
         hidden[OPTIMIZER_STEP_KEY_MISSING] = {"by": LOAD_ABSENT_STEP, "evidence": {"params": absent["params"]}}
@@ -297,6 +300,19 @@ def collect_evidence(
     if hidden:
         ev["_worked_around"] = hidden
     return ev
+
+
+def _group_identity(resumed: PhaseDocument | None, hidden: dict[str, Any], ev: dict[str, Any]) -> None:
+    """Param groups the build's load cannot tell apart: the known bug's cause, or what its workaround hid."""
+    found = (resumed["info"] if resumed else {}).get("param_group_identity") or {}
+    if not found.get("collisions") or found.get("bounds_in_keys"):
+        return
+    evidence = {"collisions": found["collisions"][:MAX_ITEMS], "identifier_keys": found.get("identifier_keys")}
+    report = _workaround_reports(resumed).get(MATCH_GROUPS) or {}
+    if report.get("added_keys"):
+        hidden[PARAM_GROUP_IDENTITY_COLLISION] = {"by": MATCH_GROUPS, "evidence": evidence}
+    else:
+        ev[PARAM_GROUP_IDENTITY_COLLISION] = evidence
 
 
 def not_applicable(baseline: PhaseDocument | None, resumed: PhaseDocument | None) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from jobs.signature_names import (
     OPTIMIZER_MOMENTS_MISMATCH,
     OPTIMIZER_STATE_MISMATCH,
     OPTIMIZER_STEP_KEY_MISSING,
+    PARAM_GROUP_IDENTITY_COLLISION,
     PARAM_GROUP_SCALARS_MISMATCH,
     PROBE_NOT_APPLICABLE,
     RNG_STATE_MISMATCH,
@@ -47,6 +48,7 @@ ISSUE_2777 = "https://github.com/NVIDIA/Megatron-LM/issues/2777"
 PR_5835 = "https://github.com/NVIDIA/Megatron-LM/pull/5835"
 PR_2872 = "https://github.com/NVIDIA/Megatron-LM/pull/2872"
 DISTRIB_OPTIMIZER = "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/optimizer/distrib_optimizer.py"
+OPTIMIZER_PY = "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/optimizer/optimizer.py"
 PARAM_AND_GRAD_BUFFER = (
     "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/distributed/param_and_grad_buffer.py"
 )
@@ -189,6 +191,18 @@ _TABLE = (
         "A param group's lr, weight decay, betas, eps or step differs from the saved run's, right "
         "after optimizer.load_state_dict (before the scheduler rewrites lr / wd) or after the load.",
         (),
+    ),
+    Signature(
+        PARAM_GROUP_IDENTITY_COLLISION,
+        "cause",
+        "Param groups that differ in LR bounds load each other's settings",
+        "The optimizer load matches saved param groups to the live ones by param_group_identifier_keys; "
+        "up to megatron-core 0.16.x those keys (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr) "
+        "leave out max_lr / min_lr, so groups that differ only there (decoupled_lr for the embedding and "
+        "output layer, a per-group LR override) collide and one group's saved settings are loaded into "
+        "both: the resumed run applies another group's LR schedule (fixed on Megatron-LM main, where "
+        "the keys are ParamGroupOverride's fields).",
+        (OPTIMIZER_PY,),
     ),
     Signature(
         SCHEDULER_STATE_MISMATCH,

@@ -1,0 +1,68 @@
+"""A recipe-shaped config's step: Megatron-Core's own forward-backward schedule, wired as a trainer wires it.
+
+Megatron-LM's trainer (megatron/training/training.py) hands the schedule the DDP model's `no_sync`
+(every microbatch but the last accumulates without a reduction), `finalize_model_grads` (the DP
+reduction, TP / PP / embedding-group sums, the expert-bias update) and the fp16 loss scaler, and lets
+the schedule scale each microbatch's loss (and the MoE aux and MTP losses) by 1 / microbatches. The
+same function runs every layout: forward_backward_no_pipelining at PP 1, 1F1B at PP 2.
+
+Each microbatch of a step is drawn from its own generator, keyed by its global index (this DP rank's
+share of the global batch), so any DP size with the same global batch trains on the same samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+
+def wire_trainer_config(tcfg: Any, ddp: Any) -> None:
+    """Set the schedule's hooks on the model config as Megatron-LM's setup_model_and_optimizer does."""
+    from megatron.core.distributed import finalize_model_grads
+
+    if ddp.ddp_config.overlap_grad_reduce:  # grads reduce as buckets fill, so earlier microbatches must not
+        tcfg.no_sync_func = ddp.no_sync
+    tcfg.finalize_model_grads_func = finalize_model_grads
+
+
+def scheduled_step(
+    ddp: Any,
+    cfg: Any,
+    forward_model: Callable[[Any, torch.Generator], torch.Tensor],
+    gen_for: Callable[[int, int | None], torch.Generator],
+    dp_rank: int,
+) -> Callable[[int, int], torch.Tensor]:
+    """(step, microbatches) -> the step's loss (mean over its microbatches; 0 on a stage without the loss)."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator: Iterator[torch.Generator], model: Any) -> tuple[torch.Tensor, Any]:
+        output = forward_model(model, next(data_iterator))
+
+        def loss_func(out: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            loss = out.float().mean()
+            return loss, {"loss": loss.detach().clone()}
+
+        return output, loss_func
+
+    def run(step: int, microbatches: int) -> torch.Tensor:
+        first = dp_rank * microbatches
+        data = iter([gen_for(step, first + j) for j in range(microbatches)])
+        stored = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=data,
+            model=[ddp],
+            num_microbatches=microbatches,
+            seq_length=cfg.seq_length,
+            micro_batch_size=cfg.micro_batch_size,
+            forward_only=False,
+        )
+        from jobs.rank.device import current
+
+        if not parallel_state.is_pipeline_last_stage():  # all-reduced with the loss: on the rank's device
+            return torch.zeros((), dtype=torch.float32, device=current())
+        return torch.stack([s["loss"] for s in stored]).float().mean()
+
+    return run
