@@ -124,6 +124,8 @@ class StepRecord(TypedDict):
     update_successful: bool
     wall_s: float
     mtp_loss: NotRequired[list[float]]  # configs with an MTP head: each depth's loss (DP mean)
+    # rank 0's optimizers, read right before optimizer.step(): {"o<i>.g<j>": [lr, weight_decay, adam step]}
+    applied: NotRequired[dict[str, list[float | None]]]
 
 
 class IndexMapReport(TypedDict):

@@ -41,7 +41,16 @@ from jobs.contract import (
 from jobs.rank import checkpoint, compat, dist, model
 from jobs.rank import device as rank_device
 from jobs.rank.context import RankContext, hold_if_asked
-from jobs.rank.probes import buckets, checkpoint_contents, final_numeric, fingerprints, global_state, groups, index_map
+from jobs.rank.probes import (
+    applied,
+    buckets,
+    checkpoint_contents,
+    final_numeric,
+    fingerprints,
+    global_state,
+    groups,
+    index_map,
+)
 from jobs.rank.probes import state as state_probe
 from jobs.rank.workarounds import (
     adam_steps,
@@ -350,6 +359,7 @@ def _one_step(tr: model.Trainee, step: int, holders: int, micro: int = 1) -> Ste
         else:  # a resharded run (tp = pp = 1): this rank's share of the global batch
             loss = _accumulate(tr, step, micro)
         tr.sync_grads()
+    scalars = applied.applied_scalars(tr.optimizer)  # what this update applies, group by group
     ok, grad_norm, num_zeros = tr.optimizer.step()
     tr.scheduler.step(increment=tr.scheduler_increment(bool(ok), micro))
     tr.iteration = step
@@ -365,6 +375,7 @@ def _one_step(tr: model.Trainee, step: int, holders: int, micro: int = 1) -> Ste
         "num_zeros": None if num_zeros is None else int(num_zeros),
         "update_successful": bool(ok),
         "wall_s": round(time.perf_counter() - t0, 5),
+        "applied": scalars,
     }
     if mtp is not None:
         record["mtp_loss"] = mtp

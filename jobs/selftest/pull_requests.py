@@ -37,6 +37,7 @@ from jobs.signature_names import (
     OPTIMIZER_INDEX_MISALIGNMENT,
     OPTIMIZER_INDEX_UNEXPLAINED,
     OPTIMIZER_MOMENTS_MISMATCH,
+    PARAM_GROUP_IDENTITY_COLLISION,
     PARAM_GROUP_SCALARS_MISMATCH,
     RNG_STATE_MISMATCH,
     SCHEDULER_STATE_MISMATCH,
@@ -106,6 +107,10 @@ FEATURES: tuple[str, ...] = (
     "layer-wise-optimizer",
     "distrib-optimizer-dp-zero-gather-scatter",
     "distrib-optimizer-fully-sharded-model-space",
+    # production-recipe training (issue 52): what every recipe turns on, each in the gate's recipe check
+    "param-groups",
+    "lr-scheduler",
+    "overlap-param-gather",
 )
 
 PULL_REQUESTS: tuple[PullRequest, ...] = (
@@ -413,6 +418,47 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
         feature="distrib-optimizer-fully-sharded-model-space",
     ),
 )
+
+# ---- production-recipe training (issue 52): each fails pp2-dp2-gpt-recipe alone ----
+RECIPE_PULL_REQUESTS: tuple[PullRequest, ...] = (
+    PullRequest(
+        "param-groups-matched-without-lr-bounds",
+        "optimizer: match saved param groups by their structural keys only (the LR bounds follow the config)",
+        "megatron/core/optimizer/optimizer.py",
+        "    *_param_group_override_keys(),\n",
+        "    *(k for k in _param_group_override_keys() if k not in ('max_lr', 'min_lr')),\n",
+        (PARAM_GROUP_IDENTITY_COLLISION, PARAM_GROUP_SCALARS_MISMATCH, LR_SCHEDULE_MISMATCH),
+        feature="param-groups",
+        check="pp2-dp2-gpt-recipe",
+    ),
+    PullRequest(
+        "scheduler-override-restarts-steps",
+        "LR scheduler: with override_opt_param_scheduler, start the run's own schedule from step 0 on load",
+        "megatron/core/optimizer_param_scheduler.py",
+        "        self.step(increment=num_steps)\n",
+        "        self.step(increment=0 if self.override_opt_param_scheduler else num_steps)\n",
+        (SCHEDULER_STATE_MISMATCH, LR_SCHEDULE_MISMATCH),
+        feature="lr-scheduler",
+        check="pp2-dp2-gpt-recipe",
+    ),
+    PullRequest(
+        "forced-param-sync-skips-first-bucket",
+        "DDP: a forced param sync leaves the first bucket group to the next forward's pre-hook",
+        "megatron/core/distributed/distributed_data_parallel.py",
+        "        for bucket_group in self.bucket_groups + self.expert_parallel_bucket_groups:\n"
+        "            self._start_bucket_group_param_sync(bucket_group, force_sync=force_sync)\n",
+        "        bucket_groups = self.bucket_groups + self.expert_parallel_bucket_groups\n"
+        "        if force_sync:\n"
+        "            # the first bucket group is the next forward's first hook: gathered there\n"
+        "            bucket_groups = bucket_groups[1:]\n"
+        "        for bucket_group in bucket_groups:\n"
+        "            self._start_bucket_group_param_sync(bucket_group, force_sync=force_sync)\n",
+        (MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH, LOSS_DIVERGENCE_UNEXPLAINED),
+        feature="overlap-param-gather",
+        check="pp2-dp2-gpt-recipe",
+    ),
+)
+PULL_REQUESTS = (*PULL_REQUESTS, *RECIPE_PULL_REQUESTS)
 
 BY_NAME = {pr.name: pr for pr in PULL_REQUESTS}
 

@@ -39,6 +39,7 @@ from jobs.signature_names import (
     OPTIMIZER_STATE_MISMATCH,
     OPTIMIZER_STEP_KEY_MISSING,
     PARAM_GROUP_IDENTITY_COLLISION,
+    PARAM_GROUP_SCALARS_MISMATCH,
     PROBE_NOT_APPLICABLE,
 )
 from jobs.spec import RunSpec
@@ -246,6 +247,7 @@ def collect_evidence(
             "steps": lane["lr_mismatched_steps"][:MAX_ITEMS],
             "first_step": lane["lr_mismatched_steps"][0],
         }
+    _applied_evidence(spec, baseline, resumed, ev)
     groups = _probes(resumed).get(PARAM_GROUPS["after_load"])
     if groups and not groups["agree"]:
         legacy = {
@@ -300,6 +302,40 @@ def collect_evidence(
     if hidden:
         ev["_worked_around"] = hidden
     return ev
+
+
+# What each entry of a step record's `applied` holds, and the signature a difference in it names.
+APPLIED_SCALARS = (("lr", LR_SCHEDULE_MISMATCH), ("weight_decay", PARAM_GROUP_SCALARS_MISMATCH),
+                   ("adam_step", PARAM_GROUP_SCALARS_MISMATCH))
+
+
+def applied_differences(spec: RunSpec, baseline: PhaseDocument | None,
+                        resumed: PhaseDocument | None) -> list[dict[str, Any]]:
+    """Each resumed step's param-group scalar that the resumed run applied differently from the baseline."""
+    base = {r["step"]: r.get("applied") for r in (baseline["steps"] if baseline else [])}
+    out: list[dict[str, Any]] = []
+    for record in resumed["steps"] if resumed else []:
+        was, now = base.get(record["step"]), record.get("applied")
+        if record["step"] <= spec.save_step or not was or not now:
+            continue  # documents from before the field compare through the lr lane alone
+        for group in sorted(set(was) | set(now)):
+            a, b = was.get(group), now.get(group)
+            for k, (name, _sig) in enumerate(APPLIED_SCALARS):
+                va, vb = (a[k] if a else None), (b[k] if b else None)
+                if va != vb:
+                    out.append({"step": record["step"], "group": group, "scalar": name, "baseline": va, "resumed": vb})
+    return out
+
+
+def _applied_evidence(spec: RunSpec, baseline: PhaseDocument | None, resumed: PhaseDocument | None,
+                      ev: dict[str, Any]) -> None:
+    """Name a wrong applied LR as an LR cause, a wrong weight decay or step as a param-group one."""
+    diffs = applied_differences(spec, baseline, resumed)
+    for scalar, signature in APPLIED_SCALARS:
+        items = [d for d in diffs if d["scalar"] == scalar]
+        if items:
+            found = {"count": len(items), "first_step": items[0]["step"], "items": items[:MAX_ITEMS]}
+            ev[signature] = {**ev.get(signature, {}), f"applied_{scalar}": found}
 
 
 def _group_identity(resumed: PhaseDocument | None, hidden: dict[str, Any], ev: dict[str, Any]) -> None:

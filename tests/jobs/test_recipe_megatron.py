@@ -1,0 +1,75 @@
+"""A model trained the way production recipes train (`gpt-recipe`) on real Megatron-Core 0.16.1, both sides.
+
+The config turns on what Megatron-LM's and Megatron-Bridge's recipes turn on (SwiGLU, tied embeddings,
+2 microbatches through Megatron's schedule, overlapped grad reduce and deferred param gather over several
+buckets, bf16 grad reduce, a decoupled LR for the embedding, warmup from a non-zero LR into WSD decay, the
+scheduler counted in samples with override_opt_param_scheduler). On 0.16.1 it meets a real upstream bug:
+the optimizer load matches param groups by keys without their LR bounds, so the embedding's group
+(decoupled_lr) and the default group collide and the default group resumes at the embedding's LR.
+
+- known-bad: without `match-groups-by-lr-bounds` the check fails naming the collision, with the LR each
+  group applied at each resumed step (read where the optimizer applies it, not from the scheduler);
+- known-good: with it, the resume is bit-exact (loss, grad norm, every group's applied lr / wd / step);
+- the recipe really trains as configured: several buckets, 2 microbatches per rank, LR from warmup init.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs.launch.local import run_parity
+from jobs.spec import RunSpec
+
+pytestmark = [pytest.mark.megatron, pytest.mark.timeout(600)]
+
+RECIPE = {"config": "gpt-recipe", "dp": 2, "steps": 8, "save_step": 4}
+
+
+def _run(folder: Path, *workarounds: str) -> dict[str, Any]:
+    spec = RunSpec.from_dict({**RECIPE, "workarounds": ["restore-adam-step", *workarounds]})
+    return dict(run_parity(spec, folder))
+
+
+def _doc(folder: Path, phase: str) -> dict[str, Any]:
+    return json.loads((folder / phase / "attempt-1" / "result.rank0.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_the_collision_fails_naming_the_groups_and_the_applied_lr(tmp_path: Path) -> None:
+    r = _run(tmp_path)
+    assert r["verdict"] == "fail"
+    assert {"param-group-identity-collision", "lr-schedule-mismatch"} <= set(r["signatures"])
+    collision = r["evidence"]["param-group-identity-collision"]
+    # the default group (0) and the embedding's decoupled group (1) share 0.16.1's identity keys
+    assert collision["collisions"][0]["groups"] == [0, 1]
+    assert collision["collisions"][0]["lr_bounds"] == [[1e-3, 1e-4], [2e-3, 2e-4]]
+    applied = r["evidence"]["lr-schedule-mismatch"]["applied_lr"]
+    first = applied["items"][0]
+    assert (first["step"], first["group"], first["baseline"], first["resumed"]) == (5, "o0.g0", 1e-3, 2e-3)
+
+
+def test_known_good_recipe_is_bit_exact_and_trains_as_configured(tmp_path: Path) -> None:
+    r = _run(tmp_path, "match-groups-by-lr-bounds")
+    assert r["verdict"] == "pass" and r["signatures"] == [], r["signatures"]
+    assert r["worked_around_by"] == {"restore-adam-step": ["adam-step-not-restored"],
+                                     "match-groups-by-lr-bounds": ["param-group-identity-collision"]}
+    resumed = [s for s in r["steps"] if s["resumed_phase"]]
+    assert len(resumed) == 4
+    assert all(s["loss_baseline"] == s["loss_resumed"] and s["grad_norm_baseline"] == s["grad_norm_resumed"]
+               for s in resumed)
+    base, again = _doc(tmp_path, "train_and_save"), _doc(tmp_path, "resume")
+    # every group's applied lr / weight decay / Adam step is the same at every resumed step
+    applied = {s["step"]: s["applied"] for s in base["steps"]}
+    assert all(s["applied"] == applied[s["step"]] for s in again["steps"])
+    # groups with their own LR bounds: the embedding's decoupled group runs at twice the default's
+    step5 = applied[5]
+    assert step5["o0.g0"][0] == 1e-3 and step5["o0.g1"][0] == 2e-3 and step5["o0.g2"][1] == 0.0  # no wd on norms
+    # warmup starts at lr_warmup_init (1e-4), not 0, and the scheduler counts samples (2 ranks x 2 x 2)
+    assert applied[1]["o0.g0"][0] == 1e-4
+    info = base["info"]
+    assert info["microbatches_per_rank"] == 2
+    assert base["probes"]["buckets"]["per_rank"][0]["buffers"][0]["buckets"] > 1  # several buckets, overlapped
+    assert again["info"]["scheduler_num_steps_after_load"] == 4 * 8  # 4 steps x 8 samples
