@@ -260,15 +260,15 @@ def match_groups_by_lr_bounds(optimizer: Any) -> dict[str, Any]:
         return report
     version = megatron_version()
     if _release(version) > MATCH_GROUPS_KNOWN_THROUGH:
-        report.update(needed=False, skipped=f"megatron-core {version} is past the releases the bug is known in "
+        report.update(skipped=f"megatron-core {version} is past the releases the bug is known in "
                       f"(through {'.'.join(map(str, MATCH_GROUPS_KNOWN_THROUGH))}.x): a collision there is new")
         return report
     every_group = [g for opt in _inner_optimizers(optimizer) for g in opt.param_groups]
     added = tuple(k for k in LR_BOUND_KEYS if all(k in g for g in every_group))
     for name in _IDENTITY_MODULES:
         module = importlib.import_module(name)
-        if hasattr(module, "param_group_identifier_keys"):
-            module.param_group_identifier_keys = (*module.param_group_identifier_keys, *added)
+        if hasattr(module, "param_group_identifier_keys"):  # each module that imported the tuple by name
+            setattr(module, "param_group_identifier_keys", (*module.param_group_identifier_keys, *added))  # noqa: B010
     report["added_keys"] = list(added)
     return report
 
