@@ -89,6 +89,13 @@ class ModelConfig:
     # production steps the scheduler by consumed samples, on successful updates only (warmup and decay
     # counted in samples); False: by 1 per step whatever the update did
     scheduler_by_samples: bool = False
+    per_token_loss: bool = False  # calculate_per_token_loss: grads divided by the step's token count
+    # > 0: the embedding and output layer hold vocab_size padded up to a multiple of this x tp
+    # (Megatron-LM's make_vocab_size_divisible_by); the data draws tokens below vocab_size only
+    vocab_padding_multiple: int = 0
+    # the metadata Megatron-LM's trainer gives sharded_state_dict (chained_optim_avoid_prefix, no singleton
+    # local shards, the DP group): the checkpoint's key layout production writes
+    checkpoint_metadata: bool = False
     # What the feature needs beyond CPU Megatron-Core ("cuda", "transformer-engine"): a GPU check
     requires: tuple[str, ...] = ()
     expected: dict[str, str] = field(default_factory=dict)
@@ -145,6 +152,8 @@ class ModelConfig:
             raise ValueError(f"{self.name}: bucket_size needs the distributed optimizer and must be >= 0")
         if (self.gated_mlp or self.tied_embeddings) and self.kind != "gpt":
             raise ValueError(f"{self.name}: gated_mlp / tied_embeddings need a GPT config")
+        if self.vocab_padding_multiple < 0 or (self.vocab_padding_multiple and self.kind != "gpt"):
+            raise ValueError(f"{self.name}: vocab_padding_multiple needs a GPT config and must be >= 0")
         if self.decoupled_min_lr and not self.decoupled_lr:
             raise ValueError(f"{self.name}: decoupled_min_lr needs decoupled_lr")
         if not 0.0 <= self.lr_warmup_init <= self.lr:
@@ -153,7 +162,14 @@ class ModelConfig:
     @property
     def recipe_loop(self) -> bool:
         """Whether a step runs through Megatron's own schedule, as a production trainer's does."""
-        return self.microbatches > 1 or self.bucket_size > 0 or self.scheduler_by_samples
+        return self.microbatches > 1 or self.bucket_size > 0 or self.scheduler_by_samples or self.per_token_loss
+
+    def padded_vocab_size(self, tp: int = 1) -> int:
+        """The vocabulary the embedding holds: vocab_size, or padded as Megatron-LM pads it for `tp` ranks."""
+        if not self.vocab_padding_multiple:
+            return self.vocab_size
+        multiple = self.vocab_padding_multiple * tp
+        return -(-self.vocab_size // multiple) * multiple
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -220,6 +236,12 @@ class ModelConfig:
             out["override_opt_param_scheduler"] = True
         if self.scheduler_by_samples:  # the training loop: increment = global batch samples, on success
             out["scheduler_by_samples"] = True
+        if self.per_token_loss:  # TransformerConfig
+            out["calculate_per_token_loss"] = True
+        if self.vocab_padding_multiple:  # Megatron-LM's padding of the vocabulary
+            out["make_vocab_size_divisible_by"] = self.vocab_padding_multiple
+        if self.checkpoint_metadata:  # sharded_state_dict(metadata=...)
+            out.update(chained_optim_avoid_prefix=True, singleton_local_shards=False)
         return out
 
 
@@ -391,7 +413,37 @@ CONFIGS: dict[str, ModelConfig] = {
             lr_wsd_decay_style="cosine",
             override_opt_param_scheduler=True,
             scheduler_by_samples=True,
-            expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
+            per_token_loss=True,
+            vocab_size=1000,
+            vocab_padding_multiple=128,
+            checkpoint_metadata=True,
+            expected={"no-workaround": "fail: adam-step-not-restored + param-group-identity-collision (0.16.x)"},
+        ),
+        ModelConfig(
+            name="moe-recipe",
+            description="GPT, 2 MoE layers, 4 SwiGLU experts top-2, routers kept FP32, trained as a production MoE "
+            "recipe: tied embeddings, 2 microbatches, overlapped reduce and deferred gather over buckets of 20,000 "
+            "elements, per-token loss, a padded vocabulary, warmup from a non-zero LR into cosine decay, the "
+            "scheduler in samples, production's checkpoint metadata",
+            why="Mixtral / DeepSeek-style MoE as recipes train it: the expert params' own buffers and buckets and "
+            "their own DistributedOptimizer in the chain, saved with the keys production writes "
+            "(chained_optim_avoid_prefix), expert fc1s holding two matrices, and grads scaled by the step's token "
+            "count; the FP32 routers keep Bug A in play.",
+            fp32_modules=("mlp.router",),
+            gated_mlp=True,
+            tied_embeddings=True,
+            bucket_size=20_000,
+            microbatches=2,
+            micro_batch_size=2,
+            lr_warmup_steps=2,
+            lr_warmup_init=1e-4,
+            scheduler_by_samples=True,
+            per_token_loss=True,
+            vocab_size=1000,
+            vocab_padding_multiple=128,
+            checkpoint_metadata=True,
+            expected={"no-workaround": "fail: optimizer-index-misalignment (save crash)"},
+            **_MOE,  # type: ignore[arg-type]
         ),
         ModelConfig(
             name="dense-fp8-te",

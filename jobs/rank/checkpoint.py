@@ -22,13 +22,32 @@ from jobs.rank.probes.index_map import distributed_optimizers
 from jobs.rank.workarounds import adam_steps
 
 
+def production_metadata(tr: Trainee, sharding: str) -> dict[str, Any] | None:
+    """What Megatron-LM's trainer gives sharded_state_dict (_build_sharded_state_dict_metadata), or None.
+
+    Asked for by a config (`checkpoint_metadata`): the optimizer sharding type, no singleton local
+    shards, a chain's optimizers saved without the `chained_<i>` prefix, and the DP group.
+    """
+    if not tr.config.checkpoint_metadata or not compat.takes_metadata():
+        return None
+    return {**compat.sharding_kwargs(sharding)["metadata"], "singleton_local_shards": False,
+            "chained_optim_avoid_prefix": True, "dp_cp_group": _dp_group()}
+
+
+def _model_and_optimizer(tr: Trainee, sharding: str, is_loading: bool) -> dict[str, Any]:
+    metadata = production_metadata(tr, sharding)
+    msd = tr.sharded_model_state(metadata)
+    kwargs: dict[str, Any] = {"metadata": metadata} if metadata is not None else compat.sharding_kwargs(sharding)
+    if is_loading:
+        kwargs["is_loading"] = True
+    return {"model": msd, "optimizer": tr.optimizer.sharded_state_dict(msd, **kwargs)}
+
+
 def build_save_state(tr: Trainee, sharding: str, iteration: int) -> dict[str, Any]:
     """Build the sharded state dict to save: model, optimizer, scheduler, iteration, RNG."""
-    msd = tr.sharded_model_state()
     steps = adam_steps(tr.optimizer)
     return {
-        "model": msd,
-        "optimizer": tr.optimizer.sharded_state_dict(msd, **compat.sharding_kwargs(sharding)),
+        **_model_and_optimizer(tr, sharding, is_loading=False),
         # Common (non-sharded) entries: written once by rank 0 into common.pt.
         "scheduler": tr.scheduler.state_dict(),
         "iteration": iteration,
@@ -178,11 +197,7 @@ def build_load_state(tr: Trainee, sharding: str, with_rng: bool = True) -> dict[
         # asserts a single `step`, so Megatron-LM primes it with dummy values the same way.
         if len(opt.optimizer.state) == 0:
             compat.prime_optimizer_state(opt)
-    msd = tr.sharded_model_state()
-    state = {
-        "model": msd,
-        "optimizer": tr.optimizer.sharded_state_dict(msd, is_loading=True, **compat.sharding_kwargs(sharding)),
-    }
+    state = _model_and_optimizer(tr, sharding, is_loading=True)
     if with_rng:
         state[rng.KEY] = rng.sharded()
     return state

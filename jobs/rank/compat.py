@@ -344,7 +344,8 @@ def _is_te_fallback(fn: Callable[..., Any]) -> bool:
 
 
 @functools.cache
-def _takes_metadata() -> bool:
+def takes_metadata() -> bool:
+    """Whether this build's optimizer.sharded_state_dict takes `metadata` (0.13+)."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     return "metadata" in inspect.signature(DistributedOptimizer.sharded_state_dict).parameters
@@ -356,7 +357,7 @@ def sharding_kwargs(sharding: str) -> dict[str, Any]:
     0.13+ read it from `metadata={"distrib_optim_sharding_type": ...}`; 0.12.x take a
     `sharding_type=` argument (and reject `metadata`).
     """
-    if _takes_metadata():
+    if takes_metadata():
         return {"metadata": {"distrib_optim_sharding_type": sharding}}
     return {"sharding_type": sharding}
 
@@ -412,7 +413,7 @@ def capabilities() -> dict[str, Any]:
         "megatron_core": megatron_version(),
         "sharding_types": list(sharding_types()),
         "dp_reshardable_types": list(dp_reshardable_types()),
-        "sharding_argument": "metadata" if _takes_metadata() else "sharding_type",
+        "sharding_argument": "metadata" if takes_metadata() else "sharding_type",
         "sync_save_forks": sync_save_forks(),
         "optimizer_priming": (
             "_init_optimizer_states_with_dummy_values"

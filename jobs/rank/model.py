@@ -108,10 +108,12 @@ class Trainee:
         """Return the optimizers inside a ChainedOptimizer (or the optimizer itself)."""
         return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
 
-    def sharded_model_state(self) -> dict[str, Any]:
+    def sharded_model_state(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """Return the model's sharded state dict with Float16Module keys (no DDP prefix)."""
         # DDP's own sharded_state_dict adds a "module." prefix that load then cannot match.
-        return self.ddp.module.sharded_state_dict()
+        if metadata is None:
+            return self.ddp.module.sharded_state_dict()
+        return self.ddp.module.sharded_state_dict(metadata=metadata)
 
 
 def batch_seed(seed: int, step: int, index: int) -> int:
@@ -152,6 +154,8 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
         moe.update(fp8=cfg.fp8, fp8_recipe="delayed")
     if cfg.gated_mlp:  # SwiGLU, as the Llama / Mixtral / Qwen / DeepSeek recipes train
         moe.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
+    if cfg.per_token_loss:  # the schedule sums losses and finalize_model_grads divides by the step's tokens
+        moe.update(calculate_per_token_loss=True)
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -250,7 +254,7 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
     gpt = GPTModel(
         config=tcfg,
         transformer_layer_spec=spec,
-        vocab_size=cfg.vocab_size,
+        vocab_size=cfg.padded_vocab_size(tcfg.tensor_model_parallel_size),
         max_sequence_length=cfg.seq_length,
         position_embedding_type="rope",
         # each pipeline stage builds only its part. Untied output weights (the toy configs: the output

@@ -41,7 +41,10 @@ def scheduled_step(
     def forward_step(data_iterator: Iterator[torch.Generator], model: Any) -> tuple[torch.Tensor, Any]:
         output = forward_model(model, next(data_iterator))
 
-        def loss_func(out: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        def loss_func(out: torch.Tensor) -> tuple[Any, ...]:
+            if cfg.per_token_loss:  # (sum, tokens): the schedule and finalize_model_grads divide by all tokens
+                total, tokens = out.float().sum(), torch.tensor(out.numel(), dtype=torch.int, device=out.device)
+                return total, tokens, {"loss": (total / out.numel()).detach().clone()}
             loss = out.float().mean()
             return loss, {"loss": loss.detach().clone()}
 
