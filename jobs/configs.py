@@ -406,10 +406,12 @@ CONFIGS: dict[str, ModelConfig] = {
             grad_reduce_in_fp32=False,
             decoupled_lr=2e-3,
             decoupled_min_lr=2e-4,
-            lr_warmup_steps=2,
+            # the gate saves at step 4 of 8: the resume runs the warmup's last step, a stable one and the
+            # WSD annealing
+            lr_warmup_steps=5,
             lr_warmup_init=1e-4,
             lr_decay_style="WSD",
-            wsd_decay_steps=3,
+            wsd_decay_steps=2,
             lr_wsd_decay_style="cosine",
             override_opt_param_scheduler=True,
             scheduler_by_samples=True,
@@ -435,7 +437,7 @@ CONFIGS: dict[str, ModelConfig] = {
             bucket_size=20_000,
             microbatches=2,
             micro_batch_size=2,
-            lr_warmup_steps=2,
+            lr_warmup_steps=5,  # the gate saves inside the warmup (step 4): its init LR must come back too
             lr_warmup_init=1e-4,
             scheduler_by_samples=True,
             per_token_loss=True,

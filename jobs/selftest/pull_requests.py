@@ -111,6 +111,8 @@ FEATURES: tuple[str, ...] = (
     "param-groups",
     "lr-scheduler",
     "overlap-param-gather",
+    "swiglu",
+    "tied-embeddings",
 )
 
 PULL_REQUESTS: tuple[PullRequest, ...] = (
@@ -455,6 +457,44 @@ RECIPE_PULL_REQUESTS: tuple[PullRequest, ...] = (
         "            self._start_bucket_group_param_sync(bucket_group, force_sync=force_sync)\n",
         (MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH, LOSS_DIVERGENCE_UNEXPLAINED),
         feature="overlap-param-gather",
+        check="pp2-dp2-gpt-recipe",
+    ),
+    PullRequest(
+        "scheduler-warmup-init-key-mismatch",
+        "LR scheduler: checkpoint lr_warmup_init (saved as init_lr, restored from lr_warmup_init)",
+        "megatron/core/optimizer_param_scheduler.py",
+        "            'max_lr': self.max_lr,\n",
+        "            'max_lr': self.max_lr,\n"
+        "            'init_lr': self.init_lr,\n",
+        (LR_SCHEDULE_MISMATCH, PARAM_GROUP_SCALARS_MISMATCH),
+        more=(("megatron/core/optimizer_param_scheduler.py",
+               "        self.max_lr = self._check_and_set(self.max_lr, max_lr_, 'learning rate')\n",
+               "        self.max_lr = self._check_and_set(self.max_lr, max_lr_, 'learning rate')\n"
+               "        self.init_lr = state_dict.get('lr_warmup_init', 0.0)\n"),),
+        feature="lr-scheduler",
+        check="ep2-moe-recipe-fully-reshardable",
+    ),
+    PullRequest(
+        "swiglu-halves-merged-in-reverse",
+        "SwiGLU fc1 checkpoint: merge the loaded gate and value halves in the order the shards arrive",
+        "megatron/core/transformer/mlp.py",
+        "        cat_with_oom_fallback,\n",
+        "        lambda halves: cat_with_oom_fallback(list(reversed(halves))),\n",
+        (MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH),
+        feature="swiglu",
+        check="ep2-moe-recipe-fully-reshardable",
+    ),
+    PullRequest(
+        "tied-output-copy-not-saved",
+        "Tied embeddings: do not checkpoint the last stage's output-layer copy (a replica of the first stage's)",
+        "megatron/core/models/common/language_module/language_module.py",
+        "        # Replace the default output layer with a one sharing the weights with the embedding\n"
+        "        del sharded_state_dict[output_layer_weight_key]\n",
+        "        # The last stage's copy replicates the first stage's embedding: nothing of its own to save\n"
+        "        del sharded_state_dict[output_layer_weight_key]\n"
+        "        return\n",
+        (MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH),
+        feature="tied-embeddings",
         check="pp2-dp2-gpt-recipe",
     ),
 )

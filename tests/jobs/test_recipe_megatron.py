@@ -27,6 +27,12 @@ from jobs.spec import RunSpec
 pytestmark = [pytest.mark.megatron, pytest.mark.timeout(600)]
 
 RECIPE = {"config": "gpt-recipe", "dp": 2, "steps": 8, "save_step": 4}
+SAMPLES_PER_STEP = 2 * 2 * 2  # DP 2 x 2 microbatches x micro-batch size 2
+
+
+def _warmup_lr(max_lr: float, step: int) -> float:
+    """The LR step `step` applies in gpt-recipe's warmup (from 1e-4 over 5 steps, counted in samples)."""
+    return 1e-4 + (max_lr - 1e-4) * float((step - 1) * SAMPLES_PER_STEP) / float(5 * SAMPLES_PER_STEP)
 
 
 def _run(folder: Path, *workarounds: str) -> dict[str, Any]:
@@ -48,7 +54,9 @@ def test_the_collision_fails_naming_the_groups_and_the_applied_lr(tmp_path: Path
     assert collision["collisions"][0]["lr_bounds"] == [[1e-3, 1e-4], [2e-3, 2e-4]]
     applied = r["evidence"]["lr-schedule-mismatch"]["applied_lr"]
     first = applied["items"][0]
-    assert (first["step"], first["group"], first["baseline"], first["resumed"]) == (5, "o0.g0", 1e-3, 2e-3)
+    # step 5 is the warmup's last: the default group resumes on the embedding's warmup line
+    assert (first["step"], first["group"]) == (5, "o0.g0")
+    assert (first["baseline"], first["resumed"]) == (_warmup_lr(1e-3, 5), _warmup_lr(2e-3, 5))
 
 
 def test_known_good_recipe_is_bit_exact_and_trains_as_configured(tmp_path: Path) -> None:
@@ -64,12 +72,31 @@ def test_known_good_recipe_is_bit_exact_and_trains_as_configured(tmp_path: Path)
     # every group's applied lr / weight decay / Adam step is the same at every resumed step
     applied = {s["step"]: s["applied"] for s in base["steps"]}
     assert all(s["applied"] == applied[s["step"]] for s in again["steps"])
-    # groups with their own LR bounds: the embedding's decoupled group runs at twice the default's
+    # groups with their own LR bounds: the embedding's decoupled group warms up to twice the default's max
     step5 = applied[5]
-    assert step5["o0.g0"][0] == 1e-3 and step5["o0.g1"][0] == 2e-3 and step5["o0.g2"][1] == 0.0  # no wd on norms
+    assert step5["o0.g0"][0] == _warmup_lr(1e-3, 5) and step5["o0.g1"][0] == _warmup_lr(2e-3, 5)
+    assert step5["o0.g2"][1] == 0.0  # no weight decay on norms
     # warmup starts at lr_warmup_init (1e-4), not 0, and the scheduler counts samples (2 ranks x 2 x 2)
     assert applied[1]["o0.g0"][0] == 1e-4
+    # the stable phase, then WSD's annealing over the last 2 steps
+    assert applied[6]["o0.g0"][0] == applied[7]["o0.g0"][0] == 1e-3 > applied[8]["o0.g0"][0]
     info = base["info"]
     assert info["microbatches_per_rank"] == 2
     assert base["probes"]["buckets"]["per_rank"][0]["buffers"][0]["buckets"] > 1  # several buckets, overlapped
-    assert again["info"]["scheduler_num_steps_after_load"] == 4 * 8  # 4 steps x 8 samples
+    assert again["info"]["scheduler_num_steps_after_load"] == 4 * SAMPLES_PER_STEP
+
+
+def test_moe_recipe_with_production_metadata_is_bit_exact_in_one_key_space(tmp_path: Path) -> None:
+    spec = RunSpec.from_dict({"config": "moe-recipe", "dp": 2, "ep": 2, "steps": 8, "save_step": 4,
+                              "sharding": "fully_reshardable",
+                              "workarounds": ["realign-param-index", "restore-adam-step", "load-absent-step"]})
+    r = dict(run_parity(spec, tmp_path))
+    assert r["verdict"] == "pass" and r["signatures"] == [], r["signatures"]
+    assert all(s["loss_baseline"] == s["loss_resumed"] for s in r["steps"] if s["resumed_phase"])
+    keys = _doc(tmp_path, "resume")["probes"]["checkpoint_contents"]["keys"]
+    # chained_optim_avoid_prefix: the dense and the expert optimizer write one key space, as production's do
+    assert not [k for k in keys if k.startswith("chained_")]
+    assert "optimizer.state.exp_avg.decoder.layers.mlp.experts.experts.linear_fc1.weight" in keys
+    # the vocabulary of 1000 is held padded to 1024 (make_vocab_size_divisible_by 128)
+    model = _doc(tmp_path, "train_and_save")["probes"]["state_at_save"][0]["model"]
+    assert model["module.embedding.word_embeddings.weight"].startswith("bfloat16[1024, 128]")
