@@ -236,6 +236,20 @@ def clip_grad_changed_on_resume() -> list[Patch]:
     return [_after(_dist_opt(), "load_state_dict", clip)]
 
 
+def scheduler_ignores_group_lr_bounds() -> list[Patch]:
+    """The resumed scheduler gives every group the default LR bounds (a group's own max_lr / min_lr ignored)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    original = OptimizerParamScheduler.get_lr
+
+    @functools.wraps(original)
+    def get_lr(self: Any, param_group: dict[str, Any], *a: Any, **k: Any) -> Any:
+        return original(self, {key: v for key, v in param_group.items() if key not in ("max_lr", "min_lr")}, *a, **k)
+
+    OptimizerParamScheduler.get_lr = get_lr  # type: ignore[method-assign]
+    return [(OptimizerParamScheduler, "get_lr", original)]
+
+
 def build_lacks_sharding_type() -> list[Patch]:
     def unknown(self: Any, *args: Any, metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
         sharding = (metadata or {}).get("distrib_optim_sharding_type")
@@ -477,6 +491,7 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "adam-eps-not-restored": (RESUME, adam_eps_not_restored),
     "clip-grad-changed-on-resume": (RESUME, clip_grad_changed_on_resume),
     "build-lacks-sharding-type": (SAVE, build_lacks_sharding_type),
+    "scheduler-ignores-group-lr-bounds": (RESUME, scheduler_ignores_group_lr_bounds),
     "benign-state-in-new-storage": (RESUME, benign_state_in_new_storage),
     "common-state-iteration-stale": (RESUME, common_state_iteration_stale),
     "expert-bias-zeroed-on-load": (RESUME, expert_bias_zeroed_on_load),

@@ -19,6 +19,7 @@ from jobs.signature_names import (
     FINAL_STATE_MISMATCH,
     ITERATION_MISMATCH,
     LOSS_SCALER_MISMATCH,
+    LR_SCHEDULE_MISMATCH,
     MAIN_PARAMS_MISMATCH,
     MODEL_WEIGHTS_MISMATCH,
     OPTIMIZER_INDEX_MISALIGNMENT,
@@ -54,6 +55,9 @@ BASES: dict[str, dict[str, Any]] = {
     "gpt-mtp": {"config": "gpt-mtp", **_SHORT, "workarounds": ["restore-adam-step"]},
     "gpt-mtp-fp32-proj": {"config": "gpt-mtp-fp32-proj", **_SHORT,
                           "workarounds": ["realign-param-index", "restore-adam-step"]},
+    # trained as a production recipe (decoupled LR bounds, WSD, buckets, microbatches): saved inside the warmup
+    "gpt-recipe": {"config": "gpt-recipe", "steps": 8, "save_step": 4,
+                   "workarounds": ["restore-adam-step", "match-groups-by-lr-bounds"]},
     # checkpoint I/O strategies are spec variations: shown here on dense-bf16
     "dense-bf16+async": {"config": "dense-bf16", **_SHORT, "workarounds": ["restore-adam-step"],
                          "async_save": True},
@@ -66,6 +70,7 @@ LAYERS = ("megatron-core", "harness")
 
 _DO = "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer"
 _F16 = "megatron.core.transformer.module.Float16Module"
+_SCHED = "megatron.core.optimizer_param_scheduler.OptimizerParamScheduler"
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,11 @@ MUTANTS: dict[str, Mutant] = {
                "the resumed run clips gradients at 1e-3: state restores exactly, the loop differs",
                (FINAL_STATE_MISMATCH,), patches=f"{_DO}.load_state_dict",
                evidence=((FINAL_STATE_MISMATCH, r"^main$"),)),
+        Mutant("scheduler-ignores-group-lr-bounds", "applied LR (per param group)",
+               "the resumed scheduler gives every group the default LR bounds: the embedding's decoupled group "
+               "trains at the default LR while the first group (the step record's lr) is unchanged",
+               (LR_SCHEDULE_MISMATCH,), patches=f"{_SCHED}.get_lr",
+               evidence=((LR_SCHEDULE_MISMATCH, r"^applied lr o0\.g1$"),), bases=("gpt-recipe",)),
         Mutant("build-lacks-sharding-type", "unsupported option",
                "the build raises 'Unknown sharding_type' as 0.13/0.14 do, on a config with Bug A",
                (UNSUPPORTED_BY_BUILD,), verdict=ERROR, forbid=(OPTIMIZER_INDEX_MISALIGNMENT,),

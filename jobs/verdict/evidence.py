@@ -335,7 +335,9 @@ def _applied_evidence(spec: RunSpec, baseline: PhaseDocument | None, resumed: Ph
         items = [d for d in diffs if d["scalar"] == scalar]
         if items:
             found = {"count": len(items), "first_step": items[0]["step"], "items": items[:MAX_ITEMS]}
-            ev[signature] = {**ev.get(signature, {}), f"applied_{scalar}": found}
+            named = list(dict.fromkeys(f"applied {scalar} {d['group']}" for d in items))
+            previous = ev.get(signature, {})
+            ev[signature] = {**previous, f"applied_{scalar}": found, "names": [*previous.get("names", []), *named]}
 
 
 def _group_identity(resumed: PhaseDocument | None, hidden: dict[str, Any], ev: dict[str, Any]) -> None:
