@@ -85,6 +85,35 @@ def check_spec(spec: RunSpec) -> None:
         )
     if spec.reshards:
         check_reshard(spec)
+    check_recipe_settings(CONFIGS[spec.config])
+
+
+# Where each recipe setting lives in Megatron-Core: (the class, its module, how a build offers it)
+_RECIPE_HOMES = {
+    "overlap_grad_reduce": ("megatron.core.distributed", "DistributedDataParallelConfig"),
+    "overlap_param_gather": ("megatron.core.distributed", "DistributedDataParallelConfig"),
+    "bucket_size": ("megatron.core.distributed", "DistributedDataParallelConfig"),
+    "decoupled_lr": ("megatron.core.optimizer", "OptimizerConfig"),
+    "decoupled_min_lr": ("megatron.core.optimizer", "OptimizerConfig"),
+    "calculate_per_token_loss": ("megatron.core.transformer", "TransformerConfig"),
+    "gated_linear_unit": ("megatron.core.transformer", "TransformerConfig"),
+    "wsd_decay_steps": ("megatron.core.optimizer_param_scheduler", "OptimizerParamScheduler"),
+    "override_opt_param_scheduler": ("megatron.core.optimizer_param_scheduler", "OptimizerParamScheduler"),
+}
+
+
+def _offers(module: str, owner: str, name: str) -> bool:
+    cls = getattr(importlib.import_module(module), owner)
+    fields = getattr(cls, "__dataclass_fields__", None)
+    return name in fields if fields is not None else name in inspect.signature(cls.__init__).parameters
+
+
+def check_recipe_settings(cfg: Any) -> None:
+    """Raise UnsupportedByBuild for a production-recipe setting this build's Megatron-Core lacks (an older one)."""
+    missing = [f"{owner}.{name}" for name in cfg.megatron_settings if name in _RECIPE_HOMES
+               for module, owner in [_RECIPE_HOMES[name]] if not _offers(module, owner, name)]
+    if missing:
+        raise UnsupportedByBuild(f"config {cfg.name!r}", f"this build has no {', '.join(missing)}")
 
 
 def check_requirements(config: str, requires: tuple[str, ...]) -> None:

@@ -100,3 +100,17 @@ def test_moe_recipe_with_production_metadata_is_bit_exact_in_one_key_space(tmp_p
     # the vocabulary of 1000 is held padded to 1024 (make_vocab_size_divisible_by 128)
     model = _doc(tmp_path, "train_and_save")["probes"]["state_at_save"][0]["model"]
     assert model["module.embedding.word_embeddings.weight"].startswith("bfloat16[1024, 128]")
+
+
+def test_a_recipe_setting_the_build_lacks_is_unsupported_by_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.configs import CONFIGS
+    from jobs.rank import compat
+
+    for name in ("gpt-recipe", "moe-recipe"):
+        compat.check_recipe_settings(CONFIGS[name])  # 0.16.1 has every setting the recipes turn on
+    # an older build without decoupled_lr (its OptimizerConfig never had the field) is named, not an error
+    monkeypatch.setitem(compat._RECIPE_HOMES, "decoupled_lr", ("megatron.core.optimizer", "OptimizerConfig_absent"))
+    monkeypatch.setattr("megatron.core.optimizer.OptimizerConfig_absent", type("Old", (), {"__init__": lambda s: None}),
+                        raising=False)
+    with pytest.raises(compat.UnsupportedByBuild, match="OptimizerConfig_absent.decoupled_lr"):
+        compat.check_recipe_settings(CONFIGS["gpt-recipe"])
