@@ -96,6 +96,9 @@ class ModelConfig:
     # the metadata Megatron-LM's trainer gives sharded_state_dict (chained_optim_avoid_prefix, no singleton
     # local shards, the DP group): the checkpoint's key layout production writes
     checkpoint_metadata: bool = False
+    # > 1: at PP > 1 each stage holds this many model chunks (virtual pipeline, interleaved 1F1B), each
+    # its own DDP and checkpointed as model0, model1, ...; num_layers must divide by pp x chunks
+    virtual_pipeline: int = 1
     # What the feature needs beyond CPU Megatron-Core ("cuda", "transformer-engine"): a GPU check
     requires: tuple[str, ...] = ()
     expected: dict[str, str] = field(default_factory=dict)
@@ -154,6 +157,8 @@ class ModelConfig:
             raise ValueError(f"{self.name}: gated_mlp / tied_embeddings need a GPT config")
         if self.vocab_padding_multiple < 0 or (self.vocab_padding_multiple and self.kind != "gpt"):
             raise ValueError(f"{self.name}: vocab_padding_multiple needs a GPT config and must be >= 0")
+        if not 1 <= self.virtual_pipeline <= 2 or (self.virtual_pipeline > 1 and not self.recipe_loop):
+            raise ValueError(f"{self.name}: virtual_pipeline must be 1 or 2, and 2 only with Megatron's schedule")
         if self.decoupled_min_lr and not self.decoupled_lr:
             raise ValueError(f"{self.name}: decoupled_min_lr needs decoupled_lr")
         if not 0.0 <= self.lr_warmup_init <= self.lr:
@@ -240,6 +245,8 @@ class ModelConfig:
             out["calculate_per_token_loss"] = True
         if self.vocab_padding_multiple:  # Megatron-LM's padding of the vocabulary
             out["make_vocab_size_divisible_by"] = self.vocab_padding_multiple
+        if self.virtual_pipeline > 1:  # at PP > 1 (parallel_layout checks num_layers)
+            out["virtual_pipeline_model_parallel_size"] = self.virtual_pipeline
         if self.checkpoint_metadata:  # sharded_state_dict(metadata=...)
             out.update(chained_optim_avoid_prefix=True, singleton_local_shards=False)
         return out
@@ -398,6 +405,8 @@ CONFIGS: dict[str, ModelConfig] = {
             "next forward), the tied output weight, fc1's two matrices, param groups with their own LR bounds "
             "and a scheduler counted in samples, each of which a resume must restore as saved.",
             kind="gpt",
+            num_layers=4,
+            virtual_pipeline=2,  # at PP 2: two chunks of one layer per stage, interleaved 1F1B
             gated_mlp=True,
             tied_embeddings=True,
             bucket_size=20_000,

@@ -61,7 +61,8 @@ def pp_choices(cfg: ModelConfig) -> list[int]:
         # MTP on the last stage needs its own embedding copy tied over an embedding group the
         # harness does not build (untied output weights); not run here, so not offered
         return [1]
-    return [p for p in range(1, MAX_PP + 1) if cfg.num_layers % p == 0]
+    # with a virtual pipeline every stage holds `virtual_pipeline` chunks of whole layers
+    return [p for p in range(1, MAX_PP + 1) if cfg.num_layers % (p * (cfg.virtual_pipeline if p > 1 else 1)) == 0]
 
 
 def _int(field: str, value: Any, hi: int, error: Any) -> int:
@@ -92,6 +93,8 @@ def validate(cfg: ModelConfig, dp: int, tp: Any, pp: Any, ep: Any, error: Any) -
             if cfg.kind != "gpt"
             else f"config {cfg.name!r} has a multi-token-prediction head, verified at tp = pp = 1 only"
             if cfg.mtp_num_layers
+            else f"{pp} x {cfg.virtual_pipeline} virtual chunks does not divide num_layers {cfg.num_layers} of config "
+            f"{cfg.name!r}" if cfg.virtual_pipeline > 1
             else f"{pp} does not divide num_layers {cfg.num_layers} of config {cfg.name!r}"
         )
         raise error("pp", why, pp_choices(cfg))

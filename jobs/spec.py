@@ -342,6 +342,12 @@ class RunSpec:
         """Whether the resume runs at another DP size than the save."""
         return self.resume_dp is not None
 
+    @property
+    def virtual_pipeline_size(self) -> int | None:
+        """Model chunks per pipeline stage (the config's virtual_pipeline at PP > 1), or None: no interleaving."""
+        chunks = CONFIGS[self.config].virtual_pipeline
+        return chunks if self.pp > 1 and chunks > 1 else None
+
     def phase_dp(self, phase: str) -> int:
         """The number of ranks (tasks) a phase runs with."""
         return self.resume_dp if phase == "resume" and self.resume_dp is not None else self.dp

@@ -82,6 +82,8 @@ GROUPED_TENSOR = "needs Transformer Engine: TE's GroupedTensor holds the experts
 # TransformerConfig (with ModelParallelConfig) fields jobs/rank/surface.py keeps (MoE, MTP, embeddings, precision,
 # parallel layout)
 _TRANSFORMER: dict[str, Row] = {
+    # several model chunks per stage (interleaved 1F1B), saved as model0, model1 (gpt-recipe at PP 2)
+    "virtual_pipeline_model_parallel_size": by("megatron:virtual_pipeline_model_parallel_size"),
     # finalize_model_grads divides the grads by the step's all-reduced token count (the recipe configs)
     "calculate_per_token_loss": by("megatron:calculate_per_token_loss"),
     "tensor_model_parallel_size": by("parallel:tp"),
@@ -312,8 +314,6 @@ KNOWN_GAPS: dict[str, str] = {
     "deferred gather is megatron:overlap_param_gather)" + _NOT_YET,
     "optimizer.sgd_momentum": "optimizer 'sgd': the momentum buffers are the state a load must restore instead of "
     "Adam's moments; the engine trains Adam only" + _NOT_YET,
-    "transformer.virtual_pipeline_model_parallel_size": "interleaved pipeline: several model chunks per rank, saved "
-    "as model0, model1, ... with optimizer state over all of them" + _NOT_YET,
     "transformer.expert_tensor_parallel_size": "the experts' own TP size: another sharding of the expert weights "
     "and their optimizer state; no gate check runs MoE at TP > 1" + _NOT_YET,
     "transformer.expert_tensor_parallel_num_weight_shards": "main: how many shards each expert weight is split "

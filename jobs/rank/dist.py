@@ -155,7 +155,8 @@ def start_rendezvous(master_port: int | None, timeout_s: float) -> None:
 
 
 def init(
-    master_port: int | None, timeout_s: float, tp: int = 1, pp: int = 1, ep: int = 1, device: str = "cpu"
+    master_port: int | None, timeout_s: float, tp: int = 1, pp: int = 1, ep: int = 1, device: str = "cpu",
+    vpp: int | None = None,
 ) -> DistInfo:
     """Initialise torch.distributed and Megatron's parallel state for the layout (dp = world / (tp * pp)).
 
@@ -192,7 +193,8 @@ def init(
             torch.distributed.init_process_group(backend=backend, timeout=timeout)
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+        virtual_pipeline_model_parallel_size=vpp,  # model chunks per pipeline stage (interleaved 1F1B)
     )
     return DistInfo(
         rank=torch.distributed.get_rank(),
@@ -206,7 +208,7 @@ def layout() -> dict[str, int]:
     """The layout Megatron's parallel state actually built on this rank (sizes and this rank's ranks)."""
     from megatron.core import parallel_state as ps
 
-    return {
+    out = {
         "dp": ps.get_data_parallel_world_size(),
         "tp": ps.get_tensor_model_parallel_world_size(),
         "pp": ps.get_pipeline_model_parallel_world_size(),
@@ -217,6 +219,10 @@ def layout() -> dict[str, int]:
         "pp_rank": ps.get_pipeline_model_parallel_rank(),
         "ep_rank": ps.get_expert_model_parallel_rank(),
     }
+    chunks = ps.get_virtual_pipeline_model_parallel_world_size()
+    if chunks:  # a virtual pipeline: model chunks per stage (left out otherwise, as before)
+        out["vpp"] = chunks
+    return out
 
 
 def gather(value: Any) -> list[Any]:

@@ -190,7 +190,8 @@ def _body(
     doc = ctx.doc
     info = ctx.run(
         "init",
-        lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S, tp=spec.tp, pp=spec.pp, ep=spec.ep, device=spec.device),
+        lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S, tp=spec.tp, pp=spec.pp, ep=spec.ep, device=spec.device,
+                          vpp=spec.virtual_pipeline_size),
         STAGE_TIMEOUT_S["init"],
     )
     ctx.distributed = True

@@ -129,6 +129,8 @@ def _transformer_config(cfg: ModelConfig, tp: int = 1, ep: int = 1, pp: int = 1)
     ffn = cfg.ffn_hidden_size or cfg.hidden_size * 2
     if pp > 1:  # activations between stages travel as bf16 (Megatron needs the dtype up front)
         moe.update(pipeline_model_parallel_size=pp, pipeline_dtype=torch.float16 if cfg.fp16 else torch.bfloat16)
+        if cfg.virtual_pipeline > 1:  # interleaved: each stage holds several chunks of layers
+            moe.update(virtual_pipeline_model_parallel_size=cfg.virtual_pipeline)
     if cfg.num_experts:
         moe.update(
             num_moe_experts=cfg.num_experts,
@@ -229,7 +231,9 @@ def _keep_fp32(model: torch.nn.Module, cfg: ModelConfig) -> None:
             param.data = param.data.float()
 
 
-def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
+def _build_gpt(
+    cfg: ModelConfig, tcfg: Any, vp_stage: int | None = None
+) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -261,10 +265,11 @@ def _build_gpt(cfg: ModelConfig, tcfg: Any) -> tuple[torch.nn.Module, Callable[.
         # head is its own param, which `fp32_output_head` keeps in FP32) need no embedding group across
         # stages; tied ones (production's default) put a copy on the last stage that finalize_model_grads
         # keeps equal to the first stage's through the embedding group
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
+        pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
+        post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
         share_embeddings_and_output_weights=cfg.tied_embeddings,
         mtp_block_spec=mtp_spec,
+        **({"vp_stage": vp_stage} if vp_stage is not None else {}),
     )
     if cfg.fp32_residual_gates:
         _add_residual_gates(gpt)
@@ -377,7 +382,8 @@ def _scheduler(cfg: ModelConfig, opt: Any, total_steps: int, samples_per_step: i
     )
 
 
-def _build_optimizer(cfg: ModelConfig, ddp: Any, total_steps: int, samples_per_step: int = 1) -> tuple[Any, Any]:
+def _build_optimizer(cfg: ModelConfig, chunks: list[Any], total_steps: int,
+                     samples_per_step: int = 1) -> tuple[Any, Any]:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     layerwise = cfg.optimizer == "layerwise-adam"
@@ -397,7 +403,7 @@ def _build_optimizer(cfg: ModelConfig, ddp: Any, total_steps: int, samples_per_s
         **_decoupled_lr(cfg),
         **fp16,
     )
-    opt = get_megatron_optimizer(ocfg, [ddp])
+    opt = get_megatron_optimizer(ocfg, chunks)
     if layerwise:
         opt = _layerwise(opt, ocfg)
     return opt, _scheduler(cfg, opt, total_steps, samples_per_step)
@@ -441,12 +447,6 @@ def build(
     torch.manual_seed(seed if init_seed is None else init_seed)
     model_parallel_cuda_manual_seed(seed if init_seed is None else init_seed)
     tcfg = _transformer_config(cfg, tp, ep, pp)
-    net, forward = _build_gpt(cfg, tcfg) if cfg.kind == "gpt" else _build_linear_stack(cfg)
-    # initialised on the CPU (use_cpu_initialization: the same weights on every device), then moved to the
-    # rank's device before Float16Module and DDP, as Megatron-LM's get_model does (a no-op on cpu)
-    net = net.to(rank_device.current())
-    model = Float16Module(tcfg, net)
-    _keep_fp32(model, cfg)
     ddp_cfg = DistributedDataParallelConfig(
         use_distributed_optimizer=cfg.optimizer == "distributed-adam",
         grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
@@ -456,8 +456,25 @@ def build(
         overlap_param_gather=cfg.bucket_size > 0,
         bucket_size=cfg.bucket_size or None,
     )
-    ddp = DistributedDataParallel(tcfg, ddp_cfg, model)
-    opt, sched = _build_optimizer(cfg, ddp, total_steps, global_microbatches * cfg.micro_batch_size)
+    chunks = []
+    vpp = cfg.virtual_pipeline if pp > 1 else 1
+    for vp_stage in range(vpp):  # one model, or a virtual pipeline's chunks (each its own DDP, as get_model)
+        net, forward = (_build_gpt(cfg, tcfg, vp_stage if vpp > 1 else None) if cfg.kind == "gpt"
+                        else _build_linear_stack(cfg))
+        # initialised on the CPU (use_cpu_initialization: the same weights on every device), then moved to
+        # the rank's device before Float16Module and DDP, as Megatron-LM's get_model does (a no-op on cpu)
+        model = Float16Module(tcfg, net.to(rank_device.current()))
+        _keep_fp32(model, cfg)
+        # Megatron-LM buckets the first chunk only (disable_bucketing for the rest)
+        extra = {"disable_bucketing": True} if vp_stage > 0 else {}
+        chunks.append(DistributedDataParallel(tcfg, ddp_cfg, model, **extra))
+    if vpp > 1:
+        from jobs.rank.chunks import ChunkedDDP
+
+        ddp: Any = ChunkedDDP(chunks)
+    else:
+        ddp = chunks[0]
+    opt, sched = _build_optimizer(cfg, chunks, total_steps, global_microbatches * cfg.micro_batch_size)
     if cfg.fp16:  # the pipeline schedule scales the loss through the config, as Megatron-LM wires it
         tcfg.grad_scale_func = opt.scale_loss
     rank = parallel_state.get_data_parallel_rank()
@@ -476,8 +493,8 @@ def build(
     if cfg.recipe_loop:  # every layout through Megatron's schedule, wired as Megatron-LM's trainer wires it
         from jobs.rank.schedule import scheduled_step, wire_trainer_config
 
-        wire_trainer_config(tcfg, ddp)
-        scheduled = scheduled_step(ddp, cfg, forward, gen_for, rank)
+        wire_trainer_config(tcfg, chunks)
+        scheduled = scheduled_step(chunks, cfg, forward, gen_for, rank)
     elif pp > 1:
         from jobs.rank.pipeline import forward_backward
 

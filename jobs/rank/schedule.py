@@ -18,17 +18,20 @@ from typing import Any
 import torch
 
 
-def wire_trainer_config(tcfg: Any, ddp: Any) -> None:
+def wire_trainer_config(tcfg: Any, chunks: list[Any]) -> None:
     """Set the schedule's hooks on the model config as Megatron-LM's setup_model_and_optimizer does."""
     from megatron.core.distributed import finalize_model_grads
 
-    if ddp.ddp_config.overlap_grad_reduce:  # grads reduce as buckets fill, so earlier microbatches must not
-        tcfg.no_sync_func = ddp.no_sync
+    if chunks[0].ddp_config.overlap_grad_reduce:  # grads reduce as buckets fill: not in earlier microbatches
+        syncs = [c.no_sync for c in chunks]
+        tcfg.no_sync_func = syncs[0] if len(syncs) == 1 else syncs
+        if len(chunks) > 1:  # interleaved: each chunk's reduction starts after its last microbatch
+            tcfg.grad_sync_func = [c.start_grad_sync for c in chunks]
     tcfg.finalize_model_grads_func = finalize_model_grads
 
 
 def scheduled_step(
-    ddp: Any,
+    chunks: list[Any],
     cfg: Any,
     forward_model: Callable[[Any, torch.Generator], torch.Tensor],
     gen_for: Callable[[int, int | None], torch.Generator],
@@ -52,11 +55,12 @@ def scheduled_step(
 
     def run(step: int, microbatches: int) -> torch.Tensor:
         first = dp_rank * microbatches
-        data = iter([gen_for(step, first + j) for j in range(microbatches)])
+        # every chunk draws each microbatch from a generator of its own, keyed alike: the same batch
+        data = [iter([gen_for(step, first + j) for j in range(microbatches)]) for _ in chunks]
         stored = get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=data,
-            model=[ddp],
+            data_iterator=data if len(chunks) > 1 else data[0],
+            model=chunks,
             num_microbatches=microbatches,
             seq_length=cfg.seq_length,
             micro_batch_size=cfg.micro_batch_size,

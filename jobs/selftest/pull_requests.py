@@ -112,7 +112,6 @@ FEATURES: tuple[str, ...] = (
     "lr-scheduler",
     "overlap-param-gather",
     "swiglu",
-    "tied-embeddings",
 )
 
 PULL_REQUESTS: tuple[PullRequest, ...] = (
@@ -483,19 +482,6 @@ RECIPE_PULL_REQUESTS: tuple[PullRequest, ...] = (
         (MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH),
         feature="swiglu",
         check="ep2-moe-recipe-fully-reshardable",
-    ),
-    PullRequest(
-        "tied-output-copy-not-saved",
-        "Tied embeddings: do not checkpoint the last stage's output-layer copy (a replica of the first stage's)",
-        "megatron/core/models/common/language_module/language_module.py",
-        "        # Replace the default output layer with a one sharing the weights with the embedding\n"
-        "        del sharded_state_dict[output_layer_weight_key]\n",
-        "        # The last stage's copy replicates the first stage's embedding: nothing of its own to save\n"
-        "        del sharded_state_dict[output_layer_weight_key]\n"
-        "        return\n",
-        (MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH),
-        feature="tied-embeddings",
-        check="pp2-dp2-gpt-recipe",
     ),
 )
 PULL_REQUESTS = (*PULL_REQUESTS, *RECIPE_PULL_REQUESTS)
