@@ -247,7 +247,6 @@ def collect_evidence(
             "steps": lane["lr_mismatched_steps"][:MAX_ITEMS],
             "first_step": lane["lr_mismatched_steps"][0],
         }
-    _applied_evidence(spec, baseline, resumed, ev)
     groups = _probes(resumed).get(PARAM_GROUPS["after_load"])
     if groups and not groups["agree"]:
         legacy = {
@@ -299,14 +298,18 @@ def collect_evidence(
     if view:
         hidden[FP32_VIEW_INPLACE_LOAD] = {"by": LOAD_NO_GRAD if LOAD_NO_GRAD in spec.workarounds else REALIGN,
                                             "evidence": view}
+    _applied_evidence(spec, baseline, resumed, ev)  # last: it joins a step finding the lines above made
     if hidden:
         ev["_worked_around"] = hidden
     return ev
 
 
-# What each entry of a step record's `applied` holds, and the signature a difference in it names.
+# What each entry of a step record's `applied` holds, and the signature a difference in it names. An Adam
+# step that differs is the step restore's own finding when the state diff made one (its evidence is added
+# there, so one fault keeps one signature); only a step no restore finding explains is a param-group one.
 APPLIED_SCALARS = (("lr", LR_SCHEDULE_MISMATCH), ("weight_decay", PARAM_GROUP_SCALARS_MISMATCH),
                    ("adam_step", PARAM_GROUP_SCALARS_MISMATCH))
+STEP_FINDINGS = (ADAM_STEP_NOT_RESTORED, ADAM_STEP_UNEXPLAINED)
 
 
 def applied_differences(spec: RunSpec, baseline: PhaseDocument | None,
@@ -333,6 +336,8 @@ def _applied_evidence(spec: RunSpec, baseline: PhaseDocument | None, resumed: Ph
     diffs = applied_differences(spec, baseline, resumed)
     for scalar, signature in APPLIED_SCALARS:
         items = [d for d in diffs if d["scalar"] == scalar]
+        if scalar == "adam_step":
+            signature = next((s for s in STEP_FINDINGS if s in ev), signature)
         if items:
             found = {"count": len(items), "first_step": items[0]["step"], "items": items[:MAX_ITEMS]}
             named = list(dict.fromkeys(f"applied {scalar} {d['group']}" for d in items))

@@ -86,6 +86,7 @@ def test_known_good_recipe_is_bit_exact_and_trains_as_configured(tmp_path: Path)
     assert again["info"]["scheduler_num_steps_after_load"] == 4 * SAMPLES_PER_STEP
 
 
+@pytest.mark.nightly  # the PR tier's recipe runs are gpt-recipe's two sides above (the same recipe path)
 def test_moe_recipe_with_production_metadata_is_bit_exact_in_one_key_space(tmp_path: Path) -> None:
     spec = RunSpec.from_dict({"config": "moe-recipe", "dp": 2, "ep": 2, "steps": 8, "save_step": 4,
                               "sharding": "fully_reshardable",
