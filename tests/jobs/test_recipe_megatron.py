@@ -115,3 +115,15 @@ def test_a_recipe_setting_the_build_lacks_is_unsupported_by_build(monkeypatch: p
                         raising=False)
     with pytest.raises(compat.UnsupportedByBuild, match="OptimizerConfig_absent.decoupled_lr"):
         compat.check_recipe_settings(CONFIGS["gpt-recipe"])
+
+
+@pytest.mark.nightly  # the gate's check runs PP 2 x DP 1 (pp2-vpp-gpt-recipe); this is its four-rank layout
+def test_recipe_at_pp2_dp2_with_a_virtual_pipeline_is_bit_exact(tmp_path: Path) -> None:
+    spec = RunSpec.from_dict({**RECIPE, "pp": 2, "workarounds": ["restore-adam-step", "match-groups-by-lr-bounds"]})
+    r = dict(run_parity(spec, tmp_path))
+    assert r["verdict"] == "pass" and r["signatures"] == [], r["signatures"]
+    assert all(s["loss_baseline"] == s["loss_resumed"] for s in r["steps"] if s["resumed_phase"])
+    doc = _doc(tmp_path, "train_and_save")
+    assert doc["info"]["layout"]["vpp"] == 2 and doc["info"]["layout"]["dp"] == 2
+    # the chunks are one model to the probes: model0 holds the embedding on the first stage
+    assert "model0.module.embedding.word_embeddings.weight" in doc["probes"]["state_at_save"][0]["model"]
