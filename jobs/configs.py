@@ -96,6 +96,10 @@ class ModelConfig:
     # the metadata Megatron-LM's trainer gives sharded_state_dict (chained_optim_avoid_prefix, no singleton
     # local shards, the DP group): the checkpoint's key layout production writes
     checkpoint_metadata: bool = False
+    # Megatron's rerun state machine as production runs it: check_for_nan_in_grad validating each bucket's
+    # grads through it, every step inside should_run_forward_backward (--rerun-mode validate_results), its
+    # state saved with the checkpoint and restored by the load (jobs/rank/rerun.py)
+    rerun_state_machine: bool = False
     # > 1: at PP > 1 each stage holds this many model chunks (virtual pipeline, interleaved 1F1B), each
     # its own DDP and checkpointed as model0, model1, ...; num_layers must divide by pp x chunks
     virtual_pipeline: int = 1
@@ -245,6 +249,8 @@ class ModelConfig:
             out["calculate_per_token_loss"] = True
         if self.vocab_padding_multiple:  # Megatron-LM's padding of the vocabulary
             out["make_vocab_size_divisible_by"] = self.vocab_padding_multiple
+        if self.rerun_state_machine:  # DistributedDataParallelConfig + Megatron-LM's --rerun-mode
+            out.update(check_for_nan_in_grad=True, rerun_mode="validate_results")
         if self.virtual_pipeline > 1:  # at PP > 1 (parallel_layout checks num_layers)
             out["virtual_pipeline_model_parallel_size"] = self.virtual_pipeline
         if self.checkpoint_metadata:  # sharded_state_dict(metadata=...)
@@ -428,6 +434,7 @@ CONFIGS: dict[str, ModelConfig] = {
             vocab_size=1000,
             vocab_padding_multiple=128,
             checkpoint_metadata=True,
+            rerun_state_machine=True,
             expected={"no-workaround": "fail: adam-step-not-restored + param-group-identity-collision (0.16.x)"},
         ),
         ModelConfig(
@@ -453,6 +460,7 @@ CONFIGS: dict[str, ModelConfig] = {
             vocab_size=1000,
             vocab_padding_multiple=128,
             checkpoint_metadata=True,
+            rerun_state_machine=True,
             expected={"no-workaround": "fail: optimizer-index-misalignment (save crash)"},
             **_MOE,  # type: ignore[arg-type]
         ),

@@ -198,6 +198,8 @@ _TRANSFORMER.update({name: why(NEEDS_TE) for name in (
 )})
 
 _DDP: dict[str, Row] = {
+    # each bucket's grad norm validated through the rerun state machine before its reduction (the recipes)
+    "check_for_nan_in_grad": by("megatron:check_for_nan_in_grad"),
     "use_distributed_optimizer": by("optimizer:distributed-adam"),
     "grad_reduce_in_fp32": by("megatron:grad_reduce_in_fp32"),  # FP32 in every run but gpt-recipe's bf16
     "overlap_grad_reduce": by("megatron:overlap_grad_reduce"),
@@ -281,6 +283,8 @@ _TRAINING_STATE: dict[str, Row] = {
     "rng_state": by("megatron:hidden_dropout"),  # only dropout draws from it: the dropout check shows a lost RNG
     "num_floating_point_operations_so_far": why("a throughput counter the training loop reports; no model, "
                                                 "optimizer or scheduler value depends on it"),
+    # saved with the checkpoint and restored by the load; its mode and state compared (jobs/rank/rerun.py)
+    "rerun_state_machine": by("megatron:rerun_mode"),
     "checkpoint_version": why("a format tag load_checkpoint reads to convert checkpoints of older Megatron-LM "
                               "releases; a checkpoint saved and loaded by the same build converts nothing"),
 }
@@ -292,8 +296,9 @@ CLASSIFIED: dict[str, Row] = {
 }
 
 _NOT_YET = " (not exercised yet)"
-_RERUN = ("a resume must restore the rerun state machine (Megatron-LM saves it as rerun_state_machine) that this "
-          "check raises through; the engine neither turns the check on nor saves that state")
+_RERUN = ("large-grad detection keeps per-context maximum values in the rerun state machine, which Megatron-LM "
+          "does not checkpoint (validation counts reset on resume); the recipes run the machine with the NaN/Inf check "
+          "only")
 # Fields that change what a checkpoint holds or how a load restores it and that no engine feature exercises yet:
 # each says what a resume could get wrong. Closing one moves it to a section table above with its feature.
 KNOWN_GAPS: dict[str, str] = {
@@ -303,7 +308,6 @@ KNOWN_GAPS: dict[str, str] = {
     "DistributedOptimizer saves and loads by (unpadded buckets: megatron:bucket_size)" + _NOT_YET,
     "ddp.num_distributed_optimizer_instances": "partial distributed optimizer: shards replicated across instances, "
     "another shard-to-rank map and other replica ids in the checkpoint" + _NOT_YET,
-    "ddp.check_for_nan_in_grad": _RERUN + _NOT_YET,
     "ddp.check_for_large_grads": _RERUN + _NOT_YET,
     "ddp.param_name_patterns_for_fp32_local_accumulation": "main: matched params get FP32 grad buffers of their own, "
     "changing the buffers' dtype grouping and the DistributedOptimizer's shards" + _NOT_YET,
@@ -326,8 +330,6 @@ KNOWN_GAPS: dict[str, str] = {
     "(qb_beta) updated every global batch, which a load must restore" + _NOT_YET,
     "transformer.mtp_use_repeated_layer": "main: one MTP layer reused at every depth, so the MTP head's params "
     "and their optimizer state change shape" + _NOT_YET,
-    "training_state.rerun_state_machine": "the rerun state machine check_for_nan_in_grad and check_for_large_grads "
-    "raise through; Megatron-LM saves and restores it" + _NOT_YET,
     "training_state.consumed_train_samples": "the data sampler's position; the engine's batches are keyed by "
     "step, and its sample-counting scheduler (megatron:scheduler_by_samples) keeps its own count" + _NOT_YET,
 }

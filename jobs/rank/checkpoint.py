@@ -54,7 +54,16 @@ def build_save_state(tr: Trainee, sharding: str, iteration: int) -> dict[str, An
         "adam_step": steps[-1] if steps else None,
         # Per rank: ranks' generators can differ, so this is not a common entry.
         rng.KEY: rng.sharded(),
+        **_rerun_entry(tr),
     }
+
+
+def _rerun_entry(tr: Trainee) -> dict[str, Any]:
+    if not tr.config.rerun_state_machine:
+        return {}
+    from jobs.rank import rerun
+
+    return {rerun.KEY: rerun.state_dict()}
 
 
 def use_in_process_results_queue(synchronous: bool = True) -> bool:
@@ -230,6 +239,10 @@ def apply(
         after_optimizer_load()
     tr.scheduler.load_state_dict(loaded["scheduler"])
     tr.iteration = int(loaded["iteration"])
+    if tr.config.rerun_state_machine:
+        from jobs.rank import rerun
+
+        rerun.load(loaded.get(rerun.KEY))
     # Last, so nothing the load did can consume random numbers after the restore.
     if rng.KEY in loaded:
         rng.restore(loaded[rng.KEY])

@@ -447,6 +447,10 @@ def build(
     torch.manual_seed(seed if init_seed is None else init_seed)
     model_parallel_cuda_manual_seed(seed if init_seed is None else init_seed)
     tcfg = _transformer_config(cfg, tp, ep, pp)
+    if cfg.rerun_state_machine:  # before DDP: its buckets validate their grads through the machine
+        from jobs.rank import rerun
+
+        rerun.start()
     ddp_cfg = DistributedDataParallelConfig(
         use_distributed_optimizer=cfg.optimizer == "distributed-adam",
         grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
@@ -455,6 +459,7 @@ def build(
         overlap_grad_reduce=cfg.bucket_size > 0,
         overlap_param_gather=cfg.bucket_size > 0,
         bucket_size=cfg.bucket_size or None,
+        check_for_nan_in_grad=cfg.rerun_state_machine,
     )
     chunks = []
     vpp = cfg.virtual_pipeline if pp > 1 else 1

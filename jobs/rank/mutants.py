@@ -250,6 +250,20 @@ def scheduler_ignores_group_lr_bounds() -> list[Patch]:
     return [(OptimizerParamScheduler, "get_lr", original)]
 
 
+def rerun_machine_disabled_on_resume() -> list[Patch]:
+    """The resumed process starts the rerun state machine disabled (its grads validated by nothing)."""
+    from megatron.core import rerun_state_machine as module
+
+    original = module.initialize_rerun_state_machine
+
+    @functools.wraps(original)
+    def disabled(**kwargs: Any) -> Any:
+        return original(**{**kwargs, "mode": module.RerunMode.DISABLED})
+
+    module.initialize_rerun_state_machine = disabled
+    return [(module, "initialize_rerun_state_machine", original)]
+
+
 def build_lacks_sharding_type() -> list[Patch]:
     def unknown(self: Any, *args: Any, metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
         sharding = (metadata or {}).get("distrib_optim_sharding_type")
@@ -492,6 +506,7 @@ REGISTRY: dict[str, tuple[tuple[str, ...], Callable[[], list[Patch]]]] = {
     "clip-grad-changed-on-resume": (RESUME, clip_grad_changed_on_resume),
     "build-lacks-sharding-type": (SAVE, build_lacks_sharding_type),
     "scheduler-ignores-group-lr-bounds": (RESUME, scheduler_ignores_group_lr_bounds),
+    "rerun-machine-disabled-on-resume": (RESUME, rerun_machine_disabled_on_resume),
     "benign-state-in-new-storage": (RESUME, benign_state_in_new_storage),
     "common-state-iteration-stale": (RESUME, common_state_iteration_stale),
     "expert-bias-zeroed-on-load": (RESUME, expert_bias_zeroed_on_load),

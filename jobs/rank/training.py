@@ -344,21 +344,31 @@ def _mtp_losses(tr: model.Trainee, micro: int) -> list[float] | None:
     return [float(v) for v in values]
 
 
-def _one_step(tr: model.Trainee, step: int, holders: int, micro: int = 1) -> StepRecord:
-    """One training step; the recorded loss is the mean over the `holders` ranks that compute it."""
-    t0 = time.perf_counter()
-    lr = float(tr.optimizer.param_groups[0]["lr"])  # the lr this step applies
+def _forward_backward(tr: model.Trainee, step: int, micro: int) -> torch.Tensor:
+    """Zero the grads, run the step's forward and backward and reduce the grads; -> this rank's loss."""
     tr.ddp.zero_grad_buffer()
     tr.optimizer.zero_grad()
     _set_mtp_loss_scale(tr, micro)
     if tr.scheduled is not None:  # a recipe-shaped config: Megatron's schedule, which reduces the grads too
-        loss = tr.scheduled(step, micro)
+        return tr.scheduled(step, micro)
+    if micro == 1:  # every run at one DP size
+        loss, _ = tr.forward_backward(step)  # a pipeline stage before the last contributes 0
+    else:  # a resharded run (tp = pp = 1): this rank's share of the global batch
+        loss = _accumulate(tr, step, micro)
+    tr.sync_grads()
+    return loss
+
+
+def _one_step(tr: model.Trainee, step: int, holders: int, micro: int = 1) -> StepRecord:
+    """One training step; the recorded loss is the mean over the `holders` ranks that compute it."""
+    t0 = time.perf_counter()
+    lr = float(tr.optimizer.param_groups[0]["lr"])  # the lr this step applies
+    if tr.config.rerun_state_machine:  # as Megatron-LM's train_step: inside the machine, which may rerun it
+        from jobs.rank import rerun
+
+        loss = rerun.run_step(functools.partial(_forward_backward, tr, step, micro))
     else:
-        if micro == 1:  # every run at one DP size
-            loss, _ = tr.forward_backward(step)  # a pipeline stage before the last contributes 0
-        else:  # a resharded run (tp = pp = 1): this rank's share of the global batch
-            loss = _accumulate(tr, step, micro)
-        tr.sync_grads()
+        loss = _forward_backward(tr, step, micro)
     scalars = applied.applied_scalars(tr.optimizer)  # what this update applies, group by group
     ok, grad_norm, num_zeros = tr.optimizer.step()
     tr.scheduler.step(increment=tr.scheduler_increment(bool(ok), micro))

@@ -99,6 +99,15 @@ def loss_scaler(optimizer: Any) -> dict[str, str]:
     return out
 
 
+def _loop_state(tr: Any) -> dict[str, str]:
+    """The training loop's state beside the iteration: the rerun state machine, where the config runs one."""
+    if not tr.config.rerun_state_machine:
+        return {}
+    from jobs.rank import rerun
+
+    return rerun.fields()
+
+
 def snapshot(tr: Any) -> dict[str, Any]:
     """Fingerprint the trainee's whole resumable state on this rank."""
     module = tr.ddp.module
@@ -111,7 +120,7 @@ def snapshot(tr: Any) -> dict[str, Any]:
         **_optimizer_sections(tr.optimizer, tr.name_of),
         "groups": param_groups(tr.optimizer),
         "scheduler": sched,
-        "iteration": {"iteration": repr(int(tr.iteration))},
+        "iteration": {"iteration": repr(int(tr.iteration)), **_loop_state(tr)},
         "rng": {k: fingerprint(v) for k, v in rng.capture().items()},
         "scaler": loss_scaler(tr.optimizer),
         "nonpersistent": transient,
