@@ -91,7 +91,7 @@ def test_moe_recipe_with_production_metadata_is_bit_exact_in_one_key_space(tmp_p
     spec = RunSpec.from_dict({"config": "moe-recipe", "dp": 2, "ep": 2, "steps": 8, "save_step": 4,
                               "sharding": "fully_reshardable",
                               "workarounds": ["realign-param-index", "restore-adam-step", "load-absent-step"]})
-    r = dict(run_parity(spec, tmp_path))
+    r: dict[str, Any] = dict(run_parity(spec, tmp_path))
     assert r["verdict"] == "pass" and r["signatures"] == [], r["signatures"]
     assert all(s["loss_baseline"] == s["loss_resumed"] for s in r["steps"] if s["resumed_phase"])
     keys = _doc(tmp_path, "resume")["probes"]["checkpoint_contents"]["keys"]
@@ -120,7 +120,7 @@ def test_a_recipe_setting_the_build_lacks_is_unsupported_by_build(monkeypatch: p
 @pytest.mark.nightly  # the gate's check runs PP 2 x DP 1 (pp2-vpp-gpt-recipe); this is its four-rank layout
 def test_recipe_at_pp2_dp2_with_a_virtual_pipeline_is_bit_exact(tmp_path: Path) -> None:
     spec = RunSpec.from_dict({**RECIPE, "pp": 2, "workarounds": ["restore-adam-step", "match-groups-by-lr-bounds"]})
-    r = dict(run_parity(spec, tmp_path))
+    r: dict[str, Any] = dict(run_parity(spec, tmp_path))
     assert r["verdict"] == "pass" and r["signatures"] == [], r["signatures"]
     assert all(s["loss_baseline"] == s["loss_resumed"] for s in r["steps"] if s["resumed_phase"])
     doc = _doc(tmp_path, "train_and_save")
