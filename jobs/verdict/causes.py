@@ -33,7 +33,13 @@ from jobs.contract import (
     STATE_FINAL,
     PhaseDocument,
 )
-from jobs.signature_names import FINAL_STATE_MISMATCH, SAVE_MUTATES_LIVE_STATE
+from jobs.signature_names import (
+    FINAL_STATE_MISMATCH,
+    LR_SCHEDULE_MISMATCH,
+    PARAM_GROUP_IDENTITY_COLLISION,
+    PARAM_GROUP_SCALARS_MISMATCH,
+    SAVE_MUTATES_LIVE_STATE,
+)
 from jobs.verdict.state_diff import RESTORE_SIGNATURES, SECTIONS, snapshot_diffs
 
 ABSENT = "absent from the checkpoint"
@@ -360,3 +366,39 @@ def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     for r in rows:
         out[r["how"]] = out.get(r["how"], 0) + 1
     return out
+
+
+def scalar_cause_lines(evidence: dict[str, Any]) -> dict[str, str]:
+    """Cause lines of the findings that are not a lost tensor: a param-group identity collision and a
+    scalar an optimizer applied differently (what on-call reads first, before the state items they move)."""
+    lines: dict[str, str] = {}
+    collision = evidence.get(PARAM_GROUP_IDENTITY_COLLISION)
+    if isinstance(collision, dict) and collision.get("collisions"):
+        first = collision["collisions"][0]
+        (a, b), (bounds_a, bounds_b) = first["groups"], first["lr_bounds"]
+        keys = ", ".join(collision.get("identifier_keys") or [])
+        more = len(collision["collisions"]) - 1
+        lines[PARAM_GROUP_IDENTITY_COLLISION] = (
+            f"{PARAM_GROUP_IDENTITY_COLLISION}: optimizer {first['optimizer']} groups {a} and {b} (max/min lr "
+            f"{_bounds(bounds_a)} vs {_bounds(bounds_b)}) share this build's identity keys ({keys}): the load "
+            f"gave both one group's settings" + (f" (+{more} more)" if more else "")
+        )
+    for signature, scalar in ((LR_SCHEDULE_MISMATCH, "lr"), (PARAM_GROUP_SCALARS_MISMATCH, "weight_decay")):
+        found = (evidence.get(signature) or {}).get(f"applied_{scalar}") if isinstance(evidence.get(signature),
+                                                                                      dict) else None
+        if found and found.get("items"):
+            item = found["items"][0]
+            more = found["count"] - 1
+            lines[signature] = (
+                f"{signature}: group {item['group']} applied {scalar} {_num(item['resumed'])} at step {item['step']} "
+                f"where the uninterrupted run applied {_num(item['baseline'])}" + (f" (+{more} more)" if more else "")
+            )
+    return lines
+
+
+def _num(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, (int, float)) else "nothing (no such group)"
+
+
+def _bounds(pair: list[Any]) -> str:
+    return "/".join(_num(v) for v in pair)

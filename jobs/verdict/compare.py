@@ -250,7 +250,10 @@ def evaluate(
         verdict = FAIL if causes or not lane["tolerance"]["pass"] else PASS
         signatures = causes
     # every state-diff cause names what the resume lost (section, state-dict name, how), once, here
-    cause_lines = {n: line for n, line in lost.annotate(evidence, baseline_doc, resumed_doc).items() if n in signatures}
+    # (a named known bug and a wrongly applied scalar first: they say why the state items below moved)
+    state_lines = lost.annotate(evidence, baseline_doc, resumed_doc)
+    cause_lines = {n: line for n, line in {**lost.scalar_cause_lines(evidence), **state_lines}.items()
+                   if n in signatures}
     if missing:  # evidence the spec requires is absent: whatever the rest says, the run is not judged
         verdict, errors = ERROR, [*missing, *errors]
     worked_around: list[SignatureId] = [n for n in SIGNATURE_IDS if n in hidden]

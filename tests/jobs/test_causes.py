@@ -152,3 +152,25 @@ def test_optimizer_state_is_never_called_absent_from_a_listing_of_another_layout
                                 "torch.bfloat16).bucket_idx_0", "iteration"], "requested": [{}]})
     assert ckpt.holds("main", "module.decoder.final_layernorm.bias", 0) is None
     assert ckpt.holds("moments", "module.decoder.final_layernorm.bias/exp_avg", 0) is None
+
+
+def test_a_collision_and_a_wrongly_applied_scalar_get_cause_lines_of_their_own() -> None:
+    from jobs.verdict.causes import scalar_cause_lines
+
+    evidence = {
+        "param-group-identity-collision": {
+            "collisions": [{"optimizer": 0, "groups": [0, 1], "lr_bounds": [[1e-3, 1e-4], [2e-3, 2e-4]]}],
+            "identifier_keys": ["wd_mult", "lr_mult"],
+        },
+        "lr-schedule-mismatch": {"steps": [5], "applied_lr": {"count": 2, "first_step": 5, "items": [
+            {"step": 5, "group": "o0.g1", "scalar": "lr", "baseline": 0.002, "resumed": None}]}},
+        "param-group-scalars-mismatch": {"names": ["x"]},  # a state finding only: the state diff's line
+    }
+    lines = scalar_cause_lines(evidence)
+    assert lines["param-group-identity-collision"] == (
+        "param-group-identity-collision: optimizer 0 groups 0 and 1 (max/min lr 0.001/0.0001 vs 0.002/0.0002) "
+        "share this build's identity keys (wd_mult, lr_mult): the load gave both one group's settings")
+    assert lines["lr-schedule-mismatch"] == ("lr-schedule-mismatch: group o0.g1 applied lr nothing (no such group) "
+                                             "at step 5 where the uninterrupted run applied 0.002 (+1 more)")
+    assert "param-group-scalars-mismatch" not in lines
+    assert scalar_cause_lines({}) == {}
