@@ -148,7 +148,9 @@ _TABLE = (
         "cause",
         "Learning rate differs after resume",
         "The resumed run applies a different learning rate than the uninterrupted run at some "
-        "step: the scheduler state was not restored.",
+        "step: the scheduler's state, or a param group's own LR bounds (decoupled_lr, a per-group override), "
+        "did not come back as saved. Read from the step record's lr and from every param group's applied lr "
+        "(`applied_lr`: the step and group where it first differs).",
         (),
     ),
     Signature(
