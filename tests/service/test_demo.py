@@ -31,3 +31,12 @@ def test_demo_on_embedded_defaults_ends_in_verdicts(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "pgdata" / "PG_VERSION").exists()  # the embedded server was used
     assert "/runs/1/triage" not in out  # the passing run has nothing to triage
     assert "embedded Postgres stopped" in out and not (tmp_path / "data" / "pgdata" / "postmaster.pid").exists()
+
+
+def test_the_known_good_run_takes_the_configs_own_workarounds() -> None:
+    from service.cli.server.demo import known_good_workarounds
+
+    # Bug A and the Adam step on the default MoE config; 0.16.1's group collision on the recipe; no Bug A on dense
+    assert known_good_workarounds("moe-fp32-router") == ["realign-param-index", "restore-adam-step"]
+    assert known_good_workarounds("gpt-recipe") == ["restore-adam-step", "match-groups-by-lr-bounds"]
+    assert known_good_workarounds("dense-bf16") == ["restore-adam-step"]
