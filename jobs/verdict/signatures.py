@@ -148,8 +148,8 @@ _TABLE = (
         "cause",
         "Learning rate differs after resume",
         "The resumed run applies a different learning rate than the uninterrupted run at some "
-        "step: the scheduler's state, or a param group's own LR bounds (decoupled_lr, a per-group override), "
-        "did not come back as saved. Read from the step record's lr and from every param group's applied lr "
+        "step: the scheduler state, or a param group's own LR bounds (decoupled_lr, a per-group override), "
+        "was not restored as saved. Read from the step record's lr and from every param group's applied lr "
         "(`applied_lr`: the step and group where it first differs).",
         (),
     ),
