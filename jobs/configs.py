@@ -259,6 +259,9 @@ class ModelConfig:
 
 
 _MOE = dict(kind="gpt", num_layers=2, hidden_size=128, num_experts=4, moe_router_topk=2)
+# What both recipe configs turn on alike (each keeps its own schedule, parallel layout and model)
+_RECIPE = dict(per_token_loss=True, vocab_size=1000, vocab_padding_multiple=128, checkpoint_metadata=True,
+               rerun_state_machine=True)
 
 CONFIGS: dict[str, ModelConfig] = {
     c.name: c
@@ -430,11 +433,7 @@ CONFIGS: dict[str, ModelConfig] = {
             lr_wsd_decay_style="cosine",
             override_opt_param_scheduler=True,
             scheduler_by_samples=True,
-            per_token_loss=True,
-            vocab_size=1000,
-            vocab_padding_multiple=128,
-            checkpoint_metadata=True,
-            rerun_state_machine=True,
+            **_RECIPE,  # type: ignore[arg-type]
             expected={"no-workaround": "fail: adam-step-not-restored + param-group-identity-collision (0.16.x)"},
         ),
         ModelConfig(
@@ -456,11 +455,7 @@ CONFIGS: dict[str, ModelConfig] = {
             lr_warmup_steps=5,  # the gate saves inside the warmup (step 4): its init LR must come back too
             lr_warmup_init=1e-4,
             scheduler_by_samples=True,
-            per_token_loss=True,
-            vocab_size=1000,
-            vocab_padding_multiple=128,
-            checkpoint_metadata=True,
-            rerun_state_machine=True,
+            **_RECIPE,  # type: ignore[arg-type]
             expected={"no-workaround": "fail: optimizer-index-misalignment (save crash)"},
             **_MOE,  # type: ignore[arg-type]
         ),

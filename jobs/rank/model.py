@@ -86,8 +86,7 @@ class Trainee:
         Megatron-LM's trainer does this before a save (disable_forward_pre_hook), so what is saved and
         snapshotted is the updated model, not the stale halves the next forward would gather.
         """
-        if getattr(self.ddp, "use_forward_hook", False) and self.ddp.remove_forward_pre_hook_handles:
-            self.ddp.disable_forward_pre_hook(param_sync=True)
+        self._gather_hook_off(param_sync=True)
 
     def regather_params_in_forward(self) -> None:
         """Turn the deferred param all-gather back on after gather_params (training goes on)."""
@@ -100,8 +99,11 @@ class Trainee:
         The loaded params are whole on every rank; the trainer skips the first all-gather so that a
         load gone wrong on one rank does not spread through it, and turns the hook on after step one.
         """
+        self._gather_hook_off(param_sync=False)
+
+    def _gather_hook_off(self, param_sync: bool) -> None:
         if getattr(self.ddp, "use_forward_hook", False) and self.ddp.remove_forward_pre_hook_handles:
-            self.ddp.disable_forward_pre_hook(param_sync=False)
+            self.ddp.disable_forward_pre_hook(param_sync=param_sync)
 
     @property
     def sub_optimizers(self) -> list[Any]:
