@@ -7,6 +7,8 @@ service can list configs without paying for Megatron-Core.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +21,9 @@ FP8_FORMATS = ("", "hybrid", "e4m3")  # "": no FP8; TransformerConfig.fp8 otherw
 LR_DECAY_STYLES = ("cosine", "linear", "constant", "WSD")
 WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
 MAX_MICROBATCHES = 4
+# How the engine trains a config: 1, the toy way (one bucket, one microbatch, untied, equal groups, a bare
+# scheduler); 2, the production recipe by default. Part of every check's identity (jobs/spec.py).
+TRAINING_REVISION = 2
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class ModelConfig:
     dropout: float = 0.0  # hidden and attention dropout (> 0 makes the RNG restore matter)
     vocab_size: int = 1024
     seq_length: int = 32
-    micro_batch_size: int = 4
+    micro_batch_size: int = 2  # samples per microbatch (x microbatches per rank and step)
     # Module-name suffixes re-cast to FP32 after Float16Module (the "keep in FP32" recipe).
     fp32_modules: tuple[str, ...] = ()
     # Learnable FP32 scalar gate on every MLP output (numel 1: exercises 64-alignment padding).
@@ -50,6 +55,7 @@ class ModelConfig:
     optimizer: str = "distributed-adam"
     lr: float = 1e-3
     min_lr: float = 1e-4
+    # the gate saves at step 2 of 5: inside the warmup, with its last step and two decay steps after it
     lr_warmup_steps: int = 3
     lr_decay_style: str = "cosine"
     weight_decay: float = 0.01
@@ -71,31 +77,37 @@ class ModelConfig:
     mtp_num_layers: int = 0
     mtp_loss_scaling_factor: float = 0.1
     # How production recipes train (Megatron-LM's examples, Megatron-Bridge's recipes; ../docs/detection.md).
-    # Every default below is the engine's first, toy way, so the configs made before them keep their
-    # training (and with it every stored check's history); a recipe-shaped config turns them on.
-    gated_mlp: bool = False  # SwiGLU: gated_linear_unit with silu; fc1 holds two matrices
-    tied_embeddings: bool = False  # share_embeddings_and_output_weights (the last PP stage holds a copy)
+    # Every default is what those recipes turn on, so every config trains the production way unless its
+    # shape cannot (a linear stack has no MLP or embedding: it says so). The engine trained the toy way
+    # before TRAINING_REVISION 2; a check's identity carries the revision and these fields
+    # (jobs/spec.py training_fingerprint), so no history compares a recipe-shaped run with a toy one.
+    gated_mlp: bool = True  # SwiGLU: gated_linear_unit with silu; fc1 holds two matrices
+    tied_embeddings: bool = True  # share_embeddings_and_output_weights (the last PP stage holds a copy)
     # > 0: overlap_grad_reduce + overlap_param_gather with buckets of this many elements (several
     # buckets per buffer, the param all-gather deferred to the next forward); 0: one bucket, no overlap
-    bucket_size: int = 0
-    microbatches: int = 1  # per DP rank and step, through Megatron's schedule (no_sync before the last)
-    grad_reduce_in_fp32: bool = True  # False: grads reduced in the params' bf16
-    decoupled_lr: float = 0.0  # > 0: the embedding and output layer's own max_lr (decoupled_lr)
-    decoupled_min_lr: float = 0.0  # with decoupled_lr: their own min_lr
-    lr_warmup_init: float = 0.0  # warmup starts here, not at 0
+    bucket_size: int = 20_000
+    # per DP rank and step, through Megatron's schedule (no_sync before the last); with micro_batch_size
+    # 2 a rank's step holds the 4 samples the toy engine drew at once
+    microbatches: int = 2
+    grad_reduce_in_fp32: bool = True  # False: grads reduced in the params' bf16 (an option, in the gate)
+    # > 0: the embedding and output layer's own max_lr (decoupled_lr): their param groups differ from
+    # the others in their LR bounds only
+    decoupled_lr: float = 2e-3
+    decoupled_min_lr: float = 2e-4  # with decoupled_lr: their own min_lr
+    lr_warmup_init: float = 1e-4  # warmup starts here, not at 0
     wsd_decay_steps: int = 0  # lr_decay_style "WSD": the annealing steps at the end
     lr_wsd_decay_style: str = "linear"
     override_opt_param_scheduler: bool = False  # the scheduler keeps its own settings over the checkpoint's
     # production steps the scheduler by consumed samples, on successful updates only (warmup and decay
     # counted in samples); False: by 1 per step whatever the update did
-    scheduler_by_samples: bool = False
+    scheduler_by_samples: bool = True
     per_token_loss: bool = False  # calculate_per_token_loss: grads divided by the step's token count
     # > 0: the embedding and output layer hold vocab_size padded up to a multiple of this x tp
     # (Megatron-LM's make_vocab_size_divisible_by); the data draws tokens below vocab_size only
     vocab_padding_multiple: int = 0
     # the metadata Megatron-LM's trainer gives sharded_state_dict (chained_optim_avoid_prefix, no singleton
     # local shards, the DP group): the checkpoint's key layout production writes
-    checkpoint_metadata: bool = False
+    checkpoint_metadata: bool = True
     # Megatron's rerun state machine as production runs it: check_for_nan_in_grad validating each bucket's
     # grads through it, every step inside should_run_forward_backward (--rerun-mode validate_results), its
     # state saved with the checkpoint and restored by the load (jobs/rank/rerun.py)
@@ -187,6 +199,16 @@ class ModelConfig:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if k not in skip}
 
     @property
+    def training(self) -> str:
+        """How this config trains, as one short name: the engine's training revision and a hash of every field.
+
+        Part of a check's identity and of a calibrated bound's: when a config's training changes (a field, a
+        default, the engine's revision) its checks start a new history and its bounds must be re-measured.
+        """
+        text = json.dumps(self.parameters, sort_keys=True, separators=(",", ":"))
+        return f"r{TRAINING_REVISION}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+    @property
     def megatron_settings(self) -> dict[str, Any]:
         """The Megatron-Core TransformerConfig / OptimizerConfig settings this config switches on."""
         out: dict[str, Any] = {"fp16": True} if self.fp16 else {"bf16": True}
@@ -259,9 +281,11 @@ class ModelConfig:
 
 
 _MOE = dict(kind="gpt", num_layers=2, hidden_size=128, num_experts=4, moe_router_topk=2)
-# What both recipe configs turn on alike (each keeps its own schedule, parallel layout and model)
-_RECIPE = dict(per_token_loss=True, vocab_size=1000, vocab_padding_multiple=128, checkpoint_metadata=True,
-               rerun_state_machine=True)
+# The options beyond the production defaults that both recipe configs turn on alike (each keeps its own
+# schedule, parallel layout and model): per-token loss, a padded vocabulary, the rerun state machine
+_RECIPE = dict(per_token_loss=True, vocab_size=1000, vocab_padding_multiple=128, rerun_state_machine=True)
+# A linear stack has no MLP and no embedding: it cannot be gated or tied (it trains the rest the recipe way)
+_LINEAR_STACK = dict(kind="linear-stack", gated_mlp=False, tied_embeddings=False)
 
 CONFIGS: dict[str, ModelConfig] = {
     c.name: c
@@ -317,13 +341,13 @@ CONFIGS: dict[str, ModelConfig] = {
             "elements at DP 1 and 2",
             why="The silent case: the index map is misaligned but all shard sizes agree, so the save does "
             "not raise and each checkpoint slot holds another parameter's optimizer state.",
-            kind="linear-stack",
             hidden_size=64,
             num_attention_heads=4,
             bf16_layers=4,
             fp32_head_layers=2,
             fp32_modules=("head",),
-            micro_batch_size=16,
+            micro_batch_size=8,
+            **_LINEAR_STACK,  # type: ignore[arg-type]
             max_dp=2,
             expected={"no-workaround": "fail: optimizer-index-misalignment + optimizer-state-mismatch"},
         ),
@@ -335,13 +359,14 @@ CONFIGS: dict[str, ModelConfig] = {
             why="Bug C (fixed in core_v0.16.0): a rank owning no params of a group must not write broken "
             "common metadata; probes check the empty group and that param_groups lr/step agree across "
             "ranks after load.",
-            kind="linear-stack",
             hidden_size=64,
             bf16_layers=4,
             readout=True,
-            micro_batch_size=16,
+            micro_batch_size=8,
             max_dp=4,
             optimizer="layerwise-adam",
+            bucket_size=0,  # the layer-wise optimizer is no DistributedOptimizer: no overlapped param gather
+            **_LINEAR_STACK,  # type: ignore[arg-type]
             expected={"no-workaround": "see jobs/README.md (Bug C)"},
         ),
         ModelConfig(
@@ -389,6 +414,7 @@ CONFIGS: dict[str, ModelConfig] = {
             "their optimizer state leaves the main loss of step N+1 untouched and shows in the state.",
             kind="gpt",
             mtp_num_layers=1,
+            tied_embeddings=False,  # as DeepSeek-V3 trains it: MTP at PP > 1 then needs no unused output weight
             expected={"no-workaround": "fail: adam-step-not-restored at step N+1"},
         ),
         ModelConfig(
@@ -416,23 +442,14 @@ CONFIGS: dict[str, ModelConfig] = {
             kind="gpt",
             num_layers=4,
             virtual_pipeline=2,  # at PP 2: two chunks of one layer per stage, interleaved 1F1B
-            gated_mlp=True,
-            tied_embeddings=True,
-            bucket_size=20_000,
-            microbatches=2,
-            micro_batch_size=2,
             grad_reduce_in_fp32=False,
-            decoupled_lr=2e-3,
-            decoupled_min_lr=2e-4,
             # the gate saves at step 4 of 8: the resume runs the warmup's last step, a stable one and the
             # WSD annealing
             lr_warmup_steps=5,
-            lr_warmup_init=1e-4,
             lr_decay_style="WSD",
             wsd_decay_steps=2,
             lr_wsd_decay_style="cosine",
             override_opt_param_scheduler=True,
-            scheduler_by_samples=True,
             **_RECIPE,  # type: ignore[arg-type]
             expected={"no-workaround": "fail: adam-step-not-restored + param-group-identity-collision (0.16.x)"},
         ),
@@ -447,14 +464,7 @@ CONFIGS: dict[str, ModelConfig] = {
             "(chained_optim_avoid_prefix), expert fc1s holding two matrices, and grads scaled by the step's token "
             "count; the FP32 routers keep Bug A in play.",
             fp32_modules=("mlp.router",),
-            gated_mlp=True,
-            tied_embeddings=True,
-            bucket_size=20_000,
-            microbatches=2,
-            micro_batch_size=2,
             lr_warmup_steps=5,  # the gate saves inside the warmup (step 4): its init LR must come back too
-            lr_warmup_init=1e-4,
-            scheduler_by_samples=True,
             **_RECIPE,  # type: ignore[arg-type]
             expected={"no-workaround": "fail: optimizer-index-misalignment (save crash)"},
             **_MOE,  # type: ignore[arg-type]

@@ -57,9 +57,10 @@ def ep_choices(cfg: ModelConfig) -> list[int]:
 
 def pp_choices(cfg: ModelConfig) -> list[int]:
     """The pipeline sizes that divide the config's layers (what Megatron would accept)."""
-    if cfg.kind != "gpt" or cfg.mtp_num_layers:
-        # MTP on the last stage needs its own embedding copy tied over an embedding group the
-        # harness does not build (untied output weights); not run here, so not offered
+    if cfg.kind != "gpt" or (cfg.mtp_num_layers and cfg.tied_embeddings):
+        # MTP on a last stage (PP > 1) with tied embeddings: Megatron-Core allocates that stage's output
+        # weight and never uses it (the MTP stage's embedding copy is the shared weight), so overlapped grad
+        # reduce asserts that it got no grad. DeepSeek-V3 unties them, as gpt-mtp does.
         return [1]
     # with a virtual pipeline every stage holds `virtual_pipeline` chunks of whole layers
     return [p for p in range(1, MAX_PP + 1) if cfg.num_layers % (p * (cfg.virtual_pipeline if p > 1 else 1)) == 0]
@@ -91,7 +92,9 @@ def validate(cfg: ModelConfig, dp: int, tp: Any, pp: Any, ep: Any, error: Any) -
         why = (
             f"config {cfg.name!r} ({cfg.kind}) has no pipeline stages"
             if cfg.kind != "gpt"
-            else f"config {cfg.name!r} has a multi-token-prediction head, verified at tp = pp = 1 only"
+            else f"config {cfg.name!r} has a multi-token-prediction head with tied embeddings, which Megatron-Core "
+            "cannot train on a last pipeline stage with overlapped grad reduce (its output weight gets no grad); "
+            "an untied MTP config (gpt-mtp) runs at pp 2"
             if cfg.mtp_num_layers
             else f"{pp} x {cfg.virtual_pipeline} virtual chunks does not divide num_layers {cfg.num_layers} of config "
             f"{cfg.name!r}" if cfg.virtual_pipeline > 1

@@ -35,9 +35,10 @@ REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
 ISOLATION_MODES = ("process", "job")
 DEFAULT_ISOLATION = "process"
 # resume under another DP layout (resume_dp)
-# The global batch is lcm(dp, resume_dp) microbatches, each phase's ranks accumulating their share;
-# more than this many microbatches per rank is a spec that costs far more than the check it buys.
-MAX_MICROBATCHES_PER_RANK = 4
+# The global batch is lcm(dp, resume_dp) x the config's microbatches, each phase's ranks accumulating
+# their share; more than this many microbatches per rank is a spec that costs far more than the check it
+# buys (8: a production-recipe config's 2 per rank at 2 -> 3 or 3 -> 4)
+MAX_MICROBATCHES_PER_RANK = 8
 # The profile a resharded resume is judged by unless the spec names a non-exact one itself.
 RESHARD_TOLERANCE = "reshard"
 # multi-node (nodes)
@@ -341,6 +342,11 @@ class RunSpec:
     def reshards(self) -> bool:
         """Whether the resume runs at another DP size than the save."""
         return self.resume_dp is not None
+
+    @property
+    def training(self) -> str:
+        """How the run's model trains (its config as shaped): ModelConfig.training."""
+        return apply_shape(CONFIGS[self.config], self.shape).training
 
     @property
     def virtual_pipeline_size(self) -> int | None:

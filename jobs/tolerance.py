@@ -190,11 +190,13 @@ def bounds_from(observed: dict[str, Any], factor: float = CALIBRATION_FACTOR) ->
 
 def calibrated_reshard_profile(
     config: str, dp: int, resume_dp: int, resumed_steps: int, calibration: dict[str, Any] | None = None,
-    device: str = "cpu",
+    device: str = "cpu", training: str | None = None,
 ) -> tuple[ToleranceProfile | None, str]:
     """(the measured profile for this reshard, or None; why not / where it comes from).
 
     A cuda reshard is judged only by bounds measured on a GPU (GPU_CALIBRATION_FILE), never by the CPU's.
+    With `training` (ModelConfig.training), only bounds measured on that training count: a bound measured
+    before the config's training changed (another field, default or engine revision) says nothing of it.
     """
     key = reshard_key(config, dp, resume_dp, device=device)
     if calibration is None:
@@ -203,7 +205,14 @@ def calibrated_reshard_profile(
     # one entry per horizon: drift grows with every resumed step, so a bound is used only up to the number of
     # resumed steps it was measured over, and the nearest horizon that covers the run is the tightest
     measured = {k: e for k, e in entries.items() if k == key or k.startswith(f"{key}@")}
+    stale = {k: e for k, e in measured.items() if training is not None and e.get("training") != training}
+    measured = {k: e for k, e in measured.items() if k not in stale}
     if not measured:
+        if stale:
+            was = sorted({str(e.get("training", "r1 (the toy engine)")) for e in stale.values()})
+            return None, (f"the reshard bound for {key} was measured on another training ({', '.join(was)}); "
+                          f"{config} now trains as {training}: re-measure it with `parity calibrate --config "
+                          f"{config} --dp {dp} --resume-dp {resume_dp} --write` (jobs/calibration/reshard.json)")
         return None, (f"no measured reshard bound for {key}: run `parity calibrate --config {config} "
                       f"--dp {dp} --resume-dp {resume_dp}` (jobs/calibration/reshard.json)")
     covering = sorted((e for e in measured.values() if _horizon(e) >= resumed_steps), key=_horizon)

@@ -37,7 +37,8 @@ from jobs.tolerance import (
 from jobs.verdict.state_diff import snapshot_diffs
 
 DEFAULT_SEEDS = (1234, 1235, 1236)
-DEFAULT_WORKAROUNDS = ("realign-param-index", "restore-adam-step")
+# the workarounds of the known upstream bugs a clean run on 0.16.x needs (each says when it was not needed)
+DEFAULT_WORKAROUNDS = ("match-groups-by-lr-bounds", "realign-param-index", "restore-adam-step")
 # what a clean run may show: its drift (judged by the bound being measured), and not being judged yet
 DRIFT_SIGNATURES = {FINAL_STATE_MISMATCH, LOSS_DIVERGENCE_UNEXPLAINED}
 Runner = Callable[[RunSpec, Path], ParityResult]
@@ -116,10 +117,12 @@ def calibrate_reshard(
     """Run clean reshard resumes, one per seed; return (key, the calibration entry)."""
     base = {"config": config, "dp": dp, "resume_dp": resume_dp, "steps": steps, "save_step": save_step,
             "workarounds": list(workarounds)}
-    runs = _runs([RunSpec.from_dict({**base, "seed": s}) for s in seeds], folder, runner, log)
+    specs = [RunSpec.from_dict({**base, "seed": s}) for s in seeds]
+    runs = _runs(specs, folder, runner, log)
     observed = combine(runs)
     entry = {
         "spec": base,
+        "training": specs[0].training,  # a bound holds for the training it was measured on (jobs/tolerance.py)
         "seeds": list(seeds),
         "runs": len(runs),
         "build": runs[0]["build"],

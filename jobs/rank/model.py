@@ -306,11 +306,17 @@ class LinearStack(torch.nn.Module):
     """
 
     def __init__(self, width: int, bf16_layers: int, fp32_layers: int, readout: bool = False) -> None:
+        from megatron.core.enums import ModelType
+
         super().__init__()
+        self.model_type = ModelType.encoder_or_decoder  # what Megatron's schedules ask every model
         self.body = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(bf16_layers))
         self.head = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(fp32_layers))
         self.scale = torch.nn.Parameter(torch.ones(width)) if readout else None
         self.readout = torch.nn.Linear(width, 1, bias=False) if readout else None
+
+    def set_input_tensor(self, tensor: Any) -> None:
+        """Megatron's schedules hand every model its pipeline input; a stack trained at PP 1 has none."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Run the bf16 body, then the FP32 head on an FP32 copy of the activations."""

@@ -27,7 +27,8 @@ def judged_profile(
         return TOLERANCE_PROFILES[name], None
     assert spec.resume_dp is not None
     profile, why = calibrated_reshard_profile(
-        spec.config, spec.dp, spec.resume_dp, len(spec.resumed_steps), calibration, device=spec.device
+        spec.config, spec.dp, spec.resume_dp, len(spec.resumed_steps), calibration, device=spec.device,
+        training=spec.training,
     )
     if profile is None:
         return TOLERANCE_PROFILES[name], error_record("NotCalibrated", why, stage="evaluate")

@@ -1,7 +1,9 @@
 """Check identity and tracks: which runs are "the same check", and which history a run belongs to.
 
 A *check* is the canonical run spec: every field of `RunSpec.to_dict()` (so a spec field added later
-joins the identity without code here changing), serialised with sorted keys and hashed. A *track*
+joins the identity without code here changing) and how its config trains (`RunSpec.training`: the
+engine's training revision and every config field, so a config whose training changes starts a new
+history rather than comparing a recipe-shaped run with a toy one), serialised with sorted keys and hashed. A *track*
 is where a check's history accumulates: the run's `branch` label, else its environment's name.
 """
 
@@ -45,8 +47,12 @@ def canonical(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_key(spec: dict[str, Any]) -> str:
-    """The stable hash of a canonical spec: sha256 over sorted-key compact JSON, first 16 hex digits."""
-    return _key(canonical(spec))
+    """The stable hash of a canonical spec and its training: sha256 over sorted-key compact JSON, 16 hex digits."""
+    try:
+        parsed = RunSpec.from_dict(spec)
+    except (ValueError, TypeError):
+        return _key(dict(spec))  # a row stored by an older build with a field since removed: as stored
+    return spec_identity(parsed)[0]
 
 
 def _key(data: dict[str, Any]) -> str:
@@ -70,7 +76,7 @@ def check_name(spec: dict[str, Any]) -> str:
 def spec_identity(spec: RunSpec) -> tuple[str, str]:
     """The check key and readable name of a spec already parsed (a request's): no second parse."""
     data = spec.to_dict()
-    return _key(data), _name(data)
+    return _key({**data, "training": spec.training}), _name(data)
 
 
 def _name(data: dict[str, Any]) -> str:

@@ -29,5 +29,5 @@ def test_run_page_tolerance_is_the_reshard_profile_for_a_resharded_run() -> None
 
     assert tolerance_of(run(tolerance="exact")).name == "exact"  # type: ignore[union-attr]
     # the profile measured for this config and direction (jobs/calibration/reshard.json)
-    assert tolerance_of(run(tolerance="exact", resume_dp=1)).name == "reshard:moe-fp32-router:2->1"  # type: ignore[union-attr]
+    assert tolerance_of(run(tolerance="exact", resume_dp=1)).name == "reshard:moe-fp32-router:2->1@3"  # type: ignore[union-attr]
     assert tolerance_of(run(tolerance="loose", resume_dp=1)).name == "loose"  # type: ignore[union-attr]

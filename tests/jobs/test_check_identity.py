@@ -1,6 +1,8 @@
 """Check identity as a rule (jobs/spec.py ALWAYS_STORED): adding a spec field at its default re-keys
-no check; the same field at another value makes another check. The keys below were computed before
-the rule was written down: they are the identities stored in every deployed database."""
+no check; the same field at another value makes another check; and a config whose training changes
+(jobs/configs.py TRAINING_REVISION, a field, a default) makes another check of the same spec. The keys
+below are those of training revision 2 (the production recipe by default): the identities a deployed
+database stores from then on (revision 1's toy-trained runs keep theirs, a history of their own)."""
 
 from __future__ import annotations
 
@@ -14,16 +16,16 @@ from service.core.checks import check_key, check_name
 
 MOE = {"config": "moe-fp32-router", "dp": 2, "steps": 6, "save_step": 3}
 KNOWN_KEYS: list[tuple[dict[str, Any], str]] = [
-    (MOE, "88bdb716c19fd66a"),
-    ({**MOE, "workarounds": ["realign-param-index", "restore-adam-step"]}, "14612133cc812f5c"),
+    (MOE, "6181c90813ef1262"),
+    ({**MOE, "workarounds": ["realign-param-index", "restore-adam-step"]}, "c427b632970fc9e0"),
     ({"config": "dense-bf16", "dp": 2, "steps": 8, "save_step": 4, "isolation": "job",
-      "sharding": "fully_reshardable"}, "0b9fc00063cf149b"),
-    ({**MOE, "resume_dp": 1}, "d22a3915894bc77b"),
-    ({**MOE, "ep": 2}, "f9d7f8cd6a4a7ae6"),
-    ({**MOE, "nodes": 2}, "f9436993da3ed8c2"),
+      "sharding": "fully_reshardable"}, "4698400095f0bb6d"),
+    ({**MOE, "resume_dp": 1}, "6bdf89fc6e6344b7"),
+    ({**MOE, "ep": 2}, "1409e637de8e8b2d"),
+    ({**MOE, "nodes": 2}, "115235fececcab51"),
     ({"config": "dense-bf16", "dp": 1, "steps": 6, "save_step": 3, "mutants": ["exp-avg-sq-reset"]},
-     "1a6bc0a98851467b"),
-    ({**MOE, "shape": {"num_layers": 1}}, "a0dad812ed3070d1"),
+     "ed8b83d74a54c5bf"),
+    ({**MOE, "shape": {"num_layers": 1}}, "b2ea23525b5e30fd"),
 ]
 
 
@@ -68,3 +70,16 @@ def test_the_original_fields_are_always_stored_and_the_rest_only_when_set() -> N
     full = RunSpec.from_dict({**MOE, "resume_dp": 1, "mutants": ["exp-avg-sq-reset"]}).to_dict()
     assert {"resume_dp", "mutants"} <= set(full)
     assert check_name({**MOE, "nodes": 2}).endswith("nodes=2")
+
+
+def test_a_config_whose_training_changes_is_another_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same spec on a config trained another way (here: one microbatch, no overlapped buckets) is
+    another check, so no history compares a recipe-shaped run with a toy one."""
+    from jobs import configs
+
+    before = check_key(MOE), check_name(MOE)
+    toy = dataclasses.replace(configs.CONFIGS["moe-fp32-router"], microbatches=1, bucket_size=0)
+    monkeypatch.setitem(configs.CONFIGS, "moe-fp32-router", toy)
+    assert check_key(MOE) != before[0]
+    assert check_name(MOE) == before[1]  # the readable name is the spec's: the same words, another history
+    assert RunSpec.from_dict(MOE).training.startswith(f"r{configs.TRAINING_REVISION}-")

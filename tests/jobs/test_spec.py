@@ -85,6 +85,14 @@ def test_checkpoint_io_strategies_are_spec_variations() -> None:
     assert allowed_values()["fully_parallel"] == [False, True]
 
 
+RECIPE_SETTINGS = {
+    "gated_linear_unit": True, "activation_func": "silu", "overlap_grad_reduce": True, "overlap_param_gather": True,
+    "bucket_size": 20000, "num_microbatches": 2, "decoupled_lr": 0.002, "decoupled_min_lr": 0.0002,
+    "lr_warmup_init": 0.0001, "scheduler_by_samples": True, "chained_optim_avoid_prefix": True,
+    "singleton_local_shards": False,
+}
+
+
 def test_feature_configs_list_the_megatron_settings_they_switch_on() -> None:
     from jobs.configs import ModelConfig
 
@@ -95,7 +103,9 @@ def test_feature_configs_list_the_megatron_settings_they_switch_on() -> None:
     assert by_name["moe-shared-expert"]["megatron"]["moe_shared_expert_intermediate_size"] == 256
     fp16 = by_name["dense-fp16"]["megatron"]
     assert fp16["fp16"] is True and fp16["loss_scale"] is None and "bf16" not in fp16  # the dynamic scaler
-    assert by_name["dense-bf16"]["megatron"] == {"bf16": True}
+    # every GPT config trains as a production recipe (jobs/configs.py): SwiGLU, tied embeddings, overlapped
+    # buckets, 2 microbatches, a decoupled LR, warmup from a non-zero LR, the scheduler in samples, metadata
+    assert by_name["dense-bf16"]["megatron"] == {"bf16": True, **RECIPE_SETTINGS, "share_embeddings_and_output_weights": True}
     assert "moe_router_enable_expert_bias" not in by_name["moe-fp32-router"]["megatron"]
     # features that need CUDA / Transformer Engine say so: GPU checks
     assert by_name["moe-grouped-gemm-te"]["requires"] == ["cuda", "transformer-engine"]
@@ -105,14 +115,15 @@ def test_feature_configs_list_the_megatron_settings_they_switch_on() -> None:
     assert fp8["requires"] == ["cuda", "transformer-engine"] and fp8["megatron"]["fp8"] == "hybrid"
     # the multi-token-prediction head: its settings, at the one layout the harness verifies
     mtp = by_name["gpt-mtp"]
-    assert mtp["megatron"] == {"bf16": True, "mtp_num_layers": 1, "mtp_loss_scaling_factor": 0.1}
-    assert mtp["requires"] == [] and mtp["layouts"] == {"tp": [1], "pp": [1], "ep": [1]}
+    assert mtp["megatron"] == {"bf16": True, **RECIPE_SETTINGS, "mtp_num_layers": 1, "mtp_loss_scaling_factor": 0.1}
+    # untied as DeepSeek-V3 trains it, so the head may sit on a last pipeline stage (tied: pp 1 only)
+    assert mtp["requires"] == [] and mtp["layouts"] == {"tp": [1], "pp": [1, 2], "ep": [1]}
     assert by_name["gpt-mtp-fp32-proj"]["megatron"]["fp32_mtp_modules"] == ["eh_proj"]
     with pytest.raises(ValueError, match="MTP head"):
         ModelConfig(name="x", description="", why="", fp32_modules=("eh_proj",))
-    for field in ("tp", "pp"):  # refused by name, never run unproven
+    for config, field in (("gpt-mtp", "tp"), ("gpt-mtp-fp32-proj", "pp")):  # refused by name, never run unproven
         with pytest.raises(SpecError, match="multi-token-prediction head") as err:
-            RunSpec.from_dict({"config": "gpt-mtp", "dp": 2, "steps": 4, "save_step": 2, field: 2})
+            RunSpec.from_dict({"config": config, "dp": 2, "steps": 4, "save_step": 2, field: 2})
         assert err.value.field == field
     with pytest.raises(ValueError, match="mtp_num_layers"):
         ModelConfig(name="x", description="", why="", mtp_num_layers=3)
@@ -283,15 +294,15 @@ def test_layout_rules_apply_to_the_shaped_model(fields: dict, field: str, text: 
 def test_resume_dp_is_absent_unless_set_and_keeps_the_check_identity() -> None:
     plain = RunSpec.from_dict(GOOD)
     assert "resume_dp" not in plain.to_dict() and not plain.reshards
-    assert plain.phase_dp("resume") == 2 and plain.microbatches("resume") == 1
+    assert plain.phase_dp("resume") == 2 and plain.microbatches("resume") == 2  # the config's own 2
     assert (plain.effective_isolation, plain.effective_tolerance) == ("process", "exact")
     spec = RunSpec.from_dict({**GOOD, "resume_dp": 1})
     data = json.loads(json.dumps(spec.to_dict()))
     assert data["resume_dp"] == 1 and RunSpec.from_dict(data) == spec and spec != plain
     assert (spec.phase_dp("train_and_save"), spec.phase_dp("resume")) == (2, 1)
-    # the global batch stays 2 microbatches: rank 0 of the resume accumulates both
-    assert spec.global_microbatches == 2
-    assert (spec.microbatches("train_and_save"), spec.microbatches("resume")) == (1, 2)
+    # the global batch stays 4 microbatches (2 per rank at DP 2): rank 0 of the resume accumulates all 4
+    assert spec.global_microbatches == 4
+    assert (spec.microbatches("train_and_save"), spec.microbatches("resume")) == (2, 4)
 
 
 def test_resume_dp_switches_isolation_and_tolerance_unless_chosen() -> None:
@@ -303,8 +314,8 @@ def test_resume_dp_switches_isolation_and_tolerance_unless_chosen() -> None:
 
 def test_resume_dp_uneven_sizes_share_the_lcm_batch() -> None:
     spec = RunSpec.from_dict({**GOOD, "dp": 2, "resume_dp": 3})
-    assert spec.global_microbatches == 6
-    assert (spec.microbatches("train_and_save"), spec.microbatches("resume")) == (3, 2)
+    assert spec.global_microbatches == 12  # lcm(2, 3) x the config's 2 microbatches
+    assert (spec.microbatches("train_and_save"), spec.microbatches("resume")) == (6, 4)
 
 
 @pytest.mark.parametrize(
@@ -316,7 +327,7 @@ def test_resume_dp_uneven_sizes_share_the_lcm_batch() -> None:
         ({"resume_dp": True}, "must be an integer", None),
         ({"resume_dp": 2}, "equals dp (2); omit it", None),
         ({"config": "equal-shards-fp32-head", "resume_dp": 4}, "exceeds the maximum 2", 2),
-        ({"dp": 7, "resume_dp": 8}, "8 per rank at DP 7), more than 4", None),
+        ({"dp": 7, "resume_dp": 8}, "16 per rank at DP 7), more than 8", None),
         ({"config": "dense-bf16-dropout", "resume_dp": 1}, "uses dropout", "dense-bf16"),
         ({"dp": 4, "nodes": 2, "resume_dp": 1}, "not divisible by nodes (2)", 2),
     ],

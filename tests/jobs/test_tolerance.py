@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from jobs.contract import required_probes
+from jobs.configs import CONFIGS
 from jobs.spec import RunSpec
 from jobs.tolerance import (
     NUMERIC_STATE_SECTIONS,
@@ -101,6 +102,7 @@ def test_no_tolerance_covers_discrete_sections_replica_drift_or_unmeasured_numbe
 
 CALIBRATION = {"entries": {"dense-bf16:2->1": {
     "spec": {"config": "dense-bf16", "dp": 2, "resume_dp": 1, "steps": 6, "save_step": 3},
+    "training": CONFIGS["dense-bf16"].training,  # measured on the config as it trains now
     "runs": 3, "factor": 4.0, "build": {"megatron_core": "0.16.1"},
     "bound": bounds_from({"loss_rel": 2e-6, "grad_norm_rel": 1e-5, "num_zeros_rel": 0.0, "lr_abs": 0.0,
                           "state": {"model": 1e-3, "main": 2e-3, "moments": 1e-2}}),
@@ -118,6 +120,20 @@ def test_a_reshard_is_judged_by_the_bound_measured_for_its_config_and_direction(
     assert judged_profile(other, CALIBRATION)[1]["type"] == "NotCalibrated"  # type: ignore[index]
     assert calibrated_reshard_profile("dense-bf16", 2, 1, 5, CALIBRATION)[0] is None
     assert calibrated_reshard_profile("dense-bf16", 2, 1, 2, CALIBRATION)[0] is not None
+
+
+def test_a_bound_measured_before_the_config_trained_as_it_does_now_judges_nothing() -> None:
+    """A bound measured on another training (the toy engine's, before a default changed) says nothing of
+    today's deltas: the run is NotCalibrated, named so, and the message gives the command that re-measures."""
+    stale = {"entries": {k: {**e, "training": "r1-0123456789"} for k, e in CALIBRATION["entries"].items()}}
+    legacy = {"entries": {k: {x: v for x, v in e.items() if x != "training"} for k, e in CALIBRATION["entries"].items()}}
+    spec = RunSpec.from_dict({"config": "dense-bf16", "dp": 2, "resume_dp": 1, "steps": 6, "save_step": 3})
+    for calibration in (stale, legacy):
+        profile, err = judged_profile(spec, calibration)
+        assert err is not None and err["type"] == "NotCalibrated"
+        assert "measured on another training" in err["message"] and spec.training in err["message"]
+        assert "parity calibrate --config dense-bf16 --dp 2 --resume-dp 1 --write" in err["message"]
+    assert judged_profile(spec, CALIBRATION)[1] is None  # the same entry on today's training: judged
 
 
 def test_a_longer_horizon_is_judged_by_the_nearest_entry_measured_over_at_least_as_many_steps() -> None:
@@ -138,7 +154,7 @@ def test_a_longer_horizon_is_judged_by_the_nearest_entry_measured_over_at_least_
 
 def test_an_uncalibrated_reshard_is_an_error_not_a_pass() -> None:
     spec = {"config": "dense-bf16", "dp": 2, "resume_dp": 1, "steps": 6, "save_step": 3}
-    if "dense-bf16:2->1" in load_calibration()["entries"]:
+    if any(k.startswith("dense-bf16:2->1") for k in load_calibration()["entries"]):
         spec["config"] = "equal-shards-fp32-head"  # a config nobody calibrated
     r = evaluate(spec, baseline(), resumed())
     assert r["verdict"] == "error" and [e["type"] for e in r["errors"]] == ["NotCalibrated"]

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from jobs.spec import RESHARD_TOLERANCE
+from jobs.spec import RESHARD_TOLERANCE, RunSpec
 from jobs.tolerance import TOLERANCE_PROFILES, ToleranceProfile, calibrated_reshard_profile
 from jobs.verdict_names import FAILED
 from models import ProbeFinding, Run, RunEvent, StepMetric
@@ -38,8 +38,12 @@ def tolerance_of(run: Run) -> ToleranceProfile | None:
     name = str(run.spec.get("tolerance", ""))
     if run.spec.get("resume_dp") is not None and name in ("exact", ""):
         spec = run.spec  # judged by the bounds measured for its config and direction, where there are some
+        try:  # on the config's training as it is now (a run stored before it changed: the static band)
+            training: str | None = RunSpec.from_dict(spec).training
+        except (ValueError, TypeError, KeyError):
+            return TOLERANCE_PROFILES.get(RESHARD_TOLERANCE)
         measured, _ = calibrated_reshard_profile(str(spec["config"]), int(spec["dp"]), int(spec["resume_dp"]),
-                                                 int(spec["steps"]) - int(spec["save_step"]))
+                                                 int(spec["steps"]) - int(spec["save_step"]), training=training)
         return measured or TOLERANCE_PROFILES.get(RESHARD_TOLERANCE)
     return TOLERANCE_PROFILES.get(name)
 
