@@ -443,9 +443,8 @@ CONFIGS: dict[str, ModelConfig] = {
             num_layers=4,
             virtual_pipeline=2,  # at PP 2: two chunks of one layer per stage, interleaved 1F1B
             grad_reduce_in_fp32=False,
-            # the gate saves at step 4 of 8: the resume runs the warmup's last step, a stable one and the
-            # WSD annealing
-            lr_warmup_steps=5,
+            # the gate saves at step 2 of 6: the resume runs the warmup's last step, a stable one and the
+            # two WSD annealing steps
             lr_decay_style="WSD",
             wsd_decay_steps=2,
             lr_wsd_decay_style="cosine",
@@ -464,7 +463,6 @@ CONFIGS: dict[str, ModelConfig] = {
             "(chained_optim_avoid_prefix), expert fc1s holding two matrices, and grads scaled by the step's token "
             "count; the FP32 routers keep Bug A in play.",
             fp32_modules=("mlp.router",),
-            lr_warmup_steps=5,  # the gate saves inside the warmup (step 4): its init LR must come back too
             **_RECIPE,  # type: ignore[arg-type]
             expected={"no-workaround": "fail: optimizer-index-misalignment (save crash)"},
             **_MOE,  # type: ignore[arg-type]
