@@ -420,7 +420,7 @@ PULL_REQUESTS: tuple[PullRequest, ...] = (
     ),
 )
 
-# ---- production-recipe training (issue 52): each fails its recipe check (pp2-dp2-vpp-gpt-recipe or ep2-moe-recipe-…) ----
+# ---- production-recipe training (issue 52): each fails its recipe check (pp2-vpp-gpt-recipe or ep2-moe-recipe-…) ----
 RECIPE_PULL_REQUESTS: tuple[PullRequest, ...] = (
     PullRequest(
         "param-groups-matched-without-lr-bounds",
@@ -430,7 +430,7 @@ RECIPE_PULL_REQUESTS: tuple[PullRequest, ...] = (
         "    *(k for k in _param_group_override_keys() if k not in ('max_lr', 'min_lr')),\n",
         (PARAM_GROUP_IDENTITY_COLLISION, PARAM_GROUP_SCALARS_MISMATCH, LR_SCHEDULE_MISMATCH),
         feature="param-groups",
-        check="pp2-dp2-vpp-gpt-recipe",
+        check="pp2-vpp-gpt-recipe",
     ),
     PullRequest(
         "scheduler-override-restarts-steps",
@@ -440,7 +440,7 @@ RECIPE_PULL_REQUESTS: tuple[PullRequest, ...] = (
         "        self.step(increment=0 if self.override_opt_param_scheduler else num_steps)\n",
         (SCHEDULER_STATE_MISMATCH, LR_SCHEDULE_MISMATCH),
         feature="lr-scheduler",
-        check="pp2-dp2-vpp-gpt-recipe",
+        check="pp2-vpp-gpt-recipe",
     ),
     PullRequest(
         "forced-param-sync-skips-first-bucket",

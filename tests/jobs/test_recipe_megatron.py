@@ -121,7 +121,7 @@ def test_a_recipe_setting_the_build_lacks_is_unsupported_by_build(monkeypatch: p
         compat.check_recipe_settings(CONFIGS["gpt-recipe"])
 
 
-@pytest.mark.nightly  # the gate's check runs PP 2 x DP 1 (pp2-dp2-vpp-gpt-recipe); this is its four-rank layout
+@pytest.mark.nightly  # the gate's check runs PP 2 x DP 1 (pp2-vpp-gpt-recipe); this is its four-rank layout
 def test_recipe_at_pp2_dp2_with_a_virtual_pipeline_is_bit_exact(tmp_path: Path) -> None:
     spec = RunSpec.from_dict({**RECIPE, "pp": 2, "workarounds": ["restore-adam-step", "match-groups-by-lr-bounds"]})
     r: dict[str, Any] = dict(run_parity(spec, tmp_path))
