@@ -105,7 +105,8 @@ def test_feature_configs_list_the_megatron_settings_they_switch_on() -> None:
     assert fp16["fp16"] is True and fp16["loss_scale"] is None and "bf16" not in fp16  # the dynamic scaler
     # every GPT config trains as a production recipe (jobs/configs.py): SwiGLU, tied embeddings, overlapped
     # buckets, 2 microbatches, a decoupled LR, warmup from a non-zero LR, the scheduler in samples, metadata
-    assert by_name["dense-bf16"]["megatron"] == {"bf16": True, **RECIPE_SETTINGS, "share_embeddings_and_output_weights": True}
+    tied = {"share_embeddings_and_output_weights": True}
+    assert by_name["dense-bf16"]["megatron"] == {"bf16": True, **RECIPE_SETTINGS, **tied}
     assert "moe_router_enable_expert_bias" not in by_name["moe-fp32-router"]["megatron"]
     # features that need CUDA / Transformer Engine say so: GPU checks
     assert by_name["moe-grouped-gemm-te"]["requires"] == ["cuda", "transformer-engine"]

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from jobs.contract import required_probes
 from jobs.configs import CONFIGS
+from jobs.contract import required_probes
 from jobs.spec import RunSpec
 from jobs.tolerance import (
     NUMERIC_STATE_SECTIONS,
@@ -126,7 +126,8 @@ def test_a_bound_measured_before_the_config_trained_as_it_does_now_judges_nothin
     """A bound measured on another training (the toy engine's, before a default changed) says nothing of
     today's deltas: the run is NotCalibrated, named so, and the message gives the command that re-measures."""
     stale = {"entries": {k: {**e, "training": "r1-0123456789"} for k, e in CALIBRATION["entries"].items()}}
-    legacy = {"entries": {k: {x: v for x, v in e.items() if x != "training"} for k, e in CALIBRATION["entries"].items()}}
+    entries = CALIBRATION["entries"]
+    legacy = {"entries": {k: {x: v for x, v in e.items() if x != "training"} for k, e in entries.items()}}
     spec = RunSpec.from_dict({"config": "dense-bf16", "dp": 2, "resume_dp": 1, "steps": 6, "save_step": 3})
     for calibration in (stale, legacy):
         profile, err = judged_profile(spec, calibration)
