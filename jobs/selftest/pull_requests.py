@@ -27,6 +27,7 @@ from pathlib import Path
 from jobs.signature_names import (
     ADAM_STEP_NOT_RESTORED,
     ADAM_STEP_UNEXPLAINED,
+    CHECKPOINT_LOAD_CRASH,
     CHECKPOINT_SAVE_CRASH,
     FINAL_STATE_MISMATCH,
     LOSS_DIVERGENCE_UNEXPLAINED,
@@ -37,6 +38,7 @@ from jobs.signature_names import (
     OPTIMIZER_INDEX_MISALIGNMENT,
     OPTIMIZER_INDEX_UNEXPLAINED,
     OPTIMIZER_MOMENTS_MISMATCH,
+    OPTIMIZER_STATE_MISMATCH,
     PARAM_GROUP_IDENTITY_COLLISION,
     PARAM_GROUP_SCALARS_MISMATCH,
     RNG_STATE_MISMATCH,
@@ -112,6 +114,9 @@ FEATURES: tuple[str, ...] = (
     "lr-scheduler",
     "overlap-param-gather",
     "swiglu",
+    "checkpoint-metadata",
+    "virtual-pipeline",
+    "tied-embeddings",
 )
 
 PULL_REQUESTS: tuple[PullRequest, ...] = (
@@ -482,6 +487,47 @@ RECIPE_PULL_REQUESTS: tuple[PullRequest, ...] = (
         (MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH),
         feature="swiglu",
         check="ep2-moe-recipe-fully-reshardable",
+    ),
+    PullRequest(
+        "chained-prefix-dropped-for-every-format",
+        "ChainedOptimizer: with chained_optim_avoid_prefix, write every format's keys without the chained_N prefix",
+        "megatron/core/optimizer/optimizer.py",
+        "        should_add_prefix = (\n"
+        "            \"distrib_optim_sharding_type\" in metadata\n"
+        "            and metadata[\"distrib_optim_sharding_type\"]\n"
+        "            not in DistributedOptimizer.checkpoint_fully_reshardable_formats\n"
+        "        ) or not metadata.get('chained_optim_avoid_prefix', False)\n",
+        "        should_add_prefix = not metadata.get('chained_optim_avoid_prefix', False)\n",
+        (CHECKPOINT_SAVE_CRASH, CHECKPOINT_LOAD_CRASH, OPTIMIZER_STATE_MISMATCH, OPTIMIZER_MOMENTS_MISMATCH,
+         MAIN_PARAMS_MISMATCH),
+        feature="checkpoint-metadata",
+        check="ep2-moe-aux-free",
+    ),
+    PullRequest(
+        "vpp-chunk-layer-offset-ignores-vp-stage",
+        "TransformerBlock checkpoint: compute a layer's offset from its pipeline rank alone",
+        "megatron/core/transformer/transformer_block.py",
+        "            offset = get_transformer_layer_offset(\n"
+        "                self.config, self.vp_stage, get_pg_rank(self.pg_collection.pp)\n"
+        "            )\n\n"
+        "            global_layer_offset = layer.layer_number - 1",
+        "            offset = get_transformer_layer_offset(\n"
+        "                self.config, None, get_pg_rank(self.pg_collection.pp)\n"
+        "            )\n\n"
+        "            global_layer_offset = layer.layer_number - 1",
+        (CHECKPOINT_SAVE_CRASH, CHECKPOINT_LOAD_CRASH, MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH),
+        feature="virtual-pipeline",
+        check="pp2-vpp-gpt-recipe",
+    ),
+    PullRequest(
+        "tied-output-copy-saved-as-primary",
+        "LanguageModule: the last stage saves its tied output weight as a main replica of the embedding",
+        "megatron/core/models/common/language_module/language_module.py",
+        "            1,  # copy of first stage embedding\n",
+        "            0,  # the last stage's copy is written too\n",
+        (CHECKPOINT_SAVE_CRASH, CHECKPOINT_LOAD_CRASH, MODEL_WEIGHTS_MISMATCH, FINAL_STATE_MISMATCH),
+        feature="tied-embeddings",
+        check="pp2-moe-shared-expert",
     ),
 )
 PULL_REQUESTS = (*PULL_REQUESTS, *RECIPE_PULL_REQUESTS)

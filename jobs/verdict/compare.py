@@ -34,6 +34,7 @@ from jobs.spec import RunSpec, SpecError
 from jobs.tolerance import ToleranceProfile
 from jobs.verdict import causes as lost
 from jobs.verdict import final_state
+from jobs.verdict.build_crash import raised_in_build
 from jobs.verdict.evidence import collect_evidence, probe_findings
 from jobs.verdict.profile import judged_profile, reshard_fields
 from jobs.verdict.signatures import SIGNATURES, classify_error
@@ -187,8 +188,10 @@ def _error_verdict(
     """(verdict, signatures, causes moved to advisories) for a run in which a phase crashed.
 
     A crash is attributed to a known bug only by its own stage, type and message; a crash that
-    comes with measured evidence (a probe's cause) is a `fail` with that evidence. An option the
-    build does not have is `unsupported-by-build` and an `error`: no measured finding explains it.
+    comes with measured evidence (a probe's cause) is a `fail` with that evidence, and so is a save or
+    load that raised inside the build's own code (build_crash.py: the build cannot checkpoint or resume).
+    An option the build does not have is `unsupported-by-build` and an `error`: no measured finding
+    explains it; so is any other crash (the harness's, the host's, a rank that died).
     """
     names: list[SignatureId] = []
     for err in errors:
@@ -197,8 +200,22 @@ def _error_verdict(
     if UNSUPPORTED_BY_BUILD in names:
         return ERROR, names, causes
     explained = [n for n in names if SIGNATURES[n].kind == "cause"] + causes
+    in_build = any(raised_in_build(err) for err in errors)
     names += [n for n in causes if n not in names]
-    return (FAIL if explained else ERROR), names, []
+    return (FAIL if explained or in_build else ERROR), names, []
+
+
+def _build_crash_lines(errors: list[ErrorRecord], signatures: list[SignatureId]) -> dict[SignatureId, str]:
+    """A cause line per checkpoint stage that raised inside the build: what raised, where, and its message
+    (which names the tensor or key the build could not save or load)."""
+    lines: dict[SignatureId, str] = {}
+    for err in errors:
+        frame = raised_in_build(err)
+        crash = next((n for n in classify_error(err) if SIGNATURES[n].kind == "crash"), None)
+        if frame and crash and crash in signatures and crash not in lines:
+            message = " ".join(str(err.get("message") or "").split())[:240]
+            lines[crash] = f"{crash}: {err['type']} raised in the build's {frame} during {err['stage']}: {message}"
+    return lines
 
 
 def evaluate(
@@ -254,6 +271,7 @@ def evaluate(
     state_lines = lost.annotate(evidence, baseline_doc, resumed_doc)
     cause_lines = {n: line for n, line in {**lost.scalar_cause_lines(evidence), **state_lines}.items()
                    if n in signatures}
+    cause_lines.update(_build_crash_lines(errors, signatures))
     if missing:  # evidence the spec requires is absent: whatever the rest says, the run is not judged
         verdict, errors = ERROR, [*missing, *errors]
     worked_around: list[SignatureId] = [n for n in SIGNATURE_IDS if n in hidden]

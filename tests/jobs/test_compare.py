@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -224,3 +225,41 @@ def test_an_option_the_build_lacks_is_unsupported_by_build_never_a_bug() -> None
     assert r["verdict"] == "error"
     assert r["signatures"] == ["unsupported-by-build"]
     assert r["error"] is not None and "dp_zero_gather_scatter" in r["error"]["message"]
+
+
+BUILD_TRACEBACK = (
+    'Traceback (most recent call last):\n'
+    '  File "/work/main/jobs/rank/context.py", line 130, in run\n    value = fn()\n'
+    '  File "/srv/envs/pr-7/lib/python3.12/site-packages/megatron/core/dist_checkpointing/validation.py", '
+    'line 420, in _validate_sharding_for_key\n    assert shard_access_cnt == 1\n'
+    "AssertionError: invalid access pattern for optimizer.chained_1.bucket_idx_0.param\n"
+)
+
+
+@pytest.mark.parametrize("stage", ["save", "load"])
+def test_a_checkpoint_stage_that_raised_inside_the_build_is_a_fail_naming_the_frame(stage: str) -> None:
+    """The build's own checkpoint code raised: the PR broke the save or the resume. Judged fail, with a cause
+    line naming the frame and the build's message (the key it could not write)."""
+    crash = {"type": "AssertionError", "message": "invalid access pattern for optimizer.chained_1.bucket_idx_0.param",
+             "stage": stage, "rank": 1, "traceback": BUILD_TRACEBACK}
+    docs = (baseline(status="error", error=crash), None) if stage == "save" else (
+        baseline(), resumed(status="error", error=crash))
+    r = evaluate(SPEC, *docs)
+    assert r["verdict"] == "fail" and r["signatures"] == [f"checkpoint-{stage}-crash"]
+    line = r["cause_lines"][f"checkpoint-{stage}-crash"]
+    assert "megatron/core/dist_checkpointing/validation.py:_validate_sharding_for_key" in line
+    assert "optimizer.chained_1.bucket_idx_0.param" in line
+
+
+@pytest.mark.parametrize("change", [
+    {"traceback": BUILD_TRACEBACK.replace("megatron/core/dist_checkpointing", "jobs/rank/probes")},  # the harness
+    {"traceback": BUILD_TRACEBACK + '  File "/x/torch/distributed/distributed_c10d.py", line 9, in barrier\n'},
+    {"type": "OSError", "message": "No space left on device"},  # the host, whichever frame raised it
+    {"stage": "step"},  # not a checkpoint stage
+    {"traceback": ""},  # nothing to attribute
+])
+def test_any_other_crash_stays_an_error(change: dict[str, Any]) -> None:
+    crash = {"type": "AssertionError", "message": "boom", "stage": "save", "rank": 1, "traceback": BUILD_TRACEBACK,
+             **change}
+    r = evaluate(SPEC, baseline(status="error", error=crash), None)
+    assert r["verdict"] == "error"

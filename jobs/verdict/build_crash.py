@@ -1,0 +1,39 @@
+"""Whether a checkpoint stage crashed inside the build's own code: a regression of the build, not a harness error.
+
+A save or load that raises from Megatron-Core's own frames (an assertion in its sharded state dict, a
+dist-checkpointing validation, a KeyError in an optimizer's load) is the build failing to checkpoint or to
+resume: the PR broke it, as much as one that loads the wrong tensor. It is judged `fail`, naming the frame.
+Everything else that crashes stays `error`: the harness's own frames (jobs/), torch's and gloo's (a rank
+that died, a peer that closed), and the host's (a full disk, no memory, a timeout), since those say
+nothing about the build. The traceback is the job's text: only parsed, never trusted beyond its frames.
+"""
+
+from __future__ import annotations
+
+import re
+
+from jobs.contract import ErrorRecord
+
+CHECKPOINT_STAGES = ("save", "load")
+# exception types that come from the host or the transport, whichever frame raised them
+HOST_ERRORS = frozenset({
+    "OSError", "IOError", "FileNotFoundError", "PermissionError", "MemoryError", "TimeoutError",
+    "KeyboardInterrupt", "SystemExit", "DistBackendError", "DistNetworkError", "ConnectionError",
+    "BrokenPipeError", "ConnectionResetError", "StageTimeout",
+})
+_FRAME = re.compile(r'File "([^"\n]+)", line \d+, in ([^\s]+)')
+_BUILD = "/megatron/core/"
+
+
+def raised_in_build(error: ErrorRecord) -> str | None:
+    """The build's frame (`megatron/core/<path>:<function>`) a checkpoint stage's exception was raised in, or None."""
+    if error.get("stage") not in CHECKPOINT_STAGES or str(error.get("type")) in HOST_ERRORS:
+        return None
+    frames = _FRAME.findall(str(error.get("traceback") or ""))
+    if not frames:
+        return None
+    path, function = frames[-1]  # the innermost frame of the exception that ended the stage
+    at = path.rfind(_BUILD)
+    if at < 0:
+        return None
+    return f"megatron/core/{path[at + len(_BUILD):]}:{function}"[:300]
