@@ -23,16 +23,24 @@ HOST_ERRORS = frozenset({
 })
 _FRAME = re.compile(r'File "([^"\n]+)", line \d+, in ([^\s]+)')
 _BUILD = "/megatron/core/"
+_TORCH = "/torch/"
+_TRANSPORT = "/torch/distributed/"
+_PASS_THROUGH = "/jobs/rank/cpu_shim.py"  # forwards every torch call on a CPU host unchanged
 
 
 def raised_in_build(error: ErrorRecord) -> str | None:
     """The build's frame (`megatron/core/<path>:<function>`) a checkpoint stage's exception was raised in, or None."""
     if error.get("stage") not in CHECKPOINT_STAGES or str(error.get("type")) in HOST_ERRORS:
         return None
-    frames = _FRAME.findall(str(error.get("traceback") or ""))
+    # the innermost frames of the exception that ended the stage, without the harness's pass-through shim
+    frames = [f for f in _FRAME.findall(str(error.get("traceback") or "")) if _PASS_THROUGH not in f[0]]
+    # a tensor op that raised on what the build handed it (a shape, a dtype) is the build's: walk out of torch,
+    # but never out of torch.distributed (a peer that died raises there, whoever called it)
+    while frames and _TORCH in frames[-1][0] and _TRANSPORT not in frames[-1][0]:
+        frames.pop()
     if not frames:
         return None
-    path, function = frames[-1]  # the innermost frame of the exception that ended the stage
+    path, function = frames[-1]
     at = path.rfind(_BUILD)
     if at < 0:
         return None

@@ -251,6 +251,21 @@ def test_a_checkpoint_stage_that_raised_inside_the_build_is_a_fail_naming_the_fr
     assert "optimizer.chained_1.bucket_idx_0.param" in line
 
 
+def test_a_tensor_op_that_raised_on_what_the_build_handed_it_is_the_builds() -> None:
+    """copy_ raised inside torch (through the CPU shim) on a slice the build cut wrong: the build's frame."""
+    traceback = (
+        '  File "/srv/envs/pr/site-packages/megatron/core/optimizer/distrib_optimizer.py", line 1225, in '
+        '_set_main_param_and_optimizer_states\n    dst_tensors[key].copy_(tensors[key])\n'
+        '  File "/work/main/jobs/rank/cpu_shim.py", line 50, in __torch_function__\n    return func(*args)\n'
+        '  File "/srv/envs/pr/site-packages/torch/_tensor.py", line 9, in copy_\n'
+        "RuntimeError: The size of tensor a (16512) must match the size of tensor b (256)\n")
+    crash = {"type": "RuntimeError", "message": "The size of tensor a (16512) must match", "stage": "load",
+             "rank": 0, "traceback": traceback}
+    r = evaluate(SPEC, baseline(), resumed(status="error", error=crash))
+    assert r["verdict"] == "fail"
+    assert "distrib_optimizer.py:_set_main_param_and_optimizer_states" in r["cause_lines"]["checkpoint-load-crash"]
+
+
 @pytest.mark.parametrize("change", [
     {"traceback": BUILD_TRACEBACK.replace("megatron/core/dist_checkpointing", "jobs/rank/probes")},  # the harness
     {"traceback": BUILD_TRACEBACK + '  File "/x/torch/distributed/distributed_c10d.py", line 9, in barrier\n'},
