@@ -70,13 +70,15 @@ def requested_model_keys(module: torch.nn.Module, model_state: dict[str, Any]) -
     """
     try:
         from megatron.core.dist_checkpointing.dict_utils import nested_values
-        from megatron.core.dist_checkpointing.mapping import ShardedTensor
+        from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
     except ImportError:
         return {}
 
     by_tensor: dict[tuple[int, int, tuple[int, ...]], str] = {}
     for value in nested_values(model_state):
-        data = getattr(value, "data", None) if isinstance(value, ShardedTensor) else None
+        # a factory (SwiGLU's fc1: two matrices saved as halves of one key) asks for its key with the whole tensor
+        sharded = isinstance(value, (ShardedTensor, ShardedTensorFactory))
+        data = getattr(value, "data", None) if sharded else None
         if isinstance(data, torch.Tensor) and data.numel():
             by_tensor.setdefault(_identity(data), value.key)
     out: dict[str, str] = {}
