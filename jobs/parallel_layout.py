@@ -12,7 +12,7 @@ below is that rule, reported as a SpecError naming the field and the allowed val
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # jobs.configs lists each config's layouts through this module
     from jobs.configs import ModelConfig
@@ -39,6 +39,26 @@ def _tp_dims(cfg: ModelConfig) -> dict[str, int]:
     if cfg.num_experts:
         dims["moe_ffn_hidden_size"] = ffn
     return dims
+
+
+class ParallelLayout(NamedTuple):
+    """A phase's data, tensor, pipeline and expert parallel sizes (world size = dp x tp x pp; ep within dp)."""
+
+    dp: int
+    tp: int
+    pp: int
+    ep: int
+
+    @property
+    def world_size(self) -> int:
+        """The ranks this layout runs on."""
+        return self.dp * self.tp * self.pp
+
+    @property
+    def name(self) -> str:
+        """`dp2`, `dp1tp2`, `dp2pp2ep2`: DP always, every other size above 1."""
+        return f"dp{self.dp}" + "".join(f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep))
+                                        if v > 1)
 
 
 def tp_choices(cfg: ModelConfig) -> list[int]:

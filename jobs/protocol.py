@@ -139,7 +139,7 @@ class RunPlan:
 
     def tasks(self, phase: str) -> int:
         """The ranks a phase runs with: its DP size (resume_dp for a resharded resume) x tp x pp."""
-        return self.spec.phase_dp(phase) * self.spec.tp * self.spec.pp
+        return self.spec.phase_world_size(phase)
 
     def forks_resume(self, phase: str) -> bool:
         """Whether the job of this phase also runs the resume (as resume attempt 1) in fresh children."""

@@ -14,6 +14,7 @@ from typing import Any
 from jobs import parallel_layout
 from jobs.configs import CONFIGS, config_names
 from jobs.contract import WORKAROUND_NAMES
+from jobs.parallel_layout import ParallelLayout
 from jobs.selftest.catalogue import mutant_names
 from jobs.shape import SHAPE_FIELDS, ShapeError, apply_shape, shape_fields, validate_shape
 from jobs.tolerance import DEFAULT_TOLERANCE, TOLERANCE_PROFILES
@@ -27,6 +28,9 @@ SHARDING_TYPES = (
     "fully_sharded_model_space",
 )
 DEFAULT_SHARDING = "dp_reshardable"
+# the one format whose checkpoints load on another tensor, pipeline or expert parallel size (dp_reshardable
+# keeps each DP layout's flat buffers; Megatron-Core: "fully reshardable" formats)
+RESHARDABLE_ACROSS_MODEL_LAYOUTS = "fully_reshardable"
 WORKAROUNDS = WORKAROUND_NAMES
 TOLERANCES = tuple(TOLERANCE_PROFILES)
 REQUIRED_KEYS = ("config", "dp", "steps", "save_step")
@@ -81,6 +85,7 @@ class SpecError(ValueError):
     def __init__(self, field: str, message: str, allowed: list[Any] | None = None) -> None:
         self.field = field
         self.allowed = allowed
+        self.message = message
         text = f"{field}: {message}"
         if allowed is not None:
             text += "; allowed: " + ", ".join(str(a) for a in allowed)
@@ -168,6 +173,15 @@ class RunSpec:
     device: str = field(default=DEFAULT_DEVICE, metadata=about(
         "Where the ranks run: cpu, or cuda (one GPU per rank; a config that needs CUDA takes only cuda)",
         choices=DEVICES))
+    # A resume on another model-parallel layout (None: the save's size): the resume phase runs its own job
+    # with resume_dp (or dp) x resume_tp x resume_pp ranks and loads the fully_reshardable checkpoint there
+    resume_tp: int | None = field(default=None, metadata=about(
+        "Resume at another tensor-parallel size (absent: tp; fully_reshardable)", ge=1, le=parallel_layout.MAX_TP))
+    resume_pp: int | None = field(default=None, metadata=about(
+        "Resume at another pipeline-parallel size (absent: pp; fully_reshardable)", ge=1,
+        le=max(parallel_layout.SUPPORTED_PP)))
+    resume_ep: int | None = field(default=None, metadata=about(
+        "Resume at another expert-parallel size (absent: ep; fully_reshardable)", ge=1, le=parallel_layout.MAX_EP))
 
     def __post_init__(self) -> None:
         # a list or an object where a name belongs must be a 422, not a TypeError in `in` (unhashable)
@@ -221,10 +235,7 @@ class RunSpec:
         parallel_layout.validate(
             apply_shape(CONFIGS[self.config], self.shape), self.dp, self.tp, self.pp, self.ep, SpecError
         )
-        if self.resume_dp is not None and (self.tp, self.pp, self.ep) != (1, 1, 1):
-            # a resharded resume is verified only for pure data parallelism
-            raise SpecError("resume_dp", "resharding a tp/pp/ep layout is not supported; "
-                            "allowed with tp = pp = ep = 1")
+        self._check_resume_layout()
         for name in ("async_save", "fully_parallel"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(name, f"must be true or false, got {getattr(self, name)!r}", [False, True])
@@ -294,8 +305,40 @@ class RunSpec:
 
     @property
     def world_size(self) -> int:
-        """Return the number of ranks (tasks) the run needs: dp * tp * pp."""
+        """Return the number of ranks (tasks) the save (and an unresharded resume) needs: dp * tp * pp."""
         return self.dp * self.tp * self.pp
+
+    def layout(self, phase: str) -> ParallelLayout:
+        """The data, tensor, pipeline and expert parallel sizes a phase runs with."""
+        if phase != "resume":
+            return ParallelLayout(self.dp, self.tp, self.pp, self.ep)
+        return ParallelLayout(self.phase_dp(phase), self.tp if self.resume_tp is None else self.resume_tp,
+                              self.pp if self.resume_pp is None else self.resume_pp,
+                              self.ep if self.resume_ep is None else self.resume_ep)
+
+    def phase_world_size(self, phase: str) -> int:
+        """The ranks (tasks) a phase runs with: its dp * tp * pp."""
+        return self.layout(phase).world_size
+
+    @property
+    def reshards_model(self) -> bool:
+        """Whether the resume runs on another tensor, pipeline or expert parallel size than the save."""
+        return any(v is not None for v in (self.resume_tp, self.resume_pp, self.resume_ep))
+
+    @property
+    def layout_free_view(self) -> bool:
+        """Whether the saved and restored state compare in the view keyed by checkpoint key and offset
+        (jobs/rank/probes/layout_view.py): a reshard where a model-parallel size is above 1 on either side.
+        A reshard of pure data parallelism keeps the view by parameter name (probes/global_state.py)."""
+        return self.reshards and (self.reshards_model or (self.tp, self.pp, self.ep) != (1, 1, 1))
+
+    @property
+    def layout_change(self) -> str:
+        """The reshard as the calibration names it: `2->1` (pure DP), else `dp1tp2->dp2` (each layout's
+        sizes other than 1, DP always)."""
+        if not self.layout_free_view:
+            return f"{self.dp}->{self.phase_dp('resume')}"
+        return f"{self.layout('train_and_save').name}->{self.layout('resume').name}"
 
     @property
     def resumed_steps(self) -> list[int]:
@@ -340,19 +383,60 @@ class RunSpec:
 
     @property
     def reshards(self) -> bool:
-        """Whether the resume runs at another DP size than the save."""
-        return self.resume_dp is not None
+        """Whether the resume runs on another layout than the save (another DP, TP, PP or EP size)."""
+        return self.resume_dp is not None or self.reshards_model
+
+    def _check_resume_layout(self) -> None:
+        """A resume on another layout: one Megatron-Core accepts, in a format that reshards it."""
+        if not self.reshards:
+            return
+        if not self.reshards_model:  # another DP size beside model parallelism: the resume's layout must hold
+            self._check_resumed_layout("resume_dp")
+            return
+        changed = [n for n in ("resume_tp", "resume_pp", "resume_ep") if getattr(self, n) is not None]
+        for name in changed:
+            bound = {"resume_tp": parallel_layout.MAX_TP, "resume_pp": max(parallel_layout.SUPPORTED_PP),
+                     "resume_ep": parallel_layout.MAX_EP}[name]
+            _int(name, getattr(self, name), 1, bound)
+            if getattr(self, name) == getattr(self, name.removeprefix("resume_")):
+                raise SpecError(name, f"equals {name.removeprefix('resume_')} ({getattr(self, name)}); omit it to "
+                                "resume at the same size")
+        field_name = changed[0]
+        if self.sharding != RESHARDABLE_ACROSS_MODEL_LAYOUTS:
+            raise SpecError(field_name, f"a resume on another tensor, pipeline or expert parallel size loads only a "
+                            f"{RESHARDABLE_ACROSS_MODEL_LAYOUTS} checkpoint (sharding {self.sharding!r} keeps its DP "
+                            f"layout's shards); set sharding to {RESHARDABLE_ACROSS_MODEL_LAYOUTS}",
+                            [RESHARDABLE_ACROSS_MODEL_LAYOUTS])
+        cfg = CONFIGS[self.config]
+        if cfg.optimizer != "distributed-adam":
+            raise SpecError(field_name, f"config {self.config!r} trains with {cfg.optimizer}, whose checkpoint keeps "
+                            "one layout", [n for n, c in CONFIGS.items() if c.optimizer == "distributed-adam"])
+        if cfg.dropout > 0:
+            raise SpecError(field_name, f"config {self.config!r} uses dropout, whose random streams are per rank "
+                            "and cannot be resharded", [n for n, c in CONFIGS.items() if c.dropout == 0])
+        self._check_resumed_layout(field_name)
+
+    def _check_resumed_layout(self, field_name: str) -> None:
+        cfg = CONFIGS[self.config]
+        resumed = self.layout("resume")
+        try:  # the resume's layout, by the same rules as the save's (named by the resume's own fields)
+            parallel_layout.validate(apply_shape(cfg, self.shape), resumed.dp, resumed.tp, resumed.pp, resumed.ep,
+                                     SpecError)
+        except SpecError as exc:
+            named = f"resume_{exc.field}" if exc.field in ("tp", "pp", "ep", "dp") else exc.field
+            if getattr(self, named, None) is None:  # a size the resume keeps: the field that changed is at fault
+                named = field_name
+            raise SpecError(named, f"the resume's layout ({resumed.name}): {exc.message}", exc.allowed) from None
 
     @property
     def training(self) -> str:
         """How the run's model trains (its config as shaped): ModelConfig.training."""
         return apply_shape(CONFIGS[self.config], self.shape).training
 
-    @property
-    def virtual_pipeline_size(self) -> int | None:
-        """Model chunks per pipeline stage (the config's virtual_pipeline at PP > 1), or None: no interleaving."""
+    def virtual_pipeline_size(self, phase: str = "train_and_save") -> int | None:
+        """Model chunks per pipeline stage in a phase (the config's virtual_pipeline at PP > 1), or None."""
         chunks = CONFIGS[self.config].virtual_pipeline
-        return chunks if self.pp > 1 and chunks > 1 else None
+        return chunks if self.layout(phase).pp > 1 and chunks > 1 else None
 
     def phase_dp(self, phase: str) -> int:
         """The number of ranks (tasks) a phase runs with."""

@@ -152,9 +152,13 @@ def device_key(device: str, key: str) -> str:
     return key if device == "cpu" else f"{device}/{key}"
 
 
-def reshard_key(config: str, dp: int, resume_dp: int, resumed_steps: int | None = None, device: str = "cpu") -> str:
-    """The calibration entry of one config and direction, measured over `resumed_steps` (None: legacy key)."""
-    base = device_key(device, f"{config}:{dp}->{resume_dp}")
+def reshard_key(config: str, dp: int, resume_dp: int, resumed_steps: int | None = None, device: str = "cpu",
+                change: str | None = None) -> str:
+    """The calibration entry of one config and direction, measured over `resumed_steps` (None: legacy key).
+
+    `change` names a resume on another model-parallel layout (RunSpec.layout_change: `dp1tp2->dp2`); a
+    DP-only reshard keeps its `dp->resume_dp` name."""
+    base = device_key(device, f"{config}:{change or f'{dp}->{resume_dp}'}")
     return base if resumed_steps is None else f"{base}@{resumed_steps}"
 
 
@@ -190,7 +194,7 @@ def bounds_from(observed: dict[str, Any], factor: float = CALIBRATION_FACTOR) ->
 
 def calibrated_reshard_profile(
     config: str, dp: int, resume_dp: int, resumed_steps: int, calibration: dict[str, Any] | None = None,
-    device: str = "cpu", training: str | None = None,
+    device: str = "cpu", training: str | None = None, change: str | None = None, calibrate_flags: str = "",
 ) -> tuple[ToleranceProfile | None, str]:
     """(the measured profile for this reshard, or None; why not / where it comes from).
 
@@ -198,7 +202,8 @@ def calibrated_reshard_profile(
     With `training` (ModelConfig.training), only bounds measured on that training count: a bound measured
     before the config's training changed (another field, default or engine revision) says nothing of it.
     """
-    key = reshard_key(config, dp, resume_dp, device=device)
+    key = reshard_key(config, dp, resume_dp, device=device, change=change)
+    flags = calibrate_flags or f"--dp {dp} --resume-dp {resume_dp}"  # what `parity calibrate` takes for it
     if calibration is None:
         calibration = load_calibration(CALIBRATION_FILE if device == "cpu" else GPU_CALIBRATION_FILE)
     entries = calibration["entries"]
@@ -212,15 +217,15 @@ def calibrated_reshard_profile(
             was = sorted({str(e.get("training", "r1 (the toy engine)")) for e in stale.values()})
             return None, (f"the reshard bound for {key} was measured on another training ({', '.join(was)}); "
                           f"{config} now trains as {training}: re-measure it with `parity calibrate --config "
-                          f"{config} --dp {dp} --resume-dp {resume_dp} --write` (jobs/calibration/reshard.json)")
+                          f"{config} {flags} --write` (jobs/calibration/reshard.json)")
         return None, (f"no measured reshard bound for {key}: run `parity calibrate --config {config} "
-                      f"--dp {dp} --resume-dp {resume_dp}` (jobs/calibration/reshard.json)")
+                      f"{flags}` (jobs/calibration/reshard.json)")
     covering = sorted((e for e in measured.values() if _horizon(e) >= resumed_steps), key=_horizon)
     if not covering:
         horizons = ", ".join(str(h) for h in sorted({_horizon(e) for e in measured.values()}))
         return None, (f"the reshard bound for {key} was measured over {horizons} resumed steps, "
                       f"this run resumes {resumed_steps}: calibrate that horizon with `parity calibrate "
-                      f"--config {config} --dp {dp} --resume-dp {resume_dp} --steps <M> --save-step <N> --write` "
+                      f"--config {config} {flags} --steps <M> --save-step <N> --write` "
                       f"(M - N >= {resumed_steps})")
     entry = covering[0]
     key = next(k for k, e in measured.items() if e is entry)

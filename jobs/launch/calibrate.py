@@ -110,13 +110,16 @@ def _runs(specs: list[RunSpec], folder: Path, runner: Runner, log: Callable[[str
 
 
 def calibrate_reshard(
-    config: str, dp: int, resume_dp: int, steps: int, save_step: int, *, seeds: tuple[int, ...] = DEFAULT_SEEDS,
+    config: str, dp: int, resume_dp: int | None, steps: int, save_step: int, *, seeds: tuple[int, ...] = DEFAULT_SEEDS,
     workarounds: tuple[str, ...] = DEFAULT_WORKAROUNDS, folder: Path, factor: float = CALIBRATION_FACTOR,
-    runner: Runner = run_parity, log: Callable[[str], None] = print,
+    runner: Runner = run_parity, log: Callable[[str], None] = print, layout: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """Run clean reshard resumes, one per seed; return (key, the calibration entry)."""
-    base = {"config": config, "dp": dp, "resume_dp": resume_dp, "steps": steps, "save_step": save_step,
-            "workarounds": list(workarounds)}
+    """Run clean reshard resumes, one per seed; return (key, the calibration entry).
+
+    `layout` adds the save's and the resume's model-parallel sizes and the sharding (tp, resume_tp, …) for a
+    resume on another layout."""
+    base = {"config": config, "dp": dp, "steps": steps, "save_step": save_step, "workarounds": list(workarounds),
+            **({"resume_dp": resume_dp} if resume_dp is not None else {}), **(layout or {})}
     specs = [RunSpec.from_dict({**base, "seed": s}) for s in seeds]
     runs = _runs(specs, folder, runner, log)
     observed = combine(runs)
@@ -133,7 +136,9 @@ def calibrate_reshard(
         "factor": factor,
         "bound": bounds_from(observed, factor),
     }
-    return reshard_key(config, dp, resume_dp, steps - save_step), entry
+    spec = specs[0]
+    return reshard_key(config, dp, spec.phase_dp("resume"), steps - save_step,
+                       change=spec.layout_change if spec.layout_free_view else None), entry
 
 
 def write_entry(key: str, entry: dict[str, Any], path: Path = CALIBRATION_FILE) -> None:
@@ -181,6 +186,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--dp", type=int, required=True)
     p.add_argument("--resume-dp", type=int, default=None, help="calibrate the reshard bound of dp -> this DP size")
+    for dim in ("tp", "pp", "ep"):
+        p.add_argument(f"--{dim}", type=int, default=None, help=f"the save's {dim.upper()} size (default 1)")
+        p.add_argument(f"--resume-{dim}", type=int, default=None,
+                       help=f"calibrate a resume at this {dim.upper()} size (with --sharding fully_reshardable)")
+    p.add_argument("--sharding", default=None, help="the optimizer's checkpoint format (a layout change: "
+                   "fully_reshardable)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--save-step", type=int, default=3)
     p.add_argument("--seed", type=int, action="append", dest="seeds", help="repeatable (default 1234, 1235, 1236)")
@@ -202,10 +213,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"calibrate: {line}", file=sys.stderr)
 
     try:
-        if args.resume_dp is not None:
+        layout = {k: getattr(args, k) for k in ("tp", "pp", "ep", "resume_tp", "resume_pp", "resume_ep", "sharding")
+                  if getattr(args, k) is not None}
+        if args.resume_dp is not None or any(k.startswith("resume_") for k in layout):
             key, entry = calibrate_reshard(
                 args.config, args.dp, args.resume_dp, args.steps, args.save_step, seeds=seeds,
-                workarounds=workarounds, folder=folder, factor=args.factor, log=log,
+                workarounds=workarounds, folder=folder, factor=args.factor, log=log, layout=layout,
             )
             if args.write:
                 write_entry(key, entry)

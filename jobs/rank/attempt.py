@@ -111,7 +111,8 @@ def run_attempt(
     attempts = attempts or {}
     if "train_and_save" in phases:
         checkpoint_attempt = attempts.get("train_and_save", 1)
-    rank, world = _env_rank(), RunSpec.from_dict(spec).world_size  # every rank of the layout: dp * tp * pp
+    # every rank of the phases' layout (dp * tp * pp; phases that run in one job share it)
+    rank, world = _env_rank(), RunSpec.from_dict(spec).phase_world_size(phases[0])
     info = preload()
     out: dict[str, Any] = {"isolation": "process", "rank": rank, "phases": {}, "info": info}
     job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getpid())

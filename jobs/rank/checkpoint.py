@@ -43,6 +43,11 @@ def _model_and_optimizer(tr: Trainee, sharding: str, is_loading: bool) -> dict[s
     return {"model": msd, "optimizer": tr.optimizer.sharded_state_dict(msd, **kwargs)}
 
 
+def sharded_state(tr: Trainee, sharding: str) -> dict[str, Any]:
+    """The model's and optimizer's sharded state dicts as a save in `sharding` builds them (nothing written)."""
+    return _model_and_optimizer(tr, sharding, is_loading=False)
+
+
 def build_save_state(tr: Trainee, sharding: str, iteration: int) -> dict[str, Any]:
     """Build the sharded state dict to save: model, optimizer, scheduler, iteration, RNG."""
     steps = adam_steps(tr.optimizer)

@@ -150,6 +150,17 @@ def check_reshard(spec: RunSpec) -> None:
     from jobs.configs import get_config
 
     option = f"resume_dp {spec.resume_dp} (saved at dp {spec.dp})"
+    if spec.reshards_model:
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        fully = set(getattr(DistributedOptimizer, "checkpoint_fully_reshardable_formats", ()))
+        if spec.sharding not in fully:
+            raise UnsupportedByBuild(
+                f"a resume on another layout ({spec.layout_change})",
+                f"this build names no fully reshardable format {spec.sharding!r} "
+                f"(checkpoint_fully_reshardable_formats: {', '.join(sorted(fully)) or 'none'})",
+            )
+        return
     if get_config(spec.config).optimizer == "layerwise-adam":
         from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
 

@@ -188,10 +188,11 @@ def _body(
     from jobs.rank import dist
 
     doc = ctx.doc
+    layout = spec.layout(phase)  # a resume on another layout runs its own sizes
     info = ctx.run(
         "init",
-        lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S, tp=spec.tp, pp=spec.pp, ep=spec.ep, device=spec.device,
-                          vpp=spec.virtual_pipeline_size),
+        lambda: dist.init(master_port, COLLECTIVE_TIMEOUT_S, tp=layout.tp, pp=layout.pp, ep=layout.ep,
+                          device=spec.device, vpp=spec.virtual_pipeline_size(phase)),
         STAGE_TIMEOUT_S["init"],
     )
     ctx.distributed = True

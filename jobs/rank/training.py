@@ -50,6 +50,7 @@ from jobs.rank.probes import (
     global_state,
     groups,
     index_map,
+    layout_view,
 )
 from jobs.rank.probes import state as state_probe
 from jobs.rank.workarounds import (
@@ -64,7 +65,7 @@ from jobs.rank.workarounds import (
     shared_step_params,
 )
 from jobs.shape import apply_shape
-from jobs.spec import RunSpec
+from jobs.spec import RESHARDABLE_ACROSS_MODEL_LAYOUTS, RunSpec
 
 PROBE_TIMEOUT_S = 60.0
 STEP_TIMEOUT_S = 120.0
@@ -79,6 +80,9 @@ def _snapshots(ctx: RankContext, tr: model.Trainee, spec: RunSpec) -> list[dict[
 
     Saved and restored state then compare item by item although other ranks hold other shards.
     """
+    if spec.layout_free_view:  # model parallelism on either side: tensors by checkpoint key and global offset
+        state = checkpoint.sharded_state(tr, RESHARDABLE_ACROSS_MODEL_LAYOUTS)  # param-keyed, whatever was saved
+        return [layout_view.layout_free_snapshot(tr, state, functools.partial(_gather, ctx))]
     if spec.reshards:
         return [global_state.global_snapshot(tr, functools.partial(_gather, ctx))]
     return _gather(ctx, state_probe.snapshot(tr))
@@ -100,9 +104,10 @@ def build(ctx: RankContext, spec: RunSpec, phase: str = "train_and_save") -> mod
     ctx.doc["info"]["compat_shims"] = compat.install_shims()
     ctx.doc["info"]["capabilities"] = compat.capabilities()  # what the harness found in this build, per run
     init_seed = resume_init_seed(spec.seed) if phase == "resume" else None
+    layout = spec.layout(phase)
     tr = model.build(
         apply_shape(get_config(spec.config), spec.shape), spec.seed, spec.steps, init_seed,
-        tp=spec.tp, ep=spec.ep, pp=spec.pp, global_microbatches=spec.global_microbatches,
+        tp=layout.tp, ep=layout.ep, pp=layout.pp, global_microbatches=spec.global_microbatches,
     )
     # Local reports wait here until the first collective stage gathers them (_publish_build_probes).
     ctx.local_build_probes = {
@@ -200,7 +205,9 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     loaded = ctx.run("load", lambda: checkpoint.read(state, ckpt, spec.fully_parallel), timeout_s, agree=True)
 
     def groups_now() -> None:  # Bug C: before the scheduler rewrites lr / weight decay
-        local["groups"] = state_probe.param_groups(tr.optimizer)
+        # on another layout the groups' indices differ: keyed by what identifies a group, as the view is
+        local["groups"] = (layout_view.group_values(tr.optimizer) if spec.layout_free_view
+                           else state_probe.param_groups(tr.optimizer))
 
     ctx.run(
         "load",
@@ -242,7 +249,8 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
         probes[CHECKPOINT_CONTENTS] = checkpoint_contents.report(keys, incomplete, [r["requested"] for r in per_rank])
     if "after" in local:
         probes[STATE_AFTER_LOAD] = after_view or [r["after"] for r in per_rank]
-    probes[GROUPS_AFTER_OPTIMIZER_LOAD] = [r["groups"] for r in per_rank]
+    probes[GROUPS_AFTER_OPTIMIZER_LOAD] = ([layout_view.union([r["groups"] for r in per_rank])] if spec.layout_free_view
+                                           else [r["groups"] for r in per_rank])
     if no_grad:
         probes[FP32_VIEW_INPLACE] = [r["fp32_view"] for r in per_rank]
     _state_probe(ctx, tr, "after_load", with_slots=False)
@@ -446,7 +454,13 @@ def _final_numeric(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Pat
     The saving run's attempt folder holds the checkpoint (`<attempt>/checkpoint/stepN`), so the
     resume finds the baseline's file there; the save phase has always finished by then.
     """
-    if spec.reshards:
+    if spec.layout_free_view:
+        by_section = layout_view.global_tensors(tr, checkpoint.sharded_state(tr, RESHARDABLE_ACROSS_MODEL_LAYOUTS),
+                                                functools.partial(_gather, ctx))
+        tensors = None if by_section is None else {
+            f"{section}/{key}": value.float() for section, items in by_section.items()
+            for key, value in items.items() if isinstance(value, torch.Tensor)}
+    elif spec.reshards:
         tensors = final_numeric.global_tensors(tr, functools.partial(_gather, ctx))
     else:
         tensors = final_numeric.local_tensors(tr)

@@ -209,11 +209,13 @@ def _build_crash_lines(errors: list[ErrorRecord], signatures: list[SignatureId])
     """A cause line per checkpoint stage that raised inside the build: what raised, where, and its message
     (which names the tensor or key the build could not save or load)."""
     lines: dict[SignatureId, str] = {}
+    if any(SIGNATURES[n].kind == "cause" for n in signatures):
+        return lines  # a measured cause (a known bug) explains the crash: its own line says why
     for err in errors:
         frame = raised_in_build(err)
         crash = next((n for n in classify_error(err) if SIGNATURES[n].kind == "crash"), None)
         if frame and crash and crash in signatures and crash not in lines:
-            message = " ".join(str(err.get("message") or "").split())[:240]
+            message = " ".join(str(err.get("message") or "").split())[:160]
             lines[crash] = f"{crash}: {err['type']} raised in the build's {frame} during {err['stage']}: {message}"
     return lines
 

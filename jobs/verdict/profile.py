@@ -25,14 +25,25 @@ def judged_profile(
         return noise, None
     if not (spec.reshards and name == RESHARD_TOLERANCE):
         return TOLERANCE_PROFILES[name], None
-    assert spec.resume_dp is not None
     profile, why = calibrated_reshard_profile(
-        spec.config, spec.dp, spec.resume_dp, len(spec.resumed_steps), calibration, device=spec.device,
-        training=spec.training,
+        spec.config, spec.dp, spec.phase_dp("resume"), len(spec.resumed_steps), calibration, device=spec.device,
+        training=spec.training, change=spec.layout_change if spec.layout_free_view else None,
+        calibrate_flags=calibrate_flags(spec),
     )
     if profile is None:
         return TOLERANCE_PROFILES[name], error_record("NotCalibrated", why, stage="evaluate")
     return profile, None
+
+
+def calibrate_flags(spec: RunSpec) -> str:
+    """The layout flags `parity calibrate` measures this reshard with."""
+    flags = [f"--dp {spec.dp}"]
+    flags += [f"--{k} {v}" for k, v in (("tp", spec.tp), ("pp", spec.pp), ("ep", spec.ep)) if v > 1]
+    resumed = ("resume_dp", "resume_tp", "resume_pp", "resume_ep")
+    flags += [f"--{k.replace('_', '-')} {getattr(spec, k)}" for k in resumed if getattr(spec, k) is not None]
+    if spec.reshards_model:
+        flags.append(f"--sharding {spec.sharding}")
+    return " ".join(flags)
 
 
 def reshard_fields(spec: RunSpec, profile: ToleranceProfile, final_lane: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +54,7 @@ def reshard_fields(spec: RunSpec, profile: ToleranceProfile, final_lane: dict[st
         "reshard": {
             "dp": spec.dp,
             "resume_dp": spec.resume_dp,
+            "layouts": {p: spec.layout(p).name for p in ("train_and_save", "resume")},
             "global_microbatches": spec.global_microbatches,
             "microbatches_per_rank": {p: spec.microbatches(p) for p in ("train_and_save", "resume")},
             "tolerance": profile.name,

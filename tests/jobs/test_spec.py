@@ -354,8 +354,9 @@ def test_the_plan_of_a_stored_spec_reads_resume_dp() -> None:
     assert allowed_values()["resume_dp"]["max"] == MAX_DP
 
 
-def test_resume_dp_with_a_model_parallel_layout_is_refused() -> None:
-    with pytest.raises(SpecError, match="resume_dp: .*tp = pp = ep = 1") as info:
+def test_a_resume_layout_megatron_would_refuse_is_refused_naming_the_resume_field() -> None:
+    # the resume's layout must hold as the save's does: EP 2 needs 2 DP ranks in the resume too
+    with pytest.raises(SpecError, match=r"resume_dp: the resume's layout \(dp1ep2\)") as info:
         RunSpec.from_dict({**MOE, "dp": 2, "ep": 2, "resume_dp": 1})
     assert info.value.field == "resume_dp"
     # the task count of each phase is its DP size times the model-parallel sizes

@@ -61,6 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_shape_argument(p)
     p.add_argument("--resume-dp", type=int, default=None,
                    help="resume at this DP size instead of --dp (same global batch; its own job)")
+    for dim in ("tp", "pp", "ep"):
+        p.add_argument(f"--resume-{dim}", type=int, default=None,
+                       help=f"resume at this {dim.upper()} size instead of --{dim} (--sharding fully_reshardable; "
+                       "its own job)")
     p.add_argument("--nodes", type=int, default=DEFAULT_NODES,
                    help="Slurm nodes of the original run (recorded in the spec; locally every rank runs here)")
     p.add_argument("--mutant", action="append", default=[], dest="mutants",

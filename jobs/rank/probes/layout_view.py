@@ -1,0 +1,164 @@
+"""The state of a whole model in one view that no parallel layout shows through (a resume on another TP / PP / EP).
+
+A resume on another tensor, pipeline or expert parallel size holds every tensor in other pieces than the save
+did: a TP shard is half a matrix, a pipeline stage holds other layers, an expert sits on another rank under
+another local index. The names of `named_parameters()` say nothing across layouts, but the keys and offsets
+Megatron-Core checkpoints by do, so this view is built from the very sharded state dict a save writes
+(`checkpoint.sharded_state`, fully_reshardable): each rank hands over the main replica of every sharded tensor
+(a factory, SwiGLU's fc1, as the halves it saves), and the full tensors are put back together by key and global
+offset, then fingerprinted. Model weights and persistent buffers are keyed by their checkpoint key (`model`),
+the FP32 main params and Adam moments by their parameter's (`main`, `moments`: `<key>/exp_avg`). Param groups
+are keyed by what identifies a group (its LR and weight-decay multipliers and bounds, expert or not), never by
+its index, which a layout changes; scheduler and loop state come from every rank, as in the DP view.
+
+It is a collective: every rank calls it. Only rank 0 assembles; every rank returns the same view.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from jobs.rank.probes.global_state import merge_ranks
+from jobs.rank.probes.state import fingerprint, scalar, snapshot
+
+VIEW = "layout-free"
+# optimizer.state.<what>.<param key>, with or without a chain's prefix
+_OPTIMIZER_KEY = re.compile(r"^optimizer\.(?:chained_\d+\.)?state\.([^.]+)\.(.+)$")
+MAIN_STATE = "param"  # the fully_reshardable name of a param's FP32 main copy
+# what tells param groups apart whatever the layout (their index does not)
+GROUP_IDENTITY = ("wd_mult", "lr_mult", "is_expert_parallel", "is_decoupled_lr", "max_lr", "min_lr")
+
+
+def _sharded_tensors(tree: Any) -> Iterator[Any]:
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    for value in nested_values(tree):
+        if isinstance(value, ShardedTensorFactory):  # saved as what it builds (SwiGLU: two halves of one key)
+            yield from (v for v in nested_values(value.build()) if isinstance(v, ShardedTensor))
+        elif isinstance(value, ShardedTensor):
+            yield value
+
+
+def _is_main_replica(replica_id: Any) -> bool:
+    ids = replica_id if isinstance(replica_id, tuple) else (replica_id,)
+    return all(int(r) == 0 for r in ids)
+
+
+def local_pieces(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """This rank's main-replica pieces of every sharded tensor of a save's model and optimizer state."""
+    pieces = []
+    for part in ("model", "optimizer"):
+        for sh in _sharded_tensors(state[part]):
+            if sh.data is None or not _is_main_replica(sh.replica_id):
+                continue
+            flat = sh.flattened_range
+            pieces.append({
+                "key": sh.key, "shape": tuple(int(x) for x in sh.global_shape),
+                "offset": tuple(int(x) for x in sh.global_offset), "prepend": int(sh.prepend_axis_num),
+                "local_shape": tuple(int(x) for x in sh.local_shape),
+                "flat": None if flat is None else (int(flat.start), int(flat.stop)),
+                # on the CPU: gathered as objects to rank 0
+                "data": sh.data.detach().cpu().clone(),
+            })
+    return pieces
+
+
+def assemble(pieces: list[dict[str, Any]]) -> dict[str, tuple[torch.Tensor, int]]:
+    """{key: (the full tensor, how many of its elements some rank held)} from every rank's pieces."""
+    full: dict[str, torch.Tensor] = {}
+    held: dict[str, torch.Tensor] = {}
+    for p in pieces:
+        tensor = full.setdefault(p["key"], torch.zeros(p["shape"], dtype=p["data"].dtype))
+        covered = held.setdefault(p["key"], torch.zeros(p["shape"], dtype=torch.bool))
+        sizes = (1,) * p["prepend"] + p["local_shape"]
+        index = tuple(slice(o, o + n) for o, n in zip(p["offset"], sizes, strict=True))
+        local = torch.zeros(p["local_shape"], dtype=tensor.dtype)
+        mask = torch.zeros(p["local_shape"], dtype=torch.bool)
+        start, stop = p["flat"] if p["flat"] is not None else (0, local.numel())
+        local.view(-1)[start:stop] = p["data"].reshape(-1).to(tensor.dtype)
+        mask.view(-1)[start:stop] = True
+        region, seen = tensor[index].reshape(p["local_shape"]), covered[index].reshape(p["local_shape"])
+        tensor[index] = torch.where(mask, local, region).reshape(tensor[index].shape)
+        covered[index] = (seen | mask).reshape(covered[index].shape)
+    return {k: (t, int(held[k].sum())) for k, t in full.items()}
+
+
+def sections(tensors: dict[str, tuple[torch.Tensor, int]]) -> dict[str, dict[str, torch.Tensor | str]]:
+    """The full tensors by section: model (checkpoint key), main and moments (`<param key>/<state>`)."""
+    out: dict[str, dict[str, torch.Tensor | str]] = {"model": {}, "main": {}, "moments": {}}
+    for key, (tensor, held) in sorted(tensors.items()):
+        value: torch.Tensor | str = tensor if held == tensor.numel() else f"incomplete:{held}/{tensor.numel()}"
+        match = _OPTIMIZER_KEY.match(key)
+        if match is None:
+            out["model"][key] = value
+        elif match.group(1) == MAIN_STATE:
+            out["main"][match.group(2)] = value
+        else:
+            out["moments"][f"{match.group(2)}/{match.group(1)}"] = value
+    return out
+
+
+def group_values(optimizer: Any) -> dict[str, set[str]]:
+    """Every param group's scalars on this rank, keyed `<what identifies the group>.<scalar>`."""
+    out: dict[str, set[str]] = {}
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for group in opt.optimizer.param_groups:
+            ident = ",".join(f"{k}={scalar(group[k])}" for k in GROUP_IDENTITY if k in group) or "default"
+            for key, value in group.items():
+                if key != "params" and key not in GROUP_IDENTITY:
+                    out.setdefault(f"{ident}.{key}", set()).add(scalar(value))
+    return out
+
+
+def _adam_steps(optimizer: Any) -> set[str]:
+    steps = set()
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for state in opt.optimizer.state.values():
+            if "step" in state:
+                steps.add(scalar(state["step"]))
+    return steps
+
+
+def _replicated(tr: Any) -> dict[str, Any]:
+    snap = snapshot(tr)
+    return {"scheduler": snap["scheduler"], "iteration": snap["iteration"], "groups": group_values(tr.optimizer),
+            "steps": _adam_steps(tr.optimizer)}
+
+
+def union(per_rank: list[dict[str, set[str]]]) -> dict[str, str]:
+    """One value per group scalar over every rank: the distinct values joined by `|`."""
+    keys = sorted(set().union(*per_rank)) if per_rank else []
+    return {k: "|".join(sorted(set().union(*(r.get(k, set()) for r in per_rank)))) for k in keys}
+
+
+def global_tensors(tr: Any, state: dict[str, Any], gather: Callable[[Any], list[Any]]) -> dict[str, Any] | None:
+    """The full tensors of every section on rank 0 (a collective; None on the other ranks)."""
+    per_rank = gather(local_pieces(state))
+    if torch.distributed.get_rank() != 0:
+        return None
+    return sections(assemble([p for pieces in per_rank for p in pieces]))
+
+
+def layout_free_snapshot(tr: Any, state: dict[str, Any], gather: Callable[[Any], list[Any]]) -> dict[str, Any]:
+    """The one view of the whole model's state, the same on every rank (a collective)."""
+    tensors = global_tensors(tr, state, gather)
+    replicated = gather(_replicated(tr))
+    view = None
+    if tensors is not None:
+        steps = sorted(set().union(*(r["steps"] for r in replicated)))
+        view = {
+            # not a compared section: what the entry is, and over how many ranks
+            "view": {"kind": VIEW, "ranks": str(len(replicated))},
+            **{name: {k: v if isinstance(v, str) else fingerprint(v) for k, v in items.items()}
+               for name, items in tensors.items()},
+            "steps": {"adam": steps[0] if len(steps) == 1 else "mixed(" + ", ".join(steps) + ")"} if steps else {},
+            "groups": union([r["groups"] for r in replicated]),
+            "scheduler": merge_ranks([r["scheduler"] for r in replicated]),
+            "iteration": merge_ranks([r["iteration"] for r in replicated]),
+        }
+    return gather(view)[0]

@@ -1,0 +1,109 @@
+"""The layout-free state view (jobs/rank/probes/layout_view.py) and the spec of a resume on another layout.
+
+The view puts every checkpointed tensor back together by key and global offset, so a tensor held as TP
+halves, as one stage's layers or as flattened DP ranges compares with the same tensor held whole. Pure:
+synthetic pieces, no Megatron (the end-to-end runs are in test_layouts_megatron.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from jobs.rank.probes.layout_view import assemble, sections
+from jobs.spec import RunSpec, SpecError
+from service.core.checks import check_key
+
+FULL = torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6)  # 2 layers of a 4 x 6 weight
+
+
+def piece(key: str, data: torch.Tensor, offset: tuple[int, ...], prepend: int = 1,
+          flat: tuple[int, int] | None = None, local_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
+    return {"key": key, "shape": tuple(FULL.shape), "offset": offset, "prepend": prepend,
+            "local_shape": local_shape or tuple(data.shape), "flat": flat, "data": data}
+
+
+def whole() -> list[dict[str, Any]]:  # TP 1, PP 1: each layer's whole weight (a layer axis prepended)
+    return [piece("decoder.layers.w", FULL[layer], (layer, 0, 0)) for layer in range(2)]
+
+
+def tp_halves() -> list[dict[str, Any]]:  # TP 2 on the last axis, each layer on another pipeline stage's rank
+    return [piece("decoder.layers.w", FULL[layer, :, half * 3:(half + 1) * 3].clone(), (layer, 0, half * 3))
+            for layer in range(2) for half in range(2)]
+
+
+def dp_ranges() -> list[dict[str, Any]]:  # the optimizer's flattened DP ranges of each whole layer
+    out = []
+    for layer in range(2):
+        flat = FULL[layer].reshape(-1)
+        out += [piece("decoder.layers.w", flat[a:b].clone(), (layer, 0, 0), flat=(a, b), local_shape=(4, 6))
+                for a, b in ((0, 10), (10, 24))]
+    return out
+
+
+@pytest.mark.parametrize("layout", [whole, tp_halves, dp_ranges])
+def test_every_layout_puts_the_same_tensor_back_together(layout: Any) -> None:
+    tensor, held = assemble(layout())["decoder.layers.w"]
+    assert held == FULL.numel() and torch.equal(tensor, FULL)
+
+
+def test_a_piece_no_rank_held_is_named_incomplete_not_zero() -> None:
+    """A lost shard must not read as a tensor of zeros that happens to match another lost shard."""
+    missing = tp_halves()[:-1]
+    by_section = sections(assemble(missing))
+    assert by_section["model"]["decoder.layers.w"] == f"incomplete:{FULL.numel() - 12}/{FULL.numel()}"
+
+
+def test_a_wrong_value_in_one_shard_changes_the_view() -> None:
+    """The other side of the detector: one TP half loaded wrong is another tensor than the saved whole."""
+    broken = tp_halves()
+    broken[1]["data"] = broken[1]["data"] + 1
+    assert not torch.equal(assemble(broken)["decoder.layers.w"][0], assemble(whole())["decoder.layers.w"][0])
+
+
+def test_optimizer_keys_go_to_main_and_moments_by_their_parameters_key() -> None:
+    tensors = {k: (FULL, FULL.numel()) for k in (
+        "decoder.layers.w", "optimizer.state.param.decoder.layers.w", "optimizer.state.exp_avg.decoder.layers.w",
+        "optimizer.chained_1.state.exp_avg_sq.decoder.layers.w")}
+    by_section = sections(tensors)
+    assert set(by_section["model"]) == {"decoder.layers.w"}
+    assert set(by_section["main"]) == {"decoder.layers.w"}
+    assert set(by_section["moments"]) == {"decoder.layers.w/exp_avg", "decoder.layers.w/exp_avg_sq"}
+
+
+TP2 = {"config": "dense-bf16", "dp": 1, "tp": 2, "steps": 5, "save_step": 2, "sharding": "fully_reshardable"}
+
+
+def test_a_resume_on_another_layout_is_its_own_check_with_its_own_ranks() -> None:
+    plain = RunSpec.from_dict(TP2)
+    moved = RunSpec.from_dict({**TP2, "resume_tp": 1, "resume_dp": 2})
+    assert "resume_tp" not in plain.to_dict() and moved.to_dict()["resume_tp"] == 1
+    assert check_key(moved.to_dict()) != check_key(plain.to_dict())
+    assert (moved.phase_world_size("train_and_save"), moved.phase_world_size("resume")) == (2, 2)
+    assert moved.reshards and moved.layout_free_view and moved.layout_change == "dp1tp2->dp2"
+    assert moved.effective_isolation == "job" and moved.effective_tolerance == "reshard"
+    # a pure DP reshard keeps its name and its view by parameter name
+    dp_only = RunSpec.from_dict({"config": "dense-bf16", "dp": 2, "resume_dp": 1, "steps": 5, "save_step": 2})
+    assert not dp_only.layout_free_view and dp_only.layout_change == "2->1"
+
+
+@pytest.mark.parametrize(("change", "field", "message"), [
+    ({"resume_tp": 2}, "resume_tp", "equals tp"),
+    ({"resume_tp": 3}, "resume_tp", "3 does not divide"),
+    ({"resume_tp": 1, "sharding": "dp_reshardable"}, "resume_tp", "fully_reshardable"),
+    ({"resume_tp": 1, "config": "dense-bf16-dropout"}, "resume_tp", "dropout"),
+    ({"resume_pp": 2, "tp": 1, "config": "gpt-mtp-fp32-proj"}, "resume_pp", "multi-token-prediction"),
+    ({"resume_ep": 2, "tp": 1}, "resume_ep", "MoE"),
+    # EP 2 kept while the resume drops to one DP rank: the resume's layout cannot hold it
+    ({"config": "moe-fp32-router", "dp": 2, "tp": 1, "ep": 2, "resume_tp": 2, "resume_dp": 1}, "resume_tp",
+     r"resume's layout \(dp1tp2ep2\)"),
+    ({"resume_tp": "1"}, "resume_tp", "integer"),
+    ({"resume_tp": 2**70}, "resume_tp", "out of range"),
+])
+def test_a_resume_layout_that_cannot_run_is_refused_naming_its_field(change: dict[str, Any], field: str,
+                                                                     message: str) -> None:
+    with pytest.raises(SpecError, match=message) as info:
+        RunSpec.from_dict({**TP2, **change})
+    assert info.value.field == field
