@@ -20,7 +20,7 @@ from tests.plugins.run_local import LocalReference
 
 pytestmark = pytest.mark.megatron
 
-FIX = ("realign-param-index", "restore-adam-step")
+FIX = ("match-groups-by-lr-bounds", "realign-param-index", "restore-adam-step")  # 0.16.1's known bugs here
 SCENARIOS: dict[str, dict[str, Any]] = {
     "known_bad": {"config": "moe-fp32-router", "dp": 2},
     "known_good_dp2": {"config": "moe-fp32-router", "dp": 2, "workarounds": FIX},
@@ -30,11 +30,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "silent_loads": {
         "config": "equal-shards-fp32-head",
         "dp": 2,
-        "workarounds": ("load-no-grad", "restore-adam-step"),
+        "workarounds": ("load-no-grad", "match-groups-by-lr-bounds", "restore-adam-step"),
     },
     "silent_good": {"config": "equal-shards-fp32-head", "dp": 2, "workarounds": FIX},
-    "dense": {"config": "dense-bf16", "dp": 2},
-    "dense_fixed": {"config": "dense-bf16", "dp": 2, "workarounds": ("restore-adam-step",)},
+    "dense": {"config": "dense-bf16", "dp": 2, "workarounds": ("match-groups-by-lr-bounds",)},  # the step bug alone
+    "dense_fixed": {"config": "dense-bf16", "dp": 2, "workarounds": ("match-groups-by-lr-bounds", "restore-adam-step")},
     "layerwise": {"config": "layerwise-empty-rank", "dp": 2},
     # fully_reshardable, and the same without the workaround for its KeyError 'step'
     "fully_reshardable_good": {"config": "moe-fp32-router", "dp": 2, "sharding": "fully_reshardable",
@@ -148,6 +148,7 @@ def test_known_good_reports_what_workarounds_did(results: Results) -> None:
     # each workaround says what it hid, measured before and after it
     assert r["verdict_label"].startswith("pass (worked around: ")
     assert r["worked_around_by"] == {
+        "match-groups-by-lr-bounds": ["param-group-identity-collision"],
         "realign-param-index": ["optimizer-index-misalignment", "fp32-view-inplace-load"],
         "restore-adam-step": ["adam-step-not-restored"],
     }

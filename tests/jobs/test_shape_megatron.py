@@ -18,12 +18,12 @@ from tests.plugins.tiers import LazyRuns
 
 pytestmark = pytest.mark.megatron
 
-FIX = ("realign-param-index", "restore-adam-step")
+FIX = ("match-groups-by-lr-bounds", "realign-param-index", "restore-adam-step")  # 0.16.1's known bugs here
 SHAPE = {"num_layers": 3, "hidden_size": 64, "num_experts": 8, "moe_router_topk": 1}
 SCENARIOS: dict[str, dict[str, Any]] = {
     "known_bad": {"shape": {**SHAPE, "fp32_output_head": True}},
     "known_good": {"shape": {**SHAPE, "fp32_output_head": True}, "workarounds": FIX},
-    "no_fp32": {"shape": {**SHAPE, "fp32_router": False}, "workarounds": ("restore-adam-step",)},
+    "no_fp32": {"shape": {**SHAPE, "fp32_router": False}, "workarounds": ("match-groups-by-lr-bounds", "restore-adam-step")},
 }
 
 

@@ -31,7 +31,7 @@ from service.suites.definitions import SuiteCheck, apply_suite
 from service.suites.runs import create_suite_run
 
 PARITY = [sys.executable, "-m", "service.cli.main"]
-GOOD = ["realign-param-index", "restore-adam-step"]
+GOOD = ["match-groups-by-lr-bounds", "realign-param-index", "restore-adam-step"]
 
 
 def slurm_now() -> str:

@@ -36,7 +36,9 @@ def test_demo_on_embedded_defaults_ends_in_verdicts(tmp_path: Path) -> None:
 def test_the_known_good_run_takes_the_configs_own_workarounds() -> None:
     from service.cli.server.demo import known_good_workarounds
 
-    # Bug A and the Adam step on the default MoE config; 0.16.1's group collision on the recipe; no Bug A on dense
-    assert known_good_workarounds("moe-fp32-router") == ["realign-param-index", "restore-adam-step"]
+    # Bug A and the Adam step on the default MoE config; 0.16.1's group collision on every GPT config (each has
+    # a decoupled LR for its embedding); no Bug A on dense
+    assert known_good_workarounds("moe-fp32-router") == ["match-groups-by-lr-bounds", "realign-param-index",
+                                                         "restore-adam-step"]
     assert known_good_workarounds("gpt-recipe") == ["restore-adam-step", "match-groups-by-lr-bounds"]
-    assert known_good_workarounds("dense-bf16") == ["restore-adam-step"]
+    assert known_good_workarounds("dense-bf16") == ["match-groups-by-lr-bounds", "restore-adam-step"]
