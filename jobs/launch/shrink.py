@@ -34,7 +34,8 @@ def size(spec: RunSpec) -> tuple[int, int, int, int, int]:
     """How big a spec is, compared lexicographically: ranks, parameters, steps, the save step, tokens per sample."""
     cfg = apply_shape(CONFIGS[spec.config], spec.shape)
     gpt = cfg.kind == "gpt"
-    return (spec.world_size + (spec.resume_dp or 0), estimated_params(cfg) if gpt else 0, spec.steps,
+    return (spec.world_size + (spec.phase_world_size("resume") if spec.reshards else 0),
+            estimated_params(cfg) if gpt else 0, spec.steps,
             spec.save_step, cfg.seq_length if gpt else 0)
 
 
@@ -45,7 +46,7 @@ def _shape_value(spec: RunSpec, name: str) -> Any:
 def candidates(spec: RunSpec) -> Iterator[tuple[str, dict[str, Any]]]:
     """Smaller specs one change away, most promising first: (what changed, the spec as data)."""
     base = spec.to_dict()
-    if spec.dp > 1 and spec.resume_dp is None:
+    if spec.dp > 1 and not spec.reshards:
         yield "dp 1", {**base, "dp": 1, "nodes": 1, "ep": 1}
     for name in ("tp", "pp", "ep"):
         if getattr(spec, name) > 1:
@@ -132,8 +133,9 @@ def run_local_command(spec: RunSpec) -> str:
     for name in ("tp", "pp", "ep"):
         if getattr(spec, name) > 1:
             parts += [f"--{name}", str(getattr(spec, name))]
-    if spec.resume_dp is not None:
-        parts += ["--resume-dp", str(spec.resume_dp)]
+    for name in ("resume_dp", "resume_tp", "resume_pp", "resume_ep"):
+        if getattr(spec, name) is not None:
+            parts += [f"--{name.replace('_', '-')}", str(getattr(spec, name))]
     for key, value in sorted(spec.shape.items()):
         parts += ["--shape", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
     return " ".join(shlex.quote(p) for p in parts)

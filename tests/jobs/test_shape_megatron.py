@@ -23,7 +23,8 @@ SHAPE = {"num_layers": 3, "hidden_size": 64, "num_experts": 8, "moe_router_topk"
 SCENARIOS: dict[str, dict[str, Any]] = {
     "known_bad": {"shape": {**SHAPE, "fp32_output_head": True}},
     "known_good": {"shape": {**SHAPE, "fp32_output_head": True}, "workarounds": FIX},
-    "no_fp32": {"shape": {**SHAPE, "fp32_router": False}, "workarounds": ("match-groups-by-lr-bounds", "restore-adam-step")},
+    "no_fp32": {"shape": {**SHAPE, "fp32_router": False},
+                "workarounds": ("match-groups-by-lr-bounds", "restore-adam-step")},
 }
 
 

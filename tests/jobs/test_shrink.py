@@ -67,3 +67,13 @@ def test_a_real_failure_shrinks_to_a_strictly_smaller_spec_with_the_same_signatu
     assert smallest.dp == 1  # the step restore bug does not need two ranks
     kept = [t for t in result["trail"] if t.get("kept")]
     assert kept and all(t["verdict"] == "fail" and t["signatures"] == ["adam-step-not-restored"] for t in kept)
+
+
+def test_the_repro_command_keeps_a_resume_on_another_layout() -> None:
+    """A shrunk repro of a TP 2 -> 1 resume must still resume at TP 1 (else it reproduces another check)."""
+    from jobs.launch.shrink import run_local_command
+
+    spec = RunSpec.from_dict({"config": "dense-bf16", "dp": 1, "tp": 2, "resume_tp": 1, "steps": 5, "save_step": 2,
+                              "sharding": "fully_reshardable"})
+    command = run_local_command(spec)
+    assert "--tp 2" in command and "--resume-tp 1" in command and "--sharding fully_reshardable" in command
