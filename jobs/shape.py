@@ -58,7 +58,7 @@ SHAPE_FIELDS: dict[str, ShapeField] = {
         ShapeField("vocab_size", "int", "vocabulary size", 64, 4096),
         ShapeField("fp32_router", "bool", "keep the MoE routers in FP32", moe_only=True),
         ShapeField("fp32_gates", "bool", "add a learnable FP32 scalar gate to every MLP output"),
-        ShapeField("fp32_output_head", "bool", "keep the output head (output_layer, untied) in FP32"),
+        ShapeField("fp32_output_head", "bool", "keep the output head (output_layer) in FP32, untied from the embedding"),
     )
 }
 
@@ -116,6 +116,8 @@ def apply_shape(cfg: ModelConfig, shape: dict[str, Any]) -> ModelConfig:
         fp32.append(ROUTER_MODULE)
     if shape.get("fp32_output_head", OUTPUT_HEAD_MODULE in cfg.fp32_modules):
         fp32.append(OUTPUT_HEAD_MODULE)
+        # an FP32 head is a tensor of its own: tied, the output layer is the bf16 embedding's weight
+        changes["tied_embeddings"] = False
     changes["fp32_modules"] = tuple(fp32)
     if "fp32_gates" in shape:
         changes["fp32_residual_gates"] = shape["fp32_gates"]

@@ -60,7 +60,7 @@ def test_the_collision_fails_naming_the_groups_and_the_applied_lr(tmp_path: Path
     # on-call reads the known bug first, then the LR it made a group apply
     lines = list(r["cause_lines"].values())
     assert lines[0].startswith("param-group-identity-collision: optimizer 0 groups 0 and 1 (max/min lr")
-    assert lines[1].startswith("lr-schedule-mismatch: group o0.g0 applied lr 0.00137 at step 3")
+    assert lines[1].startswith("lr-schedule-mismatch: group o0.g0 applied lr 0.00136667 at step 3")
 
 
 def test_known_good_recipe_is_bit_exact_and_trains_as_configured(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ def test_known_good_reshard_passes_within_the_measured_bound(
     r = results[name]
     validate_result(r)  # what the service ingests: the one-entry state views fit the contract
     assert r["verdict"] == "pass", (r["signatures"], r["errors"], r["evidence"])
-    profile = f"reshard:{r['spec']['config']}:{dp}->{resume_dp}"
+    profile = f"reshard:{r['spec']['config']}:{dp}->{resume_dp}@3"  # measured over 3 resumed steps
     # the label names the measured profile and its bounds
     assert r["verdict_label"].startswith("pass (worked around: ") and f"[{profile}: loss " in r["verdict_label"]
     assert "x the largest of 3 clean runs, megatron-core 0.16.1" in r["verdict_label"]
@@ -76,7 +76,8 @@ def test_known_good_reshard_passes_within_the_measured_bound(
     assert r["isolation"] == "job"  # the resume ran as its own job of resume_dp tasks
     reshard = r["reshard"]
     assert (reshard["dp"], reshard["resume_dp"], reshard["tolerance"]) == (dp, resume_dp, profile)
-    assert reshard["isolation_requested"] == "process" and reshard["global_microbatches"] == 2
+    # 2 microbatches per rank at the larger DP size (the config's own 2): 4 in all, every rank's share
+    assert reshard["isolation_requested"] == "process" and reshard["global_microbatches"] == 4
     assert r["lanes"]["tolerance"]["profile"]["name"] == profile and r["lanes"]["tolerance"]["pass"]
     # the final state drifted (another reduction order) and stayed within the measured bound
     final = reshard["final_state"]
@@ -86,11 +87,12 @@ def test_known_good_reshard_passes_within_the_measured_bound(
     assert phases["train_and_save"] and phases["resume"]
     assert phases["train_and_save"]["info"]["world_size"] == dp
     assert phases["resume"]["info"]["world_size"] == resume_dp
-    assert phases["resume"]["info"]["microbatches_per_rank"] == 2 // resume_dp
+    assert phases["resume"]["info"]["microbatches_per_rank"] == 4 // resume_dp
     rows = _resumed(r)
     assert [s["step"] for s in rows] == [4, 5, 6]
-    # the first resumed step runs on restored state and the same samples: bit-identical loss and lr
-    assert rows[0]["loss_baseline"] == rows[0]["loss_resumed"]
+    # the first resumed step runs on restored state and the same samples: the same loss up to the order its
+    # microbatches' losses are summed in (2 per rank at DP 2, 4 on one rank at DP 1), and the same lr
+    assert abs(rows[0]["loss_baseline"] - rows[0]["loss_resumed"]) <= 1e-6 * abs(rows[0]["loss_baseline"])
     assert all(s["lr_baseline"] == s["lr_resumed"] for s in rows)
     # the grad norm is reduced in another order: not exact, within the profile
     assert not r["lanes"]["exact"]["pass"]
