@@ -58,7 +58,7 @@ SHAPE_FIELDS: dict[str, ShapeField] = {
         ShapeField("vocab_size", "int", "vocabulary size", 64, 4096),
         ShapeField("fp32_router", "bool", "keep the MoE routers in FP32", moe_only=True),
         ShapeField("fp32_gates", "bool", "add a learnable FP32 scalar gate to every MLP output"),
-        ShapeField("fp32_output_head", "bool", "keep the output head (output_layer) in FP32, untied from the embedding"),
+        ShapeField("fp32_output_head", "bool", "keep the output head (output_layer) in FP32, untied"),
     )
 }
 
