@@ -18,7 +18,7 @@ FULL = {
     "seed": 7, "tolerance": "bf16", "workarounds": ["realign-param-index", "restore-adam-step"],
     "mutants": ["zero-exp-avg-sq"], "isolation": "job", "resume_dp": 2, "nodes": 2,
     "shape": {"num_layers": 3}, "tp": 1, "pp": 1, "ep": 2, "async_save": True, "fully_parallel": True,
-    "device": "cuda",
+    "device": "cuda", "resume_tp": 2, "resume_pp": 2, "resume_ep": 1,
 }
 
 
