@@ -1,4 +1,5 @@
-"""The one state machine of a run: the allowed transitions and the only function that applies them."""
+"""The one state machine of a run: its states and allowed transitions, and the function that applies a move
+(called only by service/runs/lifecycle.py, which runs the final states' handlers)."""
 
 from __future__ import annotations
 
@@ -54,8 +55,9 @@ def can_transition(current: str, target: str) -> bool:
     return RunState(target) in TRANSITIONS[RunState(current)]
 
 
-def transition(session: Session, run: Run, target: RunState, reason: str = "") -> None:
-    """Move run to target, stamp its timestamps and record the event; refuse invalid moves."""
+def apply_transition(session: Session, run: Run, target: RunState, reason: str = "") -> None:
+    """Move run to target, stamp its timestamps and record the event; refuse invalid moves. Only
+    service/runs/lifecycle.transition calls this: it adds what entering a final state does."""
     current = RunState(run.state)
     if target not in TRANSITIONS[current]:
         raise Conflict(f"run {run.id}: cannot go from {current.value} to {target.value}", field="state")

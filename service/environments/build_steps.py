@@ -26,7 +26,7 @@ from models.base import utcnow
 from service.artifacts.lines import artifact_sha
 from service.artifacts.store import resolve_lines
 from service.core.errors import DomainError
-from service.core.run_state import TERMINAL, RunState, transition
+from service.core.run_state import TERMINAL
 from service.core.settings import Settings, get_settings
 from service.environments import interpreters
 from service.environments.recipe import RESULT_NAME, build_environment
@@ -276,19 +276,6 @@ def capabilities_shape(caps: Any) -> bool:
         elif value is not None and not isinstance(value, (bool, int, float)):
             return False
     return True
-
-
-def fail_runs_on_failed_builds(session: Session) -> int:
-    """Queued runs whose environment's build failed end in error, naming the build's error."""
-    rows = session.execute(
-        select(Run, Environment).join(Environment, Run.environment_id == Environment.id)
-        .where(Run.state == RunState.QUEUED.value, Environment.state == "failed")
-        .with_for_update(of=Run, skip_locked=True)
-    ).all()
-    for run, env in rows:
-        run.error_message = f"environment {env.name!r} failed to build: {(env.error_message or '')[-2000:]}"
-        transition(session, run, RunState.ERROR, f"environment {env.name} failed to build")
-    return len(rows)
 
 
 def prune_builds(session: Session, *, keep_days: float) -> list[str]:

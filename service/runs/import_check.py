@@ -29,10 +29,11 @@ from sqlalchemy.orm import Session
 from jobs.pool_folder import read_pool_file
 from models import Environment, Phase, Run
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
-from service.core.run_state import TERMINAL, RunState, transition
-from service.environments.build_steps import capabilities_shape, fail_runs_on_failed_builds
+from service.core.run_state import TERMINAL, RunState
+from service.environments.build_steps import capabilities_shape
 from service.environments.registry import IMPORT_CHECK, set_state
 from service.executors import pool
+from service.runs.lifecycle import transition
 
 log = logging.getLogger(__name__)
 
@@ -167,3 +168,16 @@ def _fail(session: Session, env: Environment, error: str) -> None:
                 move_phase(session, phase, PhaseState.ERROR, "its environment failed its import check")
         run.error_message = f"environment {env.name!r} failed to build: {error[-2000:]}"
         transition(session, run, RunState.ERROR, f"environment {env.name} failed its import check")
+
+
+def fail_runs_on_failed_builds(session: Session) -> int:
+    """Queued runs whose environment's build failed end in error, naming the build's error."""
+    rows = session.execute(
+        select(Run, Environment).join(Environment, Run.environment_id == Environment.id)
+        .where(Run.state == RunState.QUEUED.value, Environment.state == "failed")
+        .with_for_update(of=Run, skip_locked=True)
+    ).all()
+    for run, env in rows:
+        run.error_message = f"environment {env.name!r} failed to build: {(env.error_message or '')[-2000:]}"
+        transition(session, run, RunState.ERROR, f"environment {env.name} failed to build")
+    return len(rows)

@@ -17,9 +17,10 @@ from models import Environment, Run, RunEvent
 from service.core.check_spec import run_spec_of
 from service.core.checks import SELFTEST_LABEL, identify
 from service.core.errors import Conflict, Forbidden, NotFound
-from service.core.run_state import TERMINAL, RunState, transition
+from service.core.run_state import TERMINAL, RunState
 from service.core.tracks import Grant, authorize_track
 from service.runs.admission import Caps, check_caps
+from service.runs.lifecycle import transition
 
 QUEUED_REASON = "queued by API"
 

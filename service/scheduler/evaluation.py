@@ -19,11 +19,12 @@ from jobs.verdict_names import ERROR, FAIL, PASS
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
 from models.jsonsafe import decode_nonfinite
 from service.core.phase_state import PhaseState
-from service.core.run_state import RunState, transition
+from service.core.run_state import RunState
 from service.core.settings import Settings
 from service.oncall import flagging as regressions
-from service.oncall import known_failures, suite_alerts
+from service.oncall import known_failures
 from service.oncall import regressions as regression_tracker
+from service.runs.lifecycle import transition
 from service.runs.phase_documents import validate_result
 from service.scheduler.row_guard import per_row
 
@@ -114,12 +115,12 @@ def store_result(session: Session, run: Run, result: ParityResult) -> None:
 
 
 def judge(session: Session, run: Run) -> None:
-    """After the verdict: known upstream bugs, the history flags, then the regression object (and its outbox)."""
+    """After the verdict: known upstream bugs, the history flags, then the regression object (and its outbox); the
+    suite run's alert follows at the commit (service/runs/lifecycle.py)."""
     # may turn fail/error into known-failure (a service verdict: the run's state stays failed/error)
     known_failures.apply(session, run)
     regressions.flag(session, run)
     regression_tracker.on_verdict(session, run)
-    suite_alerts.on_check_ended(session, run)  # the suite run's one alert, once its last check is judged
 
 
 def probe_findings(result: ParityResult) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ from service.environments import build_steps as builds
 from service.executors import pool
 from service.executors.selection import pick_executor
 from service.oncall.delivery import DeliveryWorker
-from service.runs import pool_dispatch, retention
+from service.runs import import_check, pool_dispatch, retention
 from service.scheduler.evaluation import evaluate_pending
 from service.scheduler.reconciler import reconcile, watched_files
 from service.scheduler.row_guard import describe, is_outage, per_row
@@ -81,7 +81,7 @@ def tick(
         done["builds"] = builds.launch_builds(session, settings=settings, executor=executor)
     with session_scope() as session:
         done["builds"] += builds.reconcile_builds(session, settings)
-        builds.fail_runs_on_failed_builds(session)
+        import_check.fail_runs_on_failed_builds(session)
         builds.prune_builds(session, keep_days=settings.env_keep_days)
         prune_artifacts(session, settings=settings)
     with session_scope() as session:

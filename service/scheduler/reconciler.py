@@ -27,10 +27,11 @@ from jobs.run_folder import AttemptFolder
 from models import Phase, Run
 from models.base import utcnow
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
-from service.core.run_state import RunState, transition
+from service.core.run_state import RunState
 from service.core.settings import Settings
 from service.executors import launcher, pool
 from service.executors.job_user import folder_bytes
+from service.runs.lifecycle import transition
 from service.runs.phase_documents import InvalidDocument, rejected_document, validate_phase_document
 from service.scheduler import row_guard as guard
 from service.scheduler.submitter import (

@@ -17,9 +17,10 @@ from sqlalchemy.orm import Session
 
 from models import Phase, Run
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
-from service.core.run_state import TERMINAL, RunState, transition
+from service.core.run_state import TERMINAL, RunState
 from service.core.settings import Settings
 from service.executors import launcher
+from service.runs.lifecycle import transition
 from service.scheduler.submitter import job_of
 
 log = logging.getLogger(__name__)

@@ -27,12 +27,12 @@ from models import Environment, Phase, Run
 from models.base import utcnow
 from service.core.checks import BACKGROUND_LABELS, is_background
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, record_new_phase
-from service.core.run_state import IN_FLIGHT, RunState, transition
+from service.core.run_state import IN_FLIGHT, RunState
 from service.core.settings import Settings
 from service.executors import job_home, job_leases, job_user, launcher, pool, slurm_jobs
-from service.oncall import suite_alerts
 from service.oncall.notification_events import infra_error_streak
 from service.runs import pool_dispatch
+from service.runs.lifecycle import transition
 
 log = logging.getLogger(__name__)
 SUBMITTED_STATE: dict[str, RunState] = {"train_and_save": RunState.TRAIN_SUBMITTED, "resume": RunState.RESUME_SUBMITTED}
@@ -88,7 +88,6 @@ def retry_or_give_up(
     )
     transition(session, run, RunState.ERROR, run.error_message)
     infra_error_streak(session, run, settings.notify_infra_errors_after)
-    suite_alerts.on_check_ended(session, run)  # a suite run's last check may end here, with no verdict
 
 
 # Background work (self-tests, scheduled track runs) yields to user work: never claimed or launched

@@ -11,9 +11,10 @@ from sqlalchemy.orm import Session
 
 from models import Bisect, Run
 from service.bisects import search as bisects
-from service.core.run_state import RunState, transition
+from service.core.run_state import RunState
 from service.core.settings import get_settings
 from service.environments.registry import create_environment
+from service.runs.lifecycle import transition
 
 SPEC = {"config": "dense-bf16", "dp": 1, "steps": 6, "save_step": 3}
 

@@ -12,9 +12,10 @@ from models import Run
 from service.bisects import search as bisects
 from service.cli.client.bisect import report
 from service.core.check_spec import run_spec_of
-from service.core.run_state import RunState, transition
+from service.core.run_state import RunState
 from service.core.settings import get_settings
 from service.environments.registry import create_environment, get_environment
+from service.runs.lifecycle import transition
 from service.runs.records import create_run
 
 SPEC = {"config": "dense-bf16", "dp": 1, "steps": 6, "save_step": 3, "workarounds": ["restore-adam-step"]}

@@ -8,8 +8,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models import NotificationChannel, OutboxMessage, Phase, Run
-from service.core.run_state import RunState, transition
+from service.core.run_state import RunState
 from service.core.settings import Settings
+from service.runs.lifecycle import transition
 from service.scheduler.submitter import retry_or_give_up
 from tests.plugins.verdict_helpers import finish
 

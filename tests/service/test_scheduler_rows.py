@@ -24,9 +24,10 @@ from models import Phase, PhaseEvent, Run, StepMetric
 from models.base import utcnow
 from service.core.db import session_scope
 from service.core.phase_state import PhaseState, move_phase
-from service.core.run_state import RunState, transition
+from service.core.run_state import RunState
 from service.core.settings import Settings
 from service.executors import launcher
+from service.runs.lifecycle import transition
 from service.runs.records import cancel_run
 from service.scheduler.evaluation import evaluate_pending
 from service.scheduler.reconciler import reconcile

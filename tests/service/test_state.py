@@ -8,7 +8,8 @@ from sqlalchemy.orm import Session
 
 from models import Environment, Run, RunEvent
 from service.core.errors import Conflict
-from service.core.run_state import TERMINAL, TRANSITIONS, RunState, can_transition, transition
+from service.core.run_state import TERMINAL, TRANSITIONS, RunState, can_transition
+from service.runs.lifecycle import transition
 
 
 def _run(session: Session) -> Run:

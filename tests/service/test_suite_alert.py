@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models import OutboxMessage, Regression
+from models import Environment, OutboxMessage, Regression, Run
+from service.core.run_state import RunState
+from service.core.settings import get_settings
 from service.oncall.delivery import deliver_due, slack_body
+from service.oncall.suite_alerts import on_check_ended
+from service.runs.import_check import fail_runs_on_failed_builds
+from service.runs.lifecycle import transition
+from service.runs.records import cancel_run
+from service.scheduler.row_guard import per_row
+from service.scheduler.submitter import new_phase, retry_or_give_up
 from tests.plugins.verdict_helpers import finish
 from tests.plugins.webhook_receiver import start_receiver
 
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = {"dp": 2, "steps": 6, "save_step": 3}
 SUITE = {"name": "gate", "checks": [
     {"name": "dp2-dense", "spec": {"config": "dense-bf16", **SPEC}},
@@ -110,13 +120,51 @@ def test_only_an_http_pipeline_url_becomes_a_link(client: TestClient, make_token
     assert "pipeline_url=javascript:alert(1)" in page and "pipeline-link" not in page
 
 
-def test_a_suite_whose_last_check_ends_in_an_infrastructure_error_still_alerts(
-    client: TestClient, db_session: Session, make_token
-) -> None:
-    from models import Run
-    from service.core.run_state import RunState, transition
-    from service.oncall.suite_alerts import on_check_ended
+def _end_by_verdict(session: Session, run: Run) -> None:
+    finish(session, run.id, "pass")
 
+
+def _end_by_submitter_give_up(session: Session, run: Run) -> None:
+    settings = get_settings()
+    transition(session, run, RunState.TRAIN_SUBMITTED, "test")
+    phase = new_phase(session, run=run, name="train_and_save", attempt=settings.max_infra_retries + 1,
+                      settings=settings, executor="local")
+    retry_or_give_up(session, phase=phase, run=run, what="node lost", settings=settings, executor="local")
+    session.commit()
+
+
+def _end_by_row_guard_give_up(session: Session, run: Run) -> None:
+    def broken() -> None:
+        raise ValueError("a row the scheduler cannot handle")
+
+    for _ in range(get_settings().max_row_failures):
+        assert per_row(session, run, broken, settings=get_settings(), what="evaluation") is False
+        session.commit()
+
+
+def _end_by_failed_build(session: Session, run: Run) -> None:
+    env = session.get(Environment, run.environment_id)
+    assert env is not None
+    env.state, env.error_message = "failed", "pip: no matching distribution"
+    assert fail_runs_on_failed_builds(session) == 1
+    session.commit()
+
+
+def _end_by_cancel(session: Session, run: Run) -> None:
+    cancel_run(session, run_id=run.id)
+    session.commit()
+
+
+ENDINGS = {"verdict": _end_by_verdict, "submitter-give-up": _end_by_submitter_give_up,
+           "row-guard-give-up": _end_by_row_guard_give_up, "failed-build": _end_by_failed_build,
+           "cancel": _end_by_cancel}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_suite_alerts_once_however_its_last_check_ends(
+    client: TestClient, db_session: Session, make_token, ending: str
+) -> None:
+    # the path that ends the run calls no alert: entering a final state runs the lifecycle's handlers
     admin, submit = make_token("admin"), make_token("submit", name="ci")
     client.post("/api/v1/notifications/channels", headers=admin, json={
         "name": "oncall", "kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret": "s3cret-shared-with-the-rx"})
@@ -125,15 +173,22 @@ def test_a_suite_whose_last_check_ends_in_an_infrastructure_error_still_alerts(
     for name in ("dp2-dense", "dp2-moe", "layerwise"):
         finish(db_session, main[name], "pass")
     pr = _suite_run(client, submit, PR)
-    finish(db_session, pr["dp2-dense"], "fail", ["lr-schedule-mismatch"])
+    finish(db_session, pr["dp2-dense"], "fail", ["lr-schedule-mismatch"])  # the regressed check, judged first
     finish(db_session, pr["dp2-moe"], "pass")
     assert db_session.scalar(select(OutboxMessage)) is None
     last = db_session.get(Run, pr["layerwise"])
     assert last is not None
-    transition(db_session, last, RunState.TRAIN_SUBMITTED, "test")
-    last.error_message = "train_and_save: node lost on 3 attempt(s); infrastructure failure, not a parity result"
-    transition(db_session, last, RunState.ERROR, last.error_message)  # as submitter.retry_or_give_up does, then:
-    assert on_check_ended(db_session, last) is True
+    ENDINGS[ending](db_session, last)
+    db_session.refresh(last)
+    assert last.state in {"passed", "error", "cancelled"}
     assert [m.event for m in db_session.scalars(select(OutboxMessage))] == ["suite-run.failed"]
-    assert on_check_ended(db_session, last) is True  # called again: the same message, not a second one
+    assert on_check_ended(db_session, last) is True  # run again: the same message, not a second one
+    db_session.commit()
     assert len(db_session.scalars(select(OutboxMessage)).all()) == 1
+
+
+def test_only_the_lifecycle_applies_a_run_transition() -> None:
+    # a module that moved runs itself would skip the final states' handlers
+    callers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "service").rglob("*.py")
+                     if "apply_transition" in p.read_text() and p.name not in ("run_state.py", "lifecycle.py"))
+    assert callers == []

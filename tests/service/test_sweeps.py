@@ -9,7 +9,8 @@ from sqlalchemy.orm import Session
 
 from models import Run
 from service.cli.client.sweep import grid_table
-from service.core.run_state import RunState, transition
+from service.core.run_state import RunState
+from service.runs.lifecycle import transition
 
 
 @pytest.mark.engine
