@@ -160,6 +160,14 @@ def check_reshard(spec: RunSpec) -> None:
                 f"this build names no fully reshardable format {spec.sharding!r} "
                 f"(checkpoint_fully_reshardable_formats: {', '.join(sorted(fully)) or 'none'})",
             )
+        if get_config(spec.config).num_experts and _crosses_expert_parallel_one(spec):
+            raise UnsupportedByBuild(
+                f"a resume on another layout ({spec.layout_change})",
+                "at EP 1 Megatron-Core trains the experts as dense params (`allreduce` is "
+                "`expert_model_parallel_size > 1`), so the optimizer chain has one optimizer on one side and two "
+                "on the other, and this build's ChainedOptimizer.load_state_dict hands a chain's saved state to a "
+                "single optimizer whole (KeyError 'optimizer'); resume at another EP size above 1 instead",
+            )
         return
     if get_config(spec.config).optimizer == "layerwise-adam":
         from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
@@ -177,6 +185,21 @@ def check_reshard(spec: RunSpec) -> None:
             f"sharding {spec.sharding!r} does not reshard across DP on this build; "
             f"these do: {', '.join(reshardable) or 'none'}",
         )
+
+
+def _crosses_expert_parallel_one(spec: RunSpec) -> bool:
+    """Whether the EP size goes from 1 to above 1 or back, on a build whose chain cannot load across that."""
+    from megatron.core.optimizer.optimizer import ChainedOptimizer
+
+    ep_saved, ep_resumed = spec.layout("train_and_save").ep, spec.layout("resume").ep
+    if (ep_saved == 1) == (ep_resumed == 1):
+        return False
+    try:
+        source = inspect.getsource(ChainedOptimizer.load_state_dict)
+    except (OSError, TypeError):
+        return False  # no source to read: let the run answer
+    # the build's one-optimizer path loads whatever it is given, a chain's dict of optimizers included
+    return "self.chained_optimizers[0].load_state_dict(state_dict)" in source
 
 
 def not_applicable(reason: str, **empty: Any) -> dict[str, Any]:

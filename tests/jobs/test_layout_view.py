@@ -107,3 +107,25 @@ def test_a_resume_layout_that_cannot_run_is_refused_naming_its_field(change: dic
     with pytest.raises(SpecError, match=message) as info:
         RunSpec.from_dict({**TP2, **change})
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(("change", "unsupported"), [
+    ({"dp": 2, "ep": 2, "resume_ep": 1}, True),  # experts dense at EP 1: a chain of one against a chain of two
+    ({"dp": 2, "resume_ep": 2}, True),
+    ({"dp": 4, "ep": 2, "resume_ep": 4}, False),  # both chains of two: the run answers
+    ({"dp": 1, "tp": 2, "resume_tp": 1}, False),
+])
+def test_an_expert_parallel_change_across_one_is_named_unsupported_by_the_build(
+    change: dict[str, Any], unsupported: bool
+) -> None:
+    pytest.importorskip("megatron.core")
+    from jobs.rank.compat import UnsupportedByBuild, check_reshard
+
+    spec = RunSpec.from_dict({"config": "moe-recipe", "steps": 5, "save_step": 2, "sharding": "fully_reshardable",
+                              **change})
+    if not unsupported:
+        check_reshard(spec)
+        return
+    with pytest.raises(UnsupportedByBuild, match="ChainedOptimizer.load_state_dict") as raised:
+        check_reshard(spec)
+    assert "EP 1" in raised.value.missing and spec.layout_change in raised.value.option
