@@ -24,7 +24,12 @@ NO_CPU_CHECK = {
     "sharding:fully_sharded_model_space": "the DistributedOptimizer cannot save it on Megatron-LM main or 0.16.1: "
     "sharded_param_state_fs_model_space builds flattened_range ShardedTensors, which dist_checkpointing "
     "rejects ('ShardedTensor.flattened_range is not supported'); upstream marks the format for deprecation",
+    "parallel:ep-reshard": "EP 2 -> 1 (or 1 -> 2) is unsupported-by-build on Megatron-LM main and 0.16.1 (at EP 1 the "
+    "experts are dense params, so the optimizer chain changes length, which ChainedOptimizer.load_state_dict "
+    "cannot load); an EP change above 1 (EP 2 -> 4) needs four ranks: the nightly's",
 }
+# a resume whose tensor, pipeline or expert parallel size differs from the save's (fully_reshardable)
+RESHARD_DIMENSIONS = tuple(f"parallel:{dim}-reshard" for dim in LAYOUT_FIELDS)
 
 
 def option_fields() -> list[str]:
@@ -55,6 +60,8 @@ def engine_features() -> dict[str, str | None]:
     for dim in ("dp", *LAYOUT_FIELDS):
         out[f"parallel:{dim}"] = None
     out[RESHARD] = None
+    for feature in RESHARD_DIMENSIONS:
+        out[feature] = NO_CPU_CHECK.get(feature)
     for sharding in SHARDING_TYPES:
         out[f"sharding:{sharding}"] = NO_CPU_CHECK.get(f"sharding:{sharding}")
     for name in option_fields():
@@ -74,6 +81,8 @@ def spec_features(spec: RunSpec) -> set[str]:
     out.update(f"parallel:{dim}" for dim in LAYOUT_FIELDS if getattr(spec, dim) > 1)
     if spec.reshards:
         out.add(RESHARD)
+    saved, resumed = spec.layout("train_and_save"), spec.layout("resume")
+    out.update(f"parallel:{dim}-reshard" for dim in LAYOUT_FIELDS if getattr(saved, dim) != getattr(resumed, dim))
     out.update(f"option:{name}" for name in option_fields() if getattr(spec, name))
     return out
 

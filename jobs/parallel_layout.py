@@ -148,7 +148,7 @@ def validate(cfg: ModelConfig, dp: int, tp: Any, pp: Any, ep: Any, error: Any) -
             f"combining {' and '.join(combined)} > 1 is not yet supported; set at most one of tp, pp, ep above 1",
             [1],
         )
-    world = dp * tp * pp
+    world = ParallelLayout(dp, tp, pp, ep).world_size
     if tp * pp > 1 and world > MAX_WORLD_SIZE:
         # dp alone keeps its own limit (MAX_DP); model-parallel layouts run on one CPU host here.
         raise error(

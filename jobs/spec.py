@@ -305,8 +305,8 @@ class RunSpec:
 
     @property
     def world_size(self) -> int:
-        """Return the number of ranks (tasks) the save (and an unresharded resume) needs: dp * tp * pp."""
-        return self.dp * self.tp * self.pp
+        """Return the number of ranks (tasks) the save (and an unresharded resume) needs."""
+        return self.layout("train_and_save").world_size
 
     def layout(self, phase: str) -> ParallelLayout:
         """The data, tensor, pipeline and expert parallel sizes a phase runs with."""
@@ -317,7 +317,7 @@ class RunSpec:
                               self.ep if self.resume_ep is None else self.resume_ep)
 
     def phase_world_size(self, phase: str) -> int:
-        """The ranks (tasks) a phase runs with: its dp * tp * pp."""
+        """The ranks (tasks) a phase runs with (ParallelLayout.world_size, the one place that counts them)."""
         return self.layout(phase).world_size
 
     @property

@@ -68,7 +68,7 @@ def available(settings: Settings, executor: str) -> tuple[int, str]:
 
 def needed_per_node(spec: RunSpec) -> int:
     """GPUs each node of the run's largest job needs: one per rank on it (0 for a cpu spec)."""
-    ranks = max(spec.phase_dp(p) for p in ("train_and_save", "resume")) * spec.tp * spec.pp
+    ranks = max(spec.phase_world_size(p) for p in ("train_and_save", "resume"))
     return spec.gpus_per_task * (ranks // spec.nodes)
 
 
