@@ -15,7 +15,8 @@ import yaml
 from jobs import configs, features
 from jobs.spec import RunSpec
 
-GATE = Path(__file__).resolve().parents[2] / "suites" / "gate.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+GATE = ROOT / "suites" / "gate.yaml"
 
 
 def _gate_specs() -> dict[str, RunSpec]:
@@ -33,7 +34,7 @@ def test_every_engine_feature_is_in_a_gate_check() -> None:
         assert bool(row["checks"]) == (not cfg.requires), (name, row)
         assert (row["reason"] is None) == (not cfg.requires), (name, row)
     for feature in ("parallel:tp", "parallel:pp", "parallel:ep", "parallel:dp-reshard", "parallel:tp-reshard",
-                    "parallel:pp-reshard", "option:async_save",
+                    "option:async_save",
                     "option:fully_parallel", "optimizer:layerwise-adam", "sharding:dp_zero_gather_scatter",
                     "sharding:fully_reshardable",
                     "megatron:hidden_dropout", "megatron:fp16", "megatron:mtp_num_layers",
@@ -43,6 +44,13 @@ def test_every_engine_feature_is_in_a_gate_check() -> None:
     assert "flattened_range" in table["sharding:fully_sharded_model_space"]["reason"]
     # a resume across EP 1 no build can load (jobs/rank/compat.py names it unsupported-by-build)
     assert "ChainedOptimizer" in table["parallel:ep-reshard"]["reason"]
+
+
+def test_a_feature_kept_beside_the_gate_is_covered_by_the_suite_it_names() -> None:
+    for feature, reason in features.BESIDE_THE_GATE.items():
+        suite = ROOT / reason.split()[0]
+        specs = {c["name"]: RunSpec.from_dict(c["spec"]) for c in yaml.safe_load(suite.read_text())["checks"]}
+        assert features.coverage(specs)[feature]["checks"], (feature, suite)
 
 
 def test_a_new_config_or_option_is_missing_until_a_check_covers_it(monkeypatch: pytest.MonkeyPatch) -> None:
