@@ -104,3 +104,16 @@ def coverage(specs: dict[str, RunSpec]) -> dict[str, Any]:
 def uncovered(specs: dict[str, RunSpec]) -> list[str]:
     """The features a CPU check must exercise that none of `specs` does."""
     return [f for f, row in coverage(specs).items() if not row["checks"] and row["reason"] is None]
+
+
+def markdown(specs: dict[str, RunSpec]) -> str:
+    """The feature -> checks table docs/detection.md carries (`python -m jobs.surface_table --write` writes it);
+    the Megatron-Core settings are the surface table's rows."""
+    lines = ["| feature | gate checks exercising it |", "|---|---|"]
+    for feature, row in coverage(specs).items():
+        kind, name = feature.split(":", 1)
+        if kind == "megatron":
+            continue
+        where = ", ".join(f"`{c}`" for c in row["checks"]) or f"none: {row['reason']}"
+        lines.append(f"| {kind} `{name}` | {where} |")
+    return "\n".join(lines) + "\n"

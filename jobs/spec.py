@@ -456,15 +456,19 @@ class RunSpec:
 
     @property
     def effective_isolation(self) -> str:
-        """How the phases are launched: a resharded resume always gets its own job.
+        """How the phases are launched: a resume on another number of ranks gets its own job.
 
-        Under "process" one job forks both phases in each of its tasks, so both would run with
-        the same number of ranks. Sizing that job to max(dp, resume_dp) and idling the extra
-        ranks would need per-phase worlds, rank filtering and peer waits in every task; a job
-        per phase gives each phase exactly its ranks, and the resume a fresh allocation as a
-        real reshard has. The result records the isolation that ran.
+        Under "process" one job forks both phases in each of its tasks, so both run with the same
+        number of ranks. Sizing that job to max(dp, resume_dp) and idling the extra ranks would need
+        per-phase worlds, rank filtering and peer waits in every task; a job per phase gives each
+        phase exactly its ranks, and the resume a fresh allocation as a real reshard has. A resume
+        on another layout of as many ranks (TP 2 -> DP 2) forks like any other: each phase's fresh
+        children initialise their own layout (jobs/rank/dist.py), and the resume needs no second
+        job start. The result records the isolation that ran.
         """
-        return "job" if self.reshards else self.isolation
+        if self.reshards and self.phase_world_size("resume") != self.world_size:
+            return "job"
+        return self.isolation
 
     @property
     def effective_tolerance(self) -> str:

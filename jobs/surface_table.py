@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GATE = ROOT / "suites" / "gate.yaml"
 DOC = ROOT / "docs" / "detection.md"
 BEGIN, END = "<!-- surface-table:begin -->", "<!-- surface-table:end -->"
+# the gate's feature table (jobs/features.markdown), written by the same command
+FEATURES_MARKERS = ("<!-- gate-features:begin -->", "<!-- gate-features:end -->")
 STATUSES = ("covered", "reason", "gap", "uncovered")
 ENGINE = "engine"  # a Row's feature: the engine sets (or runs at its default) the field in every run
 
@@ -424,18 +426,19 @@ def read_surface_of(python: str) -> dict[str, list[str]]:
     return surface
 
 
-def replace_table(document: str, table: str) -> str:
-    """The document with the text between the surface-table markers replaced by `table`."""
-    head, sep, rest = document.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
+def replace_table(document: str, table: str, markers: tuple[str, str] = (BEGIN, END)) -> str:
+    """The document with the text between the markers (the surface table's by default) replaced by `table`."""
+    begin, end = markers
+    head, sep, rest = document.partition(begin)
+    _, sep2, tail = rest.partition(end)
     if not (sep and sep2):
-        raise ValueError(f"the document has no {BEGIN} ... {END} markers")
-    return f"{head}{BEGIN}\n{table}{END}{tail}"
+        raise ValueError(f"the document has no {begin} ... {end} markers")
+    return f"{head}{begin}\n{table}{end}{tail}"
 
 
-def table_in(document: str) -> str:
-    """The text between the surface-table markers (what replace_table writes)."""
-    return document.partition(BEGIN)[2].partition(END)[0].removeprefix("\n")
+def table_in(document: str, markers: tuple[str, str] = (BEGIN, END)) -> str:
+    """The text between the markers (what replace_table writes)."""
+    return document.partition(markers[0])[2].partition(markers[1])[0].removeprefix("\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -451,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = classify(surface, gate_specs(args.suite))
     table = markdown(rows)
     if args.write:
-        args.write.write_text(replace_table(args.write.read_text(), table))
+        document = replace_table(args.write.read_text(), table)
+        args.write.write_text(replace_table(document, features.markdown(gate_specs(args.suite)), FEATURES_MARKERS))
     else:
         sys.stdout.write(table)
     print(f"{counts(rows)}; classified but absent from this build: {', '.join(stale(surface)) or 'none'}",

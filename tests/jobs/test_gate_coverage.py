@@ -77,3 +77,11 @@ def test_a_check_names_the_features_it_exercises() -> None:
     assert "parallel:tp" not in got and "option:async_save" not in got
     reshard = RunSpec.from_dict({"config": "moe-fp32-router", "dp": 2, "resume_dp": 1, "steps": 6, "save_step": 3})
     assert {"parallel:dp-reshard", "isolation:job"} <= features.spec_features(reshard)
+
+
+def test_the_documented_feature_table_is_the_generated_one() -> None:
+    from jobs import surface_table
+
+    documented = surface_table.table_in(surface_table.DOC.read_text(), surface_table.FEATURES_MARKERS)
+    regenerate = ".venv/bin/python -m jobs.surface_table --write docs/detection.md"
+    assert documented == features.markdown(_gate_specs()), f"docs/detection.md's gate feature table is stale: {regenerate}"

@@ -83,7 +83,10 @@ def test_a_resume_on_another_layout_is_its_own_check_with_its_own_ranks() -> Non
     assert check_key(moved.to_dict()) != check_key(plain.to_dict())
     assert (moved.phase_world_size("train_and_save"), moved.phase_world_size("resume")) == (2, 2)
     assert moved.reshards and moved.layout_free_view and moved.layout_change == "dp1tp2->dp2"
-    assert moved.effective_isolation == "job" and moved.effective_tolerance == "reshard"
+    # as many ranks on both sides: the save's job forks the resume on its own layout; another count is a job of its own
+    assert moved.effective_isolation == "process" and moved.effective_tolerance == "reshard"
+    fewer = RunSpec.from_dict({**TP2, "resume_tp": 1})
+    assert fewer.phase_world_size("resume") == 1 and fewer.effective_isolation == "job"
     # a pure DP reshard keeps its name and its view by parameter name
     dp_only = RunSpec.from_dict({"config": "dense-bf16", "dp": 2, "resume_dp": 1, "steps": 5, "save_step": 2})
     assert not dp_only.layout_free_view and dp_only.layout_change == "2->1"
