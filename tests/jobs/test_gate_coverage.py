@@ -84,4 +84,4 @@ def test_the_documented_feature_table_is_the_generated_one() -> None:
 
     documented = surface_table.table_in(surface_table.DOC.read_text(), surface_table.FEATURES_MARKERS)
     regenerate = ".venv/bin/python -m jobs.surface_table --write docs/detection.md"
-    assert documented == features.markdown(_gate_specs()), f"docs/detection.md's gate feature table is stale: {regenerate}"
+    assert documented == features.markdown(_gate_specs()), f"the gate feature table is stale: {regenerate}"
