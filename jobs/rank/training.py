@@ -81,11 +81,17 @@ def _snapshots(ctx: RankContext, tr: model.Trainee, spec: RunSpec) -> list[dict[
     Saved and restored state then compare item by item although other ranks hold other shards.
     """
     if spec.layout_free_view:  # model parallelism on either side: tensors by checkpoint key and global offset
-        state = checkpoint.sharded_state(tr, RESHARDABLE_ACROSS_MODEL_LAYOUTS)  # param-keyed, whatever was saved
-        return [layout_view.layout_free_snapshot(tr, state, functools.partial(_gather, ctx))]
+        gather = functools.partial(_gather, ctx)
+        return [layout_view.layout_free_snapshot(tr, _layout_free_tensors(ctx, tr), gather)]
     if spec.reshards:
         return [global_state.global_snapshot(tr, functools.partial(_gather, ctx))]
     return _gather(ctx, state_probe.snapshot(tr))
+
+
+def _layout_free_tensors(ctx: RankContext, tr: model.Trainee) -> dict[str, Any] | None:
+    """Every checkpointed tensor whole, by section, on rank 0 (None elsewhere; a collective)."""
+    state = checkpoint.sharded_state(tr, RESHARDABLE_ACROSS_MODEL_LAYOUTS)  # param-keyed, whatever was saved
+    return layout_view.global_tensors(tr, state, functools.partial(_gather, ctx))
 
 
 def resume_init_seed(seed: int) -> int:
@@ -444,19 +450,24 @@ def run_steps(
     # After step M in both runs: what the update of the last step left behind (whole params, as a save
     # would see them, where the all-gather was deferred to a next forward that never comes).
     tr.gather_params()
-    ctx.doc["probes"][STATE_FINAL] = _snapshots(ctx, tr, spec)
-    _final_numeric(ctx, tr, spec, ckpt)
+    if spec.layout_free_view:  # assembled once for both the view and the numeric copy (seconds on CPU)
+        by_section = _layout_free_tensors(ctx, tr)
+        ctx.doc["probes"][STATE_FINAL] = [layout_view.layout_free_snapshot(tr, by_section,
+                                                                           functools.partial(_gather, ctx))]
+    else:
+        by_section = None
+        ctx.doc["probes"][STATE_FINAL] = _snapshots(ctx, tr, spec)
+    _final_numeric(ctx, tr, spec, ckpt, by_section)
 
 
-def _final_numeric(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path) -> None:
+def _final_numeric(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path,
+                   by_section: dict[str, Any] | None = None) -> None:
     """Write this phase's final tensors; on the resume, measure how far they are from the saving run's.
 
     The saving run's attempt folder holds the checkpoint (`<attempt>/checkpoint/stepN`), so the
     resume finds the baseline's file there; the save phase has always finished by then.
     """
-    if spec.layout_free_view:
-        by_section = layout_view.global_tensors(tr, checkpoint.sharded_state(tr, RESHARDABLE_ACROSS_MODEL_LAYOUTS),
-                                                functools.partial(_gather, ctx))
+    if spec.layout_free_view:  # by_section: _layout_free_tensors' answer (None on ranks other than 0)
         tensors = None if by_section is None else {
             f"{section}/{key}": value.float() for section, items in by_section.items()
             for key, value in items.items() if isinstance(value, torch.Tensor)}

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from jobs.rank.probes.global_state import merge_ranks
-from jobs.rank.probes.state import fingerprint, scalar, snapshot
+from jobs.rank.probes.state import fingerprint, iteration_section, scalar, scheduler_section
 
 VIEW = "layout-free"
 # optimizer.state.<what>.<param key>, with or without a chain's prefix
@@ -125,9 +125,9 @@ def _adam_steps(optimizer: Any) -> set[str]:
 
 
 def _replicated(tr: Any) -> dict[str, Any]:
-    snap = snapshot(tr)
-    return {"scheduler": snap["scheduler"], "iteration": snap["iteration"], "groups": group_values(tr.optimizer),
-            "steps": _adam_steps(tr.optimizer)}
+    # the scheduler and loop sections only: a whole-rank snapshot fingerprints every tensor again (seconds)
+    return {"scheduler": scheduler_section(tr), "iteration": iteration_section(tr),
+            "groups": group_values(tr.optimizer), "steps": _adam_steps(tr.optimizer)}
 
 
 def union(per_rank: list[dict[str, set[str]]]) -> dict[str, str]:
@@ -144,9 +144,9 @@ def global_tensors(tr: Any, state: dict[str, Any], gather: Callable[[Any], list[
     return sections(assemble([p for pieces in per_rank for p in pieces]))
 
 
-def layout_free_snapshot(tr: Any, state: dict[str, Any], gather: Callable[[Any], list[Any]]) -> dict[str, Any]:
-    """The one view of the whole model's state, the same on every rank (a collective)."""
-    tensors = global_tensors(tr, state, gather)
+def layout_free_snapshot(tr: Any, tensors: dict[str, Any] | None, gather: Callable[[Any], list[Any]]) -> dict[str, Any]:
+    """The one view of the whole model's state, the same on every rank (a collective), from `global_tensors`'
+    answer (given, so the final state's view and its numeric copy assemble the tensors once)."""
     replicated = gather(_replicated(tr))
     view = None
     if tensors is not None:

@@ -108,19 +108,28 @@ def _loop_state(tr: Any) -> dict[str, str]:
     return rerun.fields()
 
 
+def scheduler_section(tr: Any) -> dict[str, str]:
+    """The LR scheduler's checkpointed state, as snapshot text."""
+    return {k: scalar(v) for k, v in sorted(tr.scheduler.state_dict().items())}
+
+
+def iteration_section(tr: Any) -> dict[str, str]:
+    """The iteration and the training loop's state beside it (the rerun state machine), as snapshot text."""
+    return {"iteration": repr(int(tr.iteration)), **_loop_state(tr)}
+
+
 def snapshot(tr: Any) -> dict[str, Any]:
     """Fingerprint the trainee's whole resumable state on this rank."""
     module = tr.ddp.module
     model = {n: fingerprint(p) for n, p in module.named_parameters()}
     persistent, transient = buffers(module)
     model.update(persistent)
-    sched = {k: scalar(v) for k, v in sorted(tr.scheduler.state_dict().items())}
     return {
         "model": model,
         **_optimizer_sections(tr.optimizer, tr.name_of),
         "groups": param_groups(tr.optimizer),
-        "scheduler": sched,
-        "iteration": {"iteration": repr(int(tr.iteration)), **_loop_state(tr)},
+        "scheduler": scheduler_section(tr),
+        "iteration": iteration_section(tr),
         "rng": {k: fingerprint(v) for k, v in rng.capture().items()},
         "scaler": loss_scaler(tr.optimizer),
         "nonpersistent": transient,
