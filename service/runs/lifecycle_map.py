@@ -14,6 +14,7 @@ import argparse
 import ast
 from pathlib import Path
 
+from jobs.surface_table import replace_table, table_in
 from service.core.run_state import TERMINAL, TRANSITIONS, RunState
 from service.runs.lifecycle import ON_FINISHED
 
@@ -37,6 +38,11 @@ def movers() -> dict[str, set[str]]:
     return out
 
 
+def documented() -> str:
+    """The map docs/lifecycle.md holds now (the text between its markers)."""
+    return table_in(DOC.read_text(), (BEGIN, END))
+
+
 def markdown() -> str:
     """The map: one row per state (where it may go, who moves runs into it, what entering it runs)."""
     moved_by = movers()
@@ -53,22 +59,13 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_map(document: str, table: str) -> str:
-    """The document with the text between the markers replaced by `table`."""
-    head, sep, rest = document.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not (sep and sep2):
-        raise ValueError(f"the document has no {BEGIN} ... {END} markers")
-    return f"{head}{BEGIN}\n{table}{END}{tail}"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Print the lifecycle map, or write it into a document between its markers."""
     parser = argparse.ArgumentParser(prog="python -m service.runs.lifecycle_map", description=main.__doc__)
     parser.add_argument("--write", type=Path, help=f"the document to write it into ({DOC.name})")
     args = parser.parse_args(argv)
     if args.write:
-        args.write.write_text(replace_map(args.write.read_text(), markdown()))
+        args.write.write_text(replace_table(args.write.read_text(), markdown(), (BEGIN, END)))
     else:
         print(markdown(), end="")
     return 0
