@@ -29,7 +29,10 @@ LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN)]
 LabelValue = Annotated[str, StringConstraints(max_length=500)]
 # Labels the service itself writes and then trusts to find a run's sweep, bisect or self-test batch:
 # a client that set them could replace a cell of someone else's sweep or end their bisect.
-RESERVED_LABELS = frozenset({"sweep", "variation", "bisect", "mutant"})
+# A suite run's checks carry its id and names: a client run tagged with another suite run would be listed under it
+# and, as "one of its checks", alert nobody (a suite alerts once, as the suite run).
+SUITE_LABELS = ("suite", "suite_run", "suite_check")
+RESERVED_LABELS = frozenset({"sweep", "variation", "bisect", "mutant", *SUITE_LABELS})
 RESERVED_PREFIXES = ("selftest",)
 
 
@@ -41,8 +44,8 @@ def is_reserved(key: str) -> bool:
 def _no_reserved(labels: dict[str, str]) -> dict[str, str]:
     taken = sorted(k for k in labels if is_reserved(k))
     if taken:
-        raise ValueError(f"{', '.join(taken)}: reserved for the service (sweep, variation, bisect, mutant, "
-                         "selftest*); choose another label key")
+        allowed_not = ", ".join([*sorted(RESERVED_LABELS), *(f"{p}*" for p in RESERVED_PREFIXES)])
+        raise ValueError(f"{', '.join(taken)}: reserved for the service ({allowed_not}); choose another label key")
     return labels
 
 

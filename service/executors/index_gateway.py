@@ -8,7 +8,11 @@ metadata address and other tenants' ports are what a hostile install hook aims a
 through a build). So a local build gets a network namespace of its own, as a phase does, and in it one
 listening socket, 127.0.0.1:PORT, that this process, forked in the node's network, accepts on: it
 answers `CONNECT host:port` for the hosts in its allow list only (exact names; ports 443 and 80 unless
-an entry names its own, `host:port`), and 403 to everything else, a loopback answer included. pip, uv
+an entry names its own, `host:port`), and 403 to everything else. A name is resolved once, here, and every
+address it gives is checked before one is connected to (no second lookup a rebinding DNS could answer
+otherwise): never the node (loopback, unspecified) or its link (link-local: a cloud's metadata address,
+multicast), in IPv4 or IPv6 spelling (`::ffff:127.0.0.1` is the node); a private range (RFC 1918, CGNAT,
+unique-local) only where the allow entry is that address itself, an operator's named mirror. pip, uv
 and git reach it through HTTPS_PROXY (launcher.py sets it); plain-http requests are refused (501): an
 index served over http needs the `network` isolation waived for builds (docs/security.md). Where the node
 itself reaches the index only through a proxy (the service's HTTPS_PROXY), every tunnel goes through it.
@@ -35,6 +39,16 @@ HEAD_MAX = 16 * 1024  # a CONNECT request's head; anything longer is not pip's
 IDLE_S = 300.0  # a tunnel with no byte either way for this long is closed
 MAX_TUNNELS = 64  # concurrent tunnels (pip opens a handful)
 DEFAULT_PORTS = frozenset({80, 443})
+# the node itself and its link: never a package index, whatever the allow list says
+NODE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4", "255.255.255.255/32",
+    "::/128", "::1/128", "fe80::/10", "ff00::/8",
+))
+# other tenants' and the site's own networks: only an address the operator allowed by itself
+PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
+))
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def parse_allow(entries: Iterable[str]) -> dict[str, frozenset[int]]:
@@ -61,6 +75,45 @@ def target_of(head: bytes) -> tuple[str, str, int]:
     if not sep or not port.isdigit() or not host:
         raise ValueError(f"CONNECT needs host:port, got {target[:100]!r}")
     return method, host.strip("[]").lower(), int(port)
+
+
+def _plain(address: IPAddress) -> IPAddress:
+    """The IPv4 address an IPv6 one stands for (mapped, compatible, NAT64, 6to4), else the address itself."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return address
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    packed = int(address)
+    if packed >> 32 == 0 and packed > 1:  # ::a.b.c.d (deprecated IPv4-compatible)
+        return ipaddress.IPv4Address(packed & 0xFFFFFFFF)
+    if address in ipaddress.ip_network("64:ff9b::/96"):  # NAT64's well-known prefix
+        return ipaddress.IPv4Address(packed & 0xFFFFFFFF)
+    return address
+
+
+def refusal(host: str, address: IPAddress) -> str | None:
+    """Why a tunnel to `host` may not go to `address` (None: it may)."""
+    plain = _plain(address)
+    shown = f"{address}" if plain == address else f"{address} ({plain})"
+    if any(plain in net for net in NODE_NETWORKS if net.version == plain.version):
+        return f"{host} resolves to {shown}, the node itself or its link"
+    named = host == str(address) or host == str(plain)
+    if not named and any(plain in net for net in PRIVATE_NETWORKS if net.version == plain.version):
+        return f"{host} resolves to {shown}, a private network (allow the address itself to reach a mirror there)"
+    return None
+
+
+def resolve(host: str, port: int) -> tuple[str, int]:
+    """The one address a tunnel to host:port connects to, every address the name gives checked first;
+    PermissionError naming the address that may not be reached, OSError when it does not resolve."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    for *_, sockaddr in infos:
+        why = refusal(host, ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0]))
+        if why:
+            raise PermissionError(why)
+    return str(infos[0][4][0]), port
 
 
 def _answer(conn: socket.socket, status: str, why: str) -> None:
@@ -136,14 +189,14 @@ def handle(conn: socket.socket, allow: dict[str, frozenset[int]], proxy: tuple[s
                                            "(PARITY_BUILD_HOSTS)")
             return
         try:
+            # behind the node's proxy the proxy resolves (and the allow list has decided); else the checked address
             upstream, early = _through(proxy, host, port) if proxy else (
-                socket.create_connection((host, port), timeout=30), b"")
+                socket.create_connection(resolve(host, port), timeout=30), b"")
+        except PermissionError as exc:
+            _answer(conn, "403 Forbidden", str(exc))
+            return
         except OSError as exc:
             _answer(conn, "502 Bad Gateway", f"{host}:{port}: {exc}")
-            return
-        address = None if proxy else ipaddress.ip_address(upstream.getpeername()[0])
-        if address is not None and (address.is_loopback or address.is_unspecified):  # the node itself, by name
-            _answer(conn, "403 Forbidden", f"{host} resolves to {address}, the node itself")
             return
         conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n" + early)
         if rest:

@@ -28,7 +28,7 @@ from service.core.settings import Settings, get_settings, parse_size
 from service.executors import isolation, job_cgroup, job_leases, job_limits
 from service.executors import job_user as jobuser
 from service.executors.job_home import VAR_TMP, make_private, private_environment
-from service.executors.local_jobs import IsolatedLocalExecutor, kill_group, local_process, start_time
+from service.executors.local_jobs import CONTROLLER_LOG, IsolatedLocalExecutor, kill_group, local_process, start_time
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -359,6 +359,10 @@ def failure_text(job: PhaseJob, max_bytes: int = 8000) -> str:
         tail = read_job_file_tail(handle.task(task).paths.stderr, max_bytes // max(1, job.tasks)).strip()
         if tail:
             tails.append(f"rank {task}: {tail}")
+    if not tails:  # no rank wrote anything: the local controller (or its sandbox step) may have said why
+        controller = read_job_file_tail(Path(handle.paths.folder) / CONTROLLER_LOG, max_bytes).strip()
+        if controller:
+            tails.append(f"controller: {controller}")
     return "\n".join(tails) or f"job {job.job_id} ended without a result and without output on stderr"
 
 

@@ -4,6 +4,11 @@ submitit's LocalExecutor starts its controller in the scheduler's own process gr
 only handle in memory, so after a restart nothing can stop the job, and a pid reused by another
 process looks like the job. Here the controller leads a session of its own (it and its ranks form
 one process group that can be killed as a whole) and the controller's start time is recorded.
+
+Nothing of the scheduler's is handed down: the controller's stdin is /dev/null and its stdout and stderr go
+to `controller.log` in the job's own folder, a file made for it. A rank of the same uid can take any
+descriptor its controller holds (pidfd_getfd); had the controller inherited the scheduler's stdout and
+stderr (the service's log, under systemd the journal) a job could write forged lines into it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,24 @@ from submitit.local import local as submitit_local
 from service.executors import job_cgroup, job_limits
 from service.executors.isolation import IsolationMissing, sandbox_command
 from service.executors.job_user import JobUser
+
+CONTROLLER_LOG = "controller.log"  # the controller's stdout and stderr (a sandbox step that failed says so here)
+
+
+def open_controller_log(folder: Path) -> int:
+    """A new file `controller.log` in the job's folder, open for appending: never through a link, never a file
+    or FIFO the job left there (the entry is removed and made again, O_EXCL | O_NOFOLLOW, by directory fd)."""
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for _ in range(5):
+            try:
+                return os.open(CONTROLLER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                               | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+            except FileExistsError:
+                os.unlink(CONTROLLER_LOG, dir_fd=dir_fd)  # the entry itself, a link's target untouched
+        raise FileExistsError(f"{folder / CONTROLLER_LOG}: something keeps putting a file there")
+    finally:
+        os.close(dir_fd)
 
 
 class IsolatedLocalExecutor(submitit.LocalExecutor):
@@ -83,7 +106,14 @@ class IsolatedLocalExecutor(submitit.LocalExecutor):
         elif self.run_as is not None:
             # setuid/setgid in the child before exec, no supplementary groups (root's would leak in)
             who = dict(user=self.run_as.uid, group=self.run_as.gid, extra_groups=[], umask=0o022)
-        process = subprocess.Popen(command_line, env=env, start_new_session=True, cwd="/", **who)
+        Path(self.folder).mkdir(parents=True, exist_ok=True)
+        log_fd = open_controller_log(Path(self.folder))
+        try:
+            # only its own log and /dev/null: no descriptor of the scheduler's reaches the job (close_fds)
+            process = subprocess.Popen(command_line, env=env, start_new_session=True, cwd="/", stdin=subprocess.DEVNULL,
+                                       stdout=log_fd, stderr=log_fd, close_fds=True, **who)
+        finally:
+            os.close(log_fd)
         return submitit_local.LocalJob(folder=self.folder, job_id=str(process.pid), process=process,
                                        tasks=list(range(ntasks)))
 

@@ -12,7 +12,7 @@ from service.core.deps import AdminToken, ReadAccess, SessionDep, SettingsDep, S
 from service.core.errors import InvalidSpec
 from service.core.limits import MAX_LABELS
 from service.core.links import BaseUrl
-from service.core.schemas import ERROR_RESPONSES, LabelKey, LabelValue
+from service.core.schemas import ERROR_RESPONSES, ClientLabels
 from service.core.tracks import authorize_track
 from service.runs import changes
 from service.runs.api import MAX_WAIT_S, caps, database_url
@@ -53,7 +53,7 @@ class SuiteRunIn(BaseModel):
     suite: str = Field(max_length=100)
     version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
     environment: str = Field(default="default", max_length=200)
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS - 3)
+    labels: ClientLabels = Field(default_factory=dict, max_length=MAX_LABELS - 3)
 
 
 @router.post("", status_code=201, responses={200: {"description": "Unchanged: the current version"}})

@@ -18,6 +18,7 @@ from service.core.check_spec import run_spec_of
 from service.core.checks import track_regex
 from service.core.errors import Conflict, InvalidSpec, NotFound
 from service.core.links import regression_url
+from service.core.schemas import SUITE_LABELS
 from service.core.settings import Settings
 from service.core.state_names import FINISHED_RUN_STATES
 from service.environments.registry import (
@@ -33,7 +34,6 @@ from service.runs.records import Caps, create_run
 from service.suites.definitions import get_suite
 
 TERMINAL = FINISHED_RUN_STATES
-RESERVED_LABELS = ("suite", "suite_run", "suite_check")
 
 
 def create_suite_run(
@@ -45,7 +45,7 @@ def create_suite_run(
     suite = get_suite(session, name=suite_name, version=version)
     env = (ensure_default_environment(session, settings=settings) if environment == DEFAULT_ENVIRONMENT
            else get_environment(session, name=environment))
-    base = {k: v for k, v in labels.items() if k not in RESERVED_LABELS}
+    base = {k: v for k, v in labels.items() if k not in SUITE_LABELS}
     if idempotency_key is not None:
         # one request per (token, key) at a time: a concurrent retry waits here, then finds the first one's row
         session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"suite-run:{token_id}:{idempotency_key}"))))

@@ -9,6 +9,7 @@ memory.max); a host that cannot give one of them starts no job, naming it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -23,7 +24,14 @@ import pytest
 from service.core.settings import Settings
 from service.executors import isolation, job_leases, launcher, node_folders
 from tests.plugins.job_user import JOB_USER, reachable_folder, require_job_user
-from tests.plugins.sandbox_probes import leave_files, leave_ipc, no_new_privs, reach_from_a_build, try_to_gain
+from tests.plugins.sandbox_probes import (
+    controller_descriptors,
+    leave_files,
+    leave_ipc,
+    no_new_privs,
+    reach_from_a_build,
+    try_to_gain,
+)
 
 FORKS = 100
 
@@ -86,6 +94,26 @@ def test_a_hostile_job_gains_reaches_and_keeps_nothing(base: Path, setuid_id: st
     assert out["bind"] == "bound", f"the job's rendezvous port clashed with the node's: {out['bind']}"
     assert out["forked"] < 64 and out.get("fork_refused"), f"no pids.max: {out['forked']} of {FORKS} ran at once"
     assert out["hog"] == -9, f"no memory.max: a 768 MiB allocation under a 512 MiB cap ended {out['hog']}"
+
+
+def test_a_job_holds_no_descriptor_of_the_schedulers(base: Path) -> None:
+    """Issue 55's high row: the local controller inherited the scheduler's stdout and stderr, and a rank took
+    them from it (pidfd_getfd, same uid) to write forged lines into the scheduler's log. The controller's
+    stdin is /dev/null, its stdout and stderr its own controller.log, and nothing else of this process's."""
+    require_job_user()
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER)
+    if isolation.missing(settings):
+        pytest.skip(f"this host cannot isolate a local job: {isolation.missing(settings)}")
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            mine.add(os.readlink(f"/proc/self/fd/{fd}"))
+    held = _run(settings, base, function=controller_descriptors)
+    assert "submitit" in held.pop("controller"), "the rank's parent is not its controller"
+    log = str(base / "runs" / "run-1" / "train" / "attempt-1" / "submitit" / "controller.log")
+    assert held["0"] == "/dev/null" and held["1"] == log and held["2"] == log, held
+    shared = {fd: target for fd, target in held.items() if target in mine - {"/dev/null", log}}
+    assert not shared, f"the job's controller holds the scheduler's descriptors: {shared}"
 
 
 INDEX = "pypi.org"

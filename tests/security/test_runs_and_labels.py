@@ -1,4 +1,5 @@
-"""Another client's runs, sweeps and bisects: reserved labels refused, ownership by token id, GETs that never write."""
+"""Another client's runs, suite runs, sweeps and bisects: reserved labels refused, ownership by token id, GETs
+that never write."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ SPEC = {"config": "dense-bf16", "dp": 1, "steps": 6, "save_step": 3}
 @pytest.mark.parametrize("labels", [
     {"bisect": "0123456789ab"}, {"sweep": "0123456789ab", "variation": "base"}, {"variation": "base"},
     {"mutant": "x"}, {"selftest": "detector-health"}, {"selftest_batch": "2026"},
+    # a run tagged with another tenant's suite run would list itself under it and silence its own alert
+    {"suite_run": "0123456789ab"}, {"suite": "gate"}, {"suite_check": "tp2-dense-bf16"},
 ])
-def test_reserved_labels_are_refused_on_runs_sweeps_and_bisects(
+def test_reserved_labels_are_refused_on_runs_suite_runs_sweeps_and_bisects(
     client: TestClient, make_token, db_session: Session, labels: dict[str, str]
 ) -> None:
     submit = make_token("submit")
@@ -36,6 +39,8 @@ def test_reserved_labels_are_refused_on_runs_sweeps_and_bisects(
     bisect = client.post("/api/v1/bisects", headers=submit, json={"spec": SPEC, "good": "a", "bad": "b",
                                                                    "labels": labels})
     assert bisect.status_code == 422 and bisect.json()["field"] == "labels", bisect.text
+    suite_run = client.post("/api/v1/suite-runs", headers=submit, json={"suite": "gate", "labels": labels})
+    assert suite_run.status_code == 422 and suite_run.json()["field"] == "labels", suite_run.text
     assert db_session.scalar(select(func.count()).select_from(Run)) == 0
 
 

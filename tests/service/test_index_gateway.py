@@ -3,6 +3,7 @@ refuses and why, on a real socket pair in this process (no namespace: the job's 
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 
@@ -99,3 +100,47 @@ def test_a_node_behind_a_proxy_tunnels_through_it_and_the_allow_list_still_decid
     assert _ask(["pypi.org"], b"CONNECT example.com:443 HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 403")
     assert index_gateway.parse_proxy("http://user:pw@proxy.corp:3128/") == ("proxy.corp", 3128)
     assert index_gateway.parse_proxy("") is None and index_gateway.parse_proxy("http://proxy.corp") is None
+
+
+@pytest.mark.parametrize("address", [
+    "127.0.0.1", "127.8.9.10", "0.0.0.0", "::1", "::", "169.254.169.254", "fe80::1", "224.0.0.1",
+    # the node in IPv6 spelling: mapped, compatible, 6to4 and NAT64 forms of its loopback and metadata address
+    "::ffff:127.0.0.1", "::ffff:169.254.169.254", "::127.0.0.1", "2002:7f00:1::", "64:ff9b::7f00:1",
+])
+def test_the_node_and_its_link_are_refused_in_every_spelling(address: str) -> None:
+    assert index_gateway.refusal("mirror.example", ipaddress.ip_address(address))
+    assert index_gateway.refusal(address, ipaddress.ip_address(address))  # even when allowed by that address
+
+
+@pytest.mark.parametrize("address", ["10.1.2.3", "172.20.0.5", "192.168.1.1", "100.64.0.9", "fd00::5",
+                                     "::ffff:10.1.2.3"])
+def test_a_private_address_only_when_the_operator_allowed_it_by_itself(address: str) -> None:
+    assert "private network" in str(index_gateway.refusal("mirror.example", ipaddress.ip_address(address)))
+    plain = address.removeprefix("::ffff:")
+    assert index_gateway.refusal(plain, ipaddress.ip_address(address)) is None
+
+
+def test_a_public_index_address_passes() -> None:
+    assert index_gateway.refusal("pypi.org", ipaddress.ip_address("151.101.0.223")) is None
+    assert index_gateway.refusal("pypi.org", ipaddress.ip_address("2a04:4e42::223")) is None
+
+
+def test_a_name_that_resolves_to_the_node_in_ipv6_spelling_is_refused_before_any_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An allowed name whose DNS answers ::ffff:127.0.0.1 (the node, through the IPv4-mapped form): the review's
+    case. The node's service listens; the gateway must answer 403 and never connect to it."""
+    with socket.create_server(("127.0.0.1", 0)) as node_service:
+        port = node_service.getsockname()[1]
+        node_service.settimeout(0.5)
+        real = socket.getaddrinfo
+
+        def dns(host: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if host == "mirror.example":  # the hostile answer, as the name's DNS would give it
+                return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::ffff:127.0.0.1", port, 0, 0))]
+            return real(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", dns)
+        answer = _ask([f"mirror.example:{port}"], f"CONNECT mirror.example:{port} HTTP/1.1\r\n\r\n".encode())
+        assert answer.startswith(b"HTTP/1.1 403") and b"(127.0.0.1), the node itself" in answer, answer
+        with pytest.raises(TimeoutError):
+            node_service.accept()  # nothing reached the node's service

@@ -90,8 +90,11 @@ def test_a_suite_run_queues_every_check_and_adds_up_to_one_verdict(
 ) -> None:
     client.post("/api/v1/suites", json=SMALL, headers=make_token("admin"))
     submit = make_token("submit", name="ci")
-    resp = client.post("/api/v1/suite-runs", json={"suite": "small", "labels": {"commit": "abc", "suite": "x"}},
-                       headers=submit)
+    # the suite's own labels are the service's: a client's is refused, naming the field (docs/security.md)
+    refused = client.post("/api/v1/suite-runs", json={"suite": "small", "labels": {"commit": "abc", "suite": "x"}},
+                          headers=submit)
+    assert refused.status_code == 422 and refused.json()["field"] == "labels", refused.text
+    resp = client.post("/api/v1/suite-runs", json={"suite": "small", "labels": {"commit": "abc"}}, headers=submit)
     assert resp.status_code == 202, resp.text
     view = resp.json()
     assert view["state"] == "running" and view["verdict"] is None and view["counts"]["pending"] == 2
