@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import features
+from jobs.selftest import option_coverage
 from jobs.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +30,8 @@ DOC = ROOT / "docs" / "detection.md"
 BEGIN, END = "<!-- surface-table:begin -->", "<!-- surface-table:end -->"
 # the gate's feature table (jobs/features.markdown), written by the same command
 FEATURES_MARKERS = ("<!-- gate-features:begin -->", "<!-- gate-features:end -->")
+# the recipe settings' injected pull requests (jobs/selftest/option_coverage.markdown), written by the same command
+OPTIONS_MARKERS = ("<!-- option-prs:begin -->", "<!-- option-prs:end -->")
 STATUSES = ("covered", "reason", "gap", "uncovered")
 ENGINE = "engine"  # a Row's feature: the engine sets (or runs at its default) the field in every run
 
@@ -455,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(rows)
     if args.write:
         document = replace_table(args.write.read_text(), table)
-        args.write.write_text(replace_table(document, features.markdown(gate_specs(args.suite)), FEATURES_MARKERS))
+        document = replace_table(document, features.markdown(gate_specs(args.suite)), FEATURES_MARKERS)
+        args.write.write_text(replace_table(document, option_coverage.markdown(), OPTIONS_MARKERS))
     else:
         sys.stdout.write(table)
     print(f"{counts(rows)}; classified but absent from this build: {', '.join(stale(surface)) or 'none'}",

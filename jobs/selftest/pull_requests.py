@@ -30,6 +30,7 @@ from jobs.signature_names import (
     CHECKPOINT_LOAD_CRASH,
     CHECKPOINT_SAVE_CRASH,
     FINAL_STATE_MISMATCH,
+    ITERATION_MISMATCH,
     LOSS_DIVERGENCE_UNEXPLAINED,
     LOSS_SCALER_MISMATCH,
     LR_SCHEDULE_MISMATCH,
@@ -117,6 +118,9 @@ FEATURES: tuple[str, ...] = (
     "checkpoint-metadata",
     "virtual-pipeline",
     "tied-embeddings",
+    "rerun-state-machine",
+    # a resume on another layout (issue 53)
+    "tp-reshard",
 )
 
 PULL_REQUESTS: tuple[PullRequest, ...] = (
@@ -531,8 +535,62 @@ RECIPE_PULL_REQUESTS: tuple[PullRequest, ...] = (
         feature="tied-embeddings",
         check="pp2-moe-shared-expert",
     ),
+    PullRequest(
+        "scheduler-wsd-anneal-start-saved-as-length",
+        "LR scheduler: checkpoint WSD's annealing phase (written as the step it starts at, read back as its length)",
+        "megatron/core/optimizer_param_scheduler.py",
+        "            'wd_incr_steps': self.wd_incr_steps,\n"
+        "        }\n"
+        "        return state_dict\n",
+        "            'wd_incr_steps': self.wd_incr_steps,\n"
+        "        }\n"
+        "        if self.lr_decay_style == 'WSD':\n"
+        "            state_dict['wsd_decay_steps'] = self.lr_decay_steps - self.wsd_decay_steps\n"
+        "            state_dict['lr_wsd_decay_style'] = self.lr_wsd_decay_style\n"
+        "        return state_dict\n",
+        (SCHEDULER_STATE_MISMATCH, LR_SCHEDULE_MISMATCH),
+        more=(("megatron/core/optimizer_param_scheduler.py",
+               "        self.step(increment=num_steps)\n",
+               "        if 'wsd_decay_steps' in state_dict:\n"
+               "            # the annealing phase belongs to the run being resumed, whatever the new run asks for\n"
+               "            self.wsd_decay_steps = state_dict['wsd_decay_steps']\n"
+               "            self.lr_wsd_decay_style = state_dict['lr_wsd_decay_style']\n"
+               "        self.step(increment=num_steps)\n"),),
+        feature="lr-scheduler",
+        check="pp2-vpp-gpt-recipe",
+    ),
+    PullRequest(
+        "rerun-state-saved-as-will-rerun",
+        "RerunStateMachine: a checkpoint taken for a rerun records that the resumed job must rerun its step",
+        "megatron/core/rerun_state_machine.py",
+        '            "mode": self.mode,\n'
+        '            "state": self.state,\n',
+        '            "mode": self.mode,\n'
+        '            "state": (\n'
+        '                RerunState.WILL_RERUN_FROM_CHECKPOINT\n'
+        '                if self.checkpoint_requested is not None\n'
+        '                else self.state\n'
+        '            ),\n',
+        (ITERATION_MISMATCH,),
+        feature="rerun-state-machine",
+        check="pp2-vpp-gpt-recipe",
+    ),
+
 )
-PULL_REQUESTS = (*PULL_REQUESTS, *RECIPE_PULL_REQUESTS)
+# ---- one per layout change the gate resumes on (issue 53): each breaks only a resume on another layout ----
+RESHARD_PULL_REQUESTS: tuple[PullRequest, ...] = (
+    PullRequest(
+        "tp-shards-numbered-from-the-last-rank",
+        "TP checkpoint: number a tensor's TP shards from the last rank (the order the overlapped TP comms use)",
+        "megatron/core/utils.py",
+        "    new_offsets.append((tp_axis + prepend_axis_num, tp_rank, tp_size))\n",
+        "    new_offsets.append((tp_axis + prepend_axis_num, tp_size - 1 - tp_rank, tp_size))\n",
+        (MODEL_WEIGHTS_MISMATCH, MAIN_PARAMS_MISMATCH, FINAL_STATE_MISMATCH),
+        feature="tp-reshard",
+        check="reshard-tp2-to-dp2",
+    ),
+)
+PULL_REQUESTS = (*PULL_REQUESTS, *RECIPE_PULL_REQUESTS, *RESHARD_PULL_REQUESTS)
 
 BY_NAME = {pr.name: pr for pr in PULL_REQUESTS}
 

@@ -132,3 +132,36 @@ def test_an_expert_parallel_change_across_one_is_named_unsupported_by_the_build(
     with pytest.raises(UnsupportedByBuild, match="ChainedOptimizer.load_state_dict") as raised:
         check_reshard(spec)
     assert "EP 1" in raised.value.missing and spec.layout_change in raised.value.option
+
+
+def _tp_param(data: torch.Tensor, dim: int) -> torch.nn.Parameter:
+    from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
+
+    param = torch.nn.Parameter(data.clone())
+    set_tensor_model_parallel_attributes(param, True, dim, 1)
+    return param
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_tp_shard_is_placed_where_its_rank_holds_it_not_where_the_build_says(dim: int) -> None:
+    """The blind spot of a view built from the build's own offsets: a build that numbers TP shards from the last
+    rank (save and load alike) resumes on its own layout as saved, and its TP 2 view would hold the halves
+    swapped just as a TP 1 resume loads them. The param's TP attributes place each half by its rank."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    from jobs.rank.probes.layout_view import tp_placement
+
+    weight = torch.arange(4 * 6, dtype=torch.float32).reshape(4, 6)
+    halves = weight.chunk(2, dim=dim)
+    for rank, half in enumerate(halves):
+        param = _tp_param(half, dim)
+        right = ShardedTensor.from_rank_offsets("w", param, (dim, rank, 2))
+        wrong = ShardedTensor.from_rank_offsets("w", param, (dim, 1 - rank, 2))  # the reversed numbering
+        assert tp_placement(right, rank, 2) == tuple(right.global_offset)
+        assert tp_placement(wrong, rank, 2) == tuple(right.global_offset) != tuple(wrong.global_offset)
+    # not the engine's to say: a piece that is not a TP param, or split by another group than this TP group
+    plain = ShardedTensor.from_rank_offsets("b", torch.nn.Parameter(halves[0].clone()), (dim, 0, 2))
+    assert tp_placement(plain, 0, 2) is None
+    other_group = ShardedTensor.from_rank_offsets("e", _tp_param(halves[0], dim), (dim, 0, 4))
+    assert tp_placement(other_group, 0, 2) is None

@@ -6,7 +6,13 @@ another local index. The names of `named_parameters()` say nothing across layout
 Megatron-Core checkpoints by do, so this view is built from the very sharded state dict a save writes
 (`checkpoint.sharded_state`, fully_reshardable): each rank hands over the main replica of every sharded tensor
 (a factory, SwiGLU's fc1, as the halves it saves), and the full tensors are put back together by key and global
-offset, then fingerprinted. Model weights and persistent buffers are keyed by their checkpoint key (`model`),
+offset, then fingerprinted. A TP shard is placed where its rank holds it, not only where the build says: a build that
+numbers its TP shards wrongly but alike at save and load (the reversed rank order of a TP change's bug) resumes
+on its own layout as saved and would put the halves in the same wrong places in both views; the param's own
+TP attributes (`partition_dim`, and the rank in the TP group) give the engine's offset, which replaces the
+build's for that param's model and optimizer pieces (the build's offset is what the checkpoint's reader uses, so
+a resume on another TP size then shows the swap as "loaded wrong", naming the tensor). Model weights and
+persistent buffers are keyed by their checkpoint key (`model`),
 the FP32 main params and Adam moments by their parameter's (`main`, `moments`: `<key>/exp_avg`). Param groups
 are keyed by what identifies a group (its LR and weight-decay multipliers and bounds, expert or not), never by
 its index, which a layout changes; scheduler and loop state come from every rank, as in the DP view.
@@ -49,17 +55,54 @@ def _is_main_replica(replica_id: Any) -> bool:
     return all(int(r) == 0 for r in ids)
 
 
+def tp_placement(sh: Any, tp_rank: int, tp_size: int) -> tuple[int, ...] | None:
+    """Where this rank holds a TP-sharded param, by its own attributes (the ShardedTensor's offsets with the
+    partition axis from `tp_rank`), or None where the piece is not a whole TP param of this TP group."""
+    data = sh.data
+    if not getattr(data, "tensor_model_parallel", False) or int(getattr(data, "partition_stride", 1)) != 1:
+        return None
+    dim = int(getattr(data, "partition_dim", -1))
+    if dim < 0 or tuple(sh.local_shape) != tuple(data.shape) or sh.flattened_range is not None:
+        return None  # a part of the param (a factory's half, a flattened range): placed by the build alone
+    axis = int(sh.prepend_axis_num) + dim
+    fragments = sh.axis_fragmentations
+    if fragments is None or int(fragments[axis]) != tp_size:  # another group's split (expert TP): not ours to say
+        return None
+    offset = [int(x) for x in sh.global_offset]
+    offset[axis] = tp_rank * int(data.shape[dim])
+    return tuple(offset)
+
+
+def _param_key(key: str) -> str:
+    match = _OPTIMIZER_KEY.match(key)
+    return match.group(2) if match else key
+
+
 def local_pieces(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """This rank's main-replica pieces of every sharded tensor of a save's model and optimizer state."""
+    """This rank's main-replica pieces of every sharded tensor of a save's model and optimizer state, each TP
+    param's pieces (and its optimizer state's) placed where this rank holds it (`tp_placement`)."""
+    from megatron.core import parallel_state
+
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    moved: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # param key -> (the build's offset, the engine's)
     pieces = []
     for part in ("model", "optimizer"):
         for sh in _sharded_tensors(state[part]):
             if sh.data is None or not _is_main_replica(sh.replica_id):
                 continue
             flat = sh.flattened_range
+            offset = tuple(int(x) for x in sh.global_offset)
+            if part == "model" and tp_size > 1:
+                placed = tp_placement(sh, tp_rank, tp_size)
+                if placed is not None and placed != offset:
+                    moved[sh.key] = (offset, placed)
+                    offset = placed
+            elif sh.key != _param_key(sh.key) and moved.get(_param_key(sh.key), ((),))[0] == offset:
+                offset = moved[_param_key(sh.key)][1]  # the param's optimizer state goes where its param went
             pieces.append({
                 "key": sh.key, "shape": tuple(int(x) for x in sh.global_shape),
-                "offset": tuple(int(x) for x in sh.global_offset), "prepend": int(sh.prepend_axis_num),
+                "offset": offset, "prepend": int(sh.prepend_axis_num),
                 "local_shape": tuple(int(x) for x in sh.local_shape),
                 "flat": None if flat is None else (int(flat.start), int(flat.stop)),
                 # on the CPU: gathered as objects to rank 0
