@@ -200,11 +200,13 @@ def finish_async(calls: Any, blocking: bool) -> bool:
     return done
 
 
-def build_load_state(tr: Trainee, sharding: str, with_rng: bool = True) -> dict[str, Any]:
+def build_load_state(tr: Trainee, sharding: str, with_rng: bool = True, folder: Path | None = None) -> dict[str, Any]:
     """Prime optimizer state and build the sharded state dict that load fills in.
 
     `with_rng=False` leaves the per-rank RNG states out: saved by another number of ranks (a
-    resharded resume) they have no counterpart here, as Megatron-LM's `--no-load-rng` does.
+    resharded resume) they have no counterpart here, as Megatron-LM's `--no-load-rng` does; and the rerun
+    state machine's per-rank part with them (Megatron-LM ignores it when the job's sharding changed). With
+    `folder`, the checkpoint's common state says whether the machine's state must be asked for.
     """
     for opt in distributed_optimizers(tr.optimizer):
         # torch Adam has no state before its first step; DistributedOptimizer.state_dict()
@@ -214,6 +216,12 @@ def build_load_state(tr: Trainee, sharding: str, with_rng: bool = True) -> dict[
     state = _model_and_optimizer(tr, sharding, is_loading=True)
     if with_rng:
         state[rng.KEY] = rng.sharded()
+        if folder is not None and tr.config.rerun_state_machine:
+            from megatron.core import dist_checkpointing
+
+            from jobs.rank import rerun
+
+            state.update(rerun.load_template(dist_checkpointing.load_common_state_dict(str(folder)).get(rerun.KEY)))
     return state
 
 

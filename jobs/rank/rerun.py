@@ -4,7 +4,8 @@ Production trains with `check_for_nan_in_grad` on (each bucket's grad norm valid
 through the machine) and `--rerun-mode validate_results`: every step's forward-backward runs inside
 `should_run_forward_backward`, which would rerun it in place when a validation failed, and
 `should_checkpoint_and_exit` may ask for a checkpoint or an exit. The machine's state goes into the
-checkpoint (`state_dict`: None unless a rerun is under way) and is restored by the load; what a resume
+checkpoint (`state_dict`) and is restored by the load, which asks for its sharded part only where the common
+entry says a rerun is under way (`load_template`, Megatron-LM's order); what a resume
 must give back is compared in the snapshot (`fields()`). Its `current_iteration` counts steps since the
 process started, upstream's design for reporting, so a resumed process restarts it: never compared.
 """
@@ -47,10 +48,21 @@ def state_dict() -> Any:
     return _machine().state_dict(None, "torch_dist")
 
 
-def load(saved: Any) -> None:
-    """Restore the machine from a checkpoint's entry, as Megatron-LM's load_checkpoint does."""
+def load_template(saved: Any) -> dict[str, Any]:
+    """What a load must ask the checkpoint for, as Megatron-LM's load_checkpoint asks: the machine's whole state
+    (`force=True`, its per-rank ShardedObject included) where the checkpoint's common entry says a rerun is under
+    way, else nothing (a resume on another layout ignores the machine's state, as Megatron-LM does)."""
     machine = _machine()
-    if machine.validate_state_dict(saved):
+    if not machine.validate_state_dict(saved):
+        return {}
+    return {KEY: machine.state_dict(None, "torch_dist", force=True)}
+
+
+def load(saved: Any) -> None:
+    """Restore the machine from a checkpoint's entry, as Megatron-LM's load_checkpoint does: only where the load
+    asked for its per-rank part (`load_template`: not on another layout, where Megatron-LM ignores it)."""
+    machine = _machine()
+    if machine.validate_state_dict(saved) and isinstance(saved, dict) and "sharded" in saved:
         machine.load_state_dict(saved)
 
 

@@ -198,7 +198,7 @@ def load(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Path, timeout
     # Per-rank RNG state cannot be resharded (the spec refuses configs that draw random numbers).
     with_rng = not spec.reshards
     state = ctx.run(
-        "load", lambda: checkpoint.build_load_state(tr, spec.sharding, with_rng), timeout_s, agree=True
+        "load", lambda: checkpoint.build_load_state(tr, spec.sharding, with_rng, ckpt), timeout_s, agree=True
     )
     primed = adam_steps(tr.optimizer)  # what the load priming left: the value the known step bug keeps
     if LOAD_ABSENT_STEP in spec.workarounds:

@@ -115,12 +115,17 @@ class Checkpoint:
         self.known = bool(probe.get("keys")) and not probe.get("incomplete")
         self.keys = set(probe.get("keys") or [])
         self.requested: list[dict[str, str]] = list(probe.get("requested") or [])
+        # the layout-free view names its items by checkpoint key (one view for every rank): asked if any rank asked
+        names = {name for rank in self.requested for name in rank}
+        self.requested_keys = {key for rank in self.requested for key in rank.values()} - names
         self.optimizer = [k for k in self.keys if k.startswith("optimizer")]
 
     def key_of(self, section: str, item: str, rank: int) -> str | None:
         """The checkpoint key the load asked for a model item, if it asked."""
         if section not in ("model", "nonpersistent") or rank >= len(self.requested):
             return None
+        if item not in self.requested[rank] and item in self.requested_keys:
+            return item  # a view's item: the key itself
         return self.requested[rank].get(item)
 
     def _model_candidates(self, item: str) -> list[str]:
@@ -158,7 +163,7 @@ class Checkpoint:
         """Whether the load asked the checkpoint for a model item (None: not known for this section)."""
         if section not in ("model", "nonpersistent") or rank >= len(self.requested) or not self.requested[rank]:
             return None
-        return item in self.requested[rank]
+        return item in self.requested[rank] or item in self.requested_keys
 
 
 def _value(snapshots: list[dict[str, Any]] | None, rank: int, section: str, item: str) -> Any:

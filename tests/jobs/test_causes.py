@@ -8,7 +8,16 @@ import pytest
 
 from jobs.contract import ParityResult
 from jobs.launch.local import format_step_table
-from jobs.verdict.causes import ABSENT, SKIPPED, WRONG, Checkpoint, cause_line, restore_rows, state_dict_name
+from jobs.verdict.causes import (
+    ABSENT,
+    SKIPPED,
+    WRONG,
+    Checkpoint,
+    cause_line,
+    how_restored,
+    restore_rows,
+    state_dict_name,
+)
 from jobs.verdict.compare import evaluate
 from tests.golden import documents, expected
 
@@ -174,3 +183,19 @@ def test_a_collision_and_a_wrongly_applied_scalar_get_cause_lines_of_their_own()
                                              "at step 5 where the uninterrupted run applied 0.002 (+1 more)")
     assert "param-group-scalars-mismatch" not in lines
     assert scalar_cause_lines({}) == {}
+
+
+def test_a_layout_free_views_item_is_judged_by_its_checkpoint_key() -> None:
+    """On another layout the state is compared in one view named by checkpoint key (a stacked layer's key, no
+    rank): an item the load asked for by that key is not "skipped by the load" (a TP reshard's swapped halves
+    were named so), and a key no rank asked for still is."""
+    key = "decoder.layers.mlp.linear_fc2.weight"
+    ckpt = Checkpoint({"keys": [key, "embedding.word_embeddings.weight"],
+                       "requested": [{"module.decoder.layers.0.mlp.linear_fc2.weight": key},
+                                     {"module.decoder.layers.1.mlp.linear_fc2.weight": key}]})
+    before = [{"model": {key: "init"}}]
+    assert ckpt.asked("model", key, 0) is True and ckpt.key_of("model", key, 0) == key
+    assert how_restored("model", key, 0, "saved", "swapped", before, ckpt) == WRONG
+    assert ckpt.asked("model", "embedding.word_embeddings.weight", 0) is False  # held, never asked for
+    # a module name keeps its own rank's answer (never the view's fallback)
+    assert ckpt.asked("model", "module.decoder.layers.1.mlp.linear_fc2.weight", 0) is False
