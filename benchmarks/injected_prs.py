@@ -32,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs.selftest.pull_requests import BY_NAME, GATED, SNAPSHOT, source_tree  # noqa: E402
+from jobs.selftest.pull_requests import BY_NAME, JUDGED, SNAPSHOT, source_tree  # noqa: E402
 from service.environments import interpreters  # noqa: E402
 
 PARITY = [sys.executable, "-m", "service.cli.main"]
@@ -105,14 +105,19 @@ def write_docs(rows: list[str]) -> None:
     DOCS.write_text(text[:start] + "\n" + "\n".join(rows) + "\n" + text[stop:])
 
 
+SUITES = ("gate", "layouts")  # the suites a PR's catching check may be in (PullRequest.suite)
+
+
 def apply_suites(url: str, token: str, work: Path) -> None:
-    """The gate, and for each PR's catching check a one-check suite `gate-<check>` of it."""
-    gate = yaml.safe_load((ROOT / "suites" / "gate.yaml").read_text())
-    files = [ROOT / "suites" / "gate.yaml"]
-    for check in gate["checks"]:
-        one = work / f"gate-{check['name']}.yaml"
-        one.write_text(yaml.safe_dump({**gate, "name": f"gate-{check['name']}", "checks": [check]}))
-        files.append(one)
+    """The gate and the suites beside it, and for each check a one-check suite `<suite>-<check>` of it."""
+    files = []
+    for name in SUITES:
+        suite = yaml.safe_load((ROOT / "suites" / f"{name}.yaml").read_text())
+        files.append(ROOT / "suites" / f"{name}.yaml")
+        for check in suite["checks"]:
+            one = work / f"{name}-{check['name']}.yaml"
+            one.write_text(yaml.safe_dump({**suite, "name": f"{name}-{check['name']}", "checks": [check]}))
+            files.append(one)
     for path in files:
         subprocess.run([*PARITY, "suite", "apply", str(path), "--url", url, "--token", token], check=True, cwd=ROOT)
 
@@ -126,7 +131,7 @@ def main() -> int:
                         help="run each PR through only the gate check that catches it (clean main: the whole gate)")
     parser.add_argument("--docs", action="store_true", help="write the table into docs/detection.md")
     args = parser.parse_args()
-    prs = [pr for pr in GATED if not args.only or pr.name in args.only]  # not the UNJUDGEABLE ones
+    prs = [pr for pr in JUDGED if not args.only or pr.name in args.only]  # not the UNJUDGEABLE ones
     work = Path(tempfile.mkdtemp(prefix="parity-prs-"))
     url, token = os.environ.get("PARITY_SERVICE_URL", ""), os.environ.get("PARITY_TOKEN", "")
     procs: list[subprocess.Popen[bytes]] = []
@@ -140,7 +145,7 @@ def main() -> int:
         ok = True
         for pr in [None, *prs]:
             name = "clean" if pr is None else pr.name
-            suite = f"gate-{pr.check}" if pr is not None and args.own_check and pr.check else "gate"
+            suite = "gate" if pr is None else (f"{pr.suite}-{pr.check}" if args.own_check and pr.check else pr.suite)
             code, failing, seconds = gate(url, token, wheel(name, args.python), name, work, suite)
             expected = 0 if pr is None else 1
             named = "-" if pr is None else (

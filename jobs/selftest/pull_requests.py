@@ -69,7 +69,8 @@ class PullRequest:
     """One injected change: replace `old` (which must occur once) by `new` in `path`, then each of `more`.
 
     `feature` is what the change touches (the gate must cover it); `check` the gate check observed
-    to fail on it, the one the PR tier and benchmarks/injected_prs.py run it through first.
+    to fail on it, the one the PR tier and benchmarks/injected_prs.py run it through first (a check of
+    `suite` where that is a suite beside the gate: the gate itself passes such a PR).
     """
 
     name: str
@@ -81,6 +82,7 @@ class PullRequest:
     more: tuple[Hunk, ...] = ()
     feature: str = ""
     check: str = ""
+    suite: str = "gate"  # the suite (suites/<suite>.yaml) `check` is in: the gate, or one beside it (layouts)
 
     @property
     def hunks(self) -> tuple[Hunk, ...]:
@@ -121,6 +123,7 @@ FEATURES: tuple[str, ...] = (
     "rerun-state-machine",
     # a resume on another layout (issue 53)
     "tp-reshard",
+    "pp-reshard",
 )
 
 PULL_REQUESTS: tuple[PullRequest, ...] = (
@@ -589,6 +592,21 @@ RESHARD_PULL_REQUESTS: tuple[PullRequest, ...] = (
         feature="tp-reshard",
         check="reshard-tp2-to-dp2",
     ),
+    PullRequest(
+        "pp-stage-layers-numbered-from-the-last-stage",
+        "TransformerBlock checkpoint: key each stage's layers from the last stage back (the order 1F1B returns them)",
+        "megatron/core/transformer/transformer_block.py",
+        "            if non_homogeneous_layers:\n"
+        "                sharded_prefix = f'{layer_prefix}{global_layer_offset}.'\n",
+        "            # the mirror stage's layers: what the last stage holds is keyed first\n"
+        "            global_layer_offset = num_layers - len(self.layers) - offset + (global_layer_offset - offset)\n"
+        "            if non_homogeneous_layers:\n"
+        "                sharded_prefix = f'{layer_prefix}{global_layer_offset}.'\n",
+        (MODEL_WEIGHTS_MISMATCH, MAIN_PARAMS_MISMATCH, FINAL_STATE_MISMATCH),
+        feature="pp-reshard",
+        check="reshard-pp2-to-dp2",
+        suite="layouts",
+    ),
 )
 PULL_REQUESTS = (*PULL_REQUESTS, *RECIPE_PULL_REQUESTS, *RESHARD_PULL_REQUESTS)
 
@@ -601,8 +619,10 @@ UNJUDGEABLE: dict[str, str] = {
     "(sharded_param_state_fs_model_space builds flattened_range ShardedTensors, which dist_checkpointing "
     "refuses), so the gate has no check of that format",
 }
-# What the gate must fail, each with one of its causes (benchmarks/injected_prs.py, the nightly test).
-GATED: tuple[PullRequest, ...] = tuple(pr for pr in PULL_REQUESTS if pr.name not in UNJUDGEABLE)
+# What a suite must fail, each with one of its causes (benchmarks/injected_prs.py): every PR but the UNJUDGEABLE
+JUDGED: tuple[PullRequest, ...] = tuple(pr for pr in PULL_REQUESTS if pr.name not in UNJUDGEABLE)
+# What the gate must fail (the nightly test runs each through the whole gate)
+GATED: tuple[PullRequest, ...] = tuple(pr for pr in JUDGED if pr.suite == "gate")
 
 
 def source_tree(dest: Path, pull_request: PullRequest | None = None, snapshot: Path = SNAPSHOT) -> Path:

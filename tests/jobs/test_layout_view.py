@@ -165,3 +165,61 @@ def test_a_tp_shard_is_placed_where_its_rank_holds_it_not_where_the_build_says(d
     assert tp_placement(plain, 0, 2) is None
     other_group = ShardedTensor.from_rank_offsets("e", _tp_param(halves[0], dim), (dim, 0, 4))
     assert tp_placement(other_group, 0, 2) is None
+
+
+def _stage(layers: int, chunks: int = 1) -> torch.nn.Module:
+    """A stage's params named as the trainee names them: [model<v>.]module.decoder.layers.<local>.weight."""
+    def chunk() -> torch.nn.Module:
+        block = torch.nn.Module()
+        block.layers = torch.nn.ModuleList(torch.nn.Linear(2, 2, bias=False) for _ in range(layers))
+        gpt = torch.nn.Module()
+        gpt.decoder = block
+        wrapped = torch.nn.Module()
+        wrapped.module = gpt
+        return wrapped
+
+    if chunks == 1:
+        return chunk()
+    outer = torch.nn.Module()
+    for v in range(chunks):
+        outer.add_module(f"model{v}", chunk())
+    return outer
+
+
+@pytest.mark.parametrize(("pp_rank", "chunks", "expected"), [
+    (0, 1, [0, 1]), (1, 1, [2, 3]),  # 4 layers on 2 stages
+    (0, 2, [0, 2]), (1, 2, [1, 3]),  # a virtual pipeline of 2 chunks: chunk v of stage p holds layer 2v + p
+])
+def test_each_stage_layer_is_placed_at_the_global_layer_its_stage_holds(pp_rank: int, chunks: int,
+                                                                        expected: list[int]) -> None:
+    """The PP side of the same blind spot: a build that keys its stages' layers wrongly but alike at save and load
+    (one stage's layers under the other's numbers) restored "matching" on PP 1 and was named as a divergence;
+    the engine keys each layer by Megatron-Core's uniform split, computed from the layout."""
+    from types import SimpleNamespace
+
+    from jobs.configs import CONFIGS
+    from jobs.rank.probes.layout_view import pipeline_layers
+
+    cfg = CONFIGS["gpt-recipe"]  # 4 layers; its virtual pipeline of 2
+    stage = _stage(layers=4 // (2 * chunks), chunks=chunks)
+    tr = SimpleNamespace(config=cfg if chunks == 2 else SimpleNamespace(kind="gpt", num_layers=4, virtual_pipeline=1),
+                         ddp=stage)
+    placed = pipeline_layers(tr, pp_rank, 2)
+    assert [placed[id(p)] for _, p in stage.named_parameters()] == expected
+    assert pipeline_layers(tr, 0, 1) == {}  # one stage: the build's keys are the layers' own
+
+
+def test_a_layer_key_or_the_stacked_layer_axis_is_rewritten_to_the_engines_layer() -> None:
+    pytest.importorskip("megatron.core")
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    from jobs.rank.probes.layout_view import _pp_placement
+
+    weight = torch.nn.Parameter(torch.ones(2, 2))
+    own = ShardedTensor.from_rank_offsets("decoder.layers.3.mlp.linear_fc1.weight", weight)
+    assert _pp_placement(own, 1, (0, 0)) == ("decoder.layers.1.mlp.linear_fc1.weight", (0, 0))
+    stacked = ShardedTensor.from_rank_offsets("decoder.layers.mlp.linear_fc1.weight", weight, (0, 3, 4),
+                                              prepend_axis_num=1)
+    assert _pp_placement(stacked, 1, (3, 0, 0)) == ("decoder.layers.mlp.linear_fc1.weight", (1, 0, 0))
+    other = ShardedTensor.from_rank_offsets("embedding.word_embeddings.weight", weight)
+    assert _pp_placement(other, None, (0, 0)) == ("embedding.word_embeddings.weight", (0, 0))

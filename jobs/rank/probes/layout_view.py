@@ -11,7 +11,10 @@ numbers its TP shards wrongly but alike at save and load (the reversed rank orde
 on its own layout as saved and would put the halves in the same wrong places in both views; the param's own
 TP attributes (`partition_dim`, and the rank in the TP group) give the engine's offset, which replaces the
 build's for that param's model and optimizer pieces (the build's offset is what the checkpoint's reader uses, so
-a resume on another TP size then shows the swap as "loaded wrong", naming the tensor). Model weights and
+a resume on another TP size then shows the swap as "loaded wrong", naming the tensor). Likewise each decoder
+layer is keyed at the global layer its stage (and virtual chunk) holds by Megatron-Core's uniform split, whatever
+number the build gave it (`pipeline_layers`): a build that keys one stage's layers under another's numbers,
+alike at save and load, otherwise restored "matching" on PP 1 and was named as a divergence. Model weights and
 persistent buffers are keyed by their checkpoint key (`model`),
 the FP32 main params and Adam moments by their parameter's (`main`, `moments`: `<key>/exp_avg`). Param groups
 are keyed by what identifies a group (its LR and weight-decay multipliers and bounds, expert or not), never by
@@ -78,30 +81,70 @@ def _param_key(key: str) -> str:
     return match.group(2) if match else key
 
 
-def local_pieces(state: dict[str, Any]) -> list[dict[str, Any]]:
+# a decoder layer's param as the trainee names it: `[model<v>.]module[.module].decoder.layers.<local index>.…`
+_LAYER_PARAM = re.compile(r"^(?:model(\d+)\.)?(?:module\.)*decoder\.layers\.(\d+)\.")
+_LAYER_KEY = re.compile(r"^(decoder\.layers\.)(\d+)(\..*)$")  # a checkpoint key of one layer (singleton shards)
+
+
+def pipeline_layers(tr: Any, pp_rank: int, pp_size: int) -> dict[int, int]:
+    """{id(param): the global layer index this rank's stage (and virtual chunk) holds it at}, for each decoder
+    layer's param, by Megatron-Core's uniform split computed here ({} where the split is not uniform)."""
+    cfg = tr.config
+    chunks = cfg.virtual_pipeline if pp_size > 1 and cfg.virtual_pipeline > 1 else 1
+    if pp_size <= 1 or cfg.kind != "gpt" or cfg.num_layers % (pp_size * chunks):
+        return {}
+    per_chunk = cfg.num_layers // (pp_size * chunks)  # layers of one stage's chunk
+    out: dict[int, int] = {}
+    for name, param in tr.ddp.named_parameters():
+        match = _LAYER_PARAM.match(name)
+        if match:
+            chunk, local = int(match.group(1) or 0), int(match.group(2))
+            out[id(param)] = chunk * (cfg.num_layers // chunks) + pp_rank * per_chunk + local
+    return out
+
+
+def _pp_placement(sh: Any, layer: int | None, offset: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+    """A decoder layer's piece keyed (a layer's own key) or placed (the stacked layers' axis) at `layer`."""
+    if layer is None:
+        return sh.key, offset
+    own = _LAYER_KEY.match(sh.key)
+    if own:
+        return f"{own.group(1)}{layer}{own.group(3)}", offset
+    if int(sh.prepend_axis_num) >= 1 and sh.key.startswith("decoder.layers."):
+        return sh.key, (layer, *offset[1:])
+    return sh.key, offset
+
+
+def local_pieces(state: dict[str, Any], tr: Any = None) -> list[dict[str, Any]]:
     """This rank's main-replica pieces of every sharded tensor of a save's model and optimizer state, each TP
-    param's pieces (and its optimizer state's) placed where this rank holds it (`tp_placement`)."""
+    param's pieces placed where this rank holds it (`tp_placement`) and, with the trainee, each decoder layer's
+    at the layer its stage holds (`pipeline_layers`); a param's optimizer state goes where the param went."""
     from megatron.core import parallel_state
 
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
-    moved: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # param key -> (the build's offset, the engine's)
+    layers = {} if tr is None else pipeline_layers(tr, parallel_state.get_pipeline_model_parallel_rank(),
+                                                   parallel_state.get_pipeline_model_parallel_world_size())
+    # (the build's key, its offset) -> (the engine's key, its offset), for each model piece the engine placed
+    moved: dict[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...]]] = {}
     pieces = []
     for part in ("model", "optimizer"):
         for sh in _sharded_tensors(state[part]):
             if sh.data is None or not _is_main_replica(sh.replica_id):
                 continue
             flat = sh.flattened_range
-            offset = tuple(int(x) for x in sh.global_offset)
-            if part == "model" and tp_size > 1:
-                placed = tp_placement(sh, tp_rank, tp_size)
-                if placed is not None and placed != offset:
-                    moved[sh.key] = (offset, placed)
-                    offset = placed
-            elif sh.key != _param_key(sh.key) and moved.get(_param_key(sh.key), ((),))[0] == offset:
-                offset = moved[_param_key(sh.key)][1]  # the param's optimizer state goes where its param went
+            key, offset = sh.key, tuple(int(x) for x in sh.global_offset)
+            if part == "model":
+                placed = tp_placement(sh, tp_rank, tp_size) if tp_size > 1 else None
+                key, placed_offset = _pp_placement(sh, layers.get(id(sh.data)), placed or offset)
+                if (key, placed_offset) != (sh.key, offset):
+                    moved[(sh.key, offset)] = (key, placed_offset)
+                    offset = placed_offset
+            elif (param := _param_key(sh.key)) != sh.key and (param, offset) in moved:
+                new_param, offset = moved[(param, offset)]
+                key = sh.key[: len(sh.key) - len(param)] + new_param
             pieces.append({
-                "key": sh.key, "shape": tuple(int(x) for x in sh.global_shape),
+                "key": key, "shape": tuple(int(x) for x in sh.global_shape),
                 "offset": offset, "prepend": int(sh.prepend_axis_num),
                 "local_shape": tuple(int(x) for x in sh.local_shape),
                 "flat": None if flat is None else (int(flat.start), int(flat.stop)),
@@ -181,7 +224,7 @@ def union(per_rank: list[dict[str, set[str]]]) -> dict[str, str]:
 
 def global_tensors(tr: Any, state: dict[str, Any], gather: Callable[[Any], list[Any]]) -> dict[str, Any] | None:
     """The full tensors of every section on rank 0 (a collective; None on the other ranks)."""
-    per_rank = gather(local_pieces(state))
+    per_rank = gather(local_pieces(state, tr))
     if torch.distributed.get_rank() != 0:
         return None
     return sections(assemble([p for pieces in per_rank for p in pieces]))
