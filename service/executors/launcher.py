@@ -37,7 +37,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SACCT_MIN_INTERVAL_S = 5.0
 _last_sacct = float("-inf")
 # Fault hook for tests: exit right after sbatch answered, before submitit names the job's pickle.
-FAULT_AFTER_SBATCH = "PARITY_FAULT_EXIT_AFTER_SBATCH"
 
 # Slurm states that mean the infrastructure, not the code under test, stopped the phase.
 INFRA_STATES = frozenset(
@@ -89,7 +88,6 @@ _LOCAL_JOBS: dict[str, Job[Any]] = {}
 
 
 class _SlurmExecutor(submitit.SlurmExecutor):
-    exit_after_sbatch = False
     run_as: jobuser.JobUser | None = None
     job_env: dict[str, str] | None = None  # all the job sees of the service's environment (job_environment)
 
@@ -101,12 +99,6 @@ class _SlurmExecutor(submitit.SlurmExecutor):
         given = ["env", "-i", *(f"{k}={v}" for k, v in self.job_env.items())] if self.job_env is not None else []
         return [*given, "sbatch", *who, str(submission_file_path)]
 
-    def _submit_command(self, command: str) -> Job[Any]:
-        job = super()._submit_command(command)
-        if self.exit_after_sbatch:
-            log.error("fault hook %s: exiting after sbatch gave job %s", FAULT_AFTER_SBATCH, job.job_id)
-            os._exit(70)
-        return job
 
 
 def submit_phase(
@@ -173,7 +165,6 @@ def _submit(
     if executor == "slurm":
         # no exec in the job gains a privilege (a setuid file is an ordinary one to it), as a local job's sandbox
         slurm = _SlurmExecutor(folder=folder, python=f"setpriv --no-new-privs {quoted}", max_num_timeout=0)
-        slurm.exit_after_sbatch = os.environ.get(FAULT_AFTER_SBATCH) == "1"
         params: dict[str, Any] = dict(
             ntasks_per_node=tasks // nodes, nodes=nodes, cpus_per_task=settings.slurm_cpus_per_task,
             time=settings.slurm_time_limit_min, job_name=name,

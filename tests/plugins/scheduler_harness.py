@@ -92,10 +92,11 @@ def service_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Start a `parity` subcommand with its output in log."""
+def start(args: list[str], env: dict[str, str], log: Path, command: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a `parity` subcommand (or `command`: a test's own entry point) with its output in log."""
     handle = open(log, "ab")
-    return subprocess.Popen([*PARITY, *args], env=env, stdout=handle, stderr=handle, start_new_session=True)
+    return subprocess.Popen([*(command or PARITY), *args], env=env, stdout=handle, stderr=handle,
+                            start_new_session=True)
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:

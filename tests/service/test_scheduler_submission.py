@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from service.executors.launcher import FAULT_AFTER_SBATCH
 from service.scheduler.submitter import launcher_folder
+from tests.plugins.crashing_scheduler import EXIT_AFTER_SBATCH
 from tests.plugins.scheduler_harness import (
     GOOD,
+    PARITY,
     job_name,
     phases,
     queue,
@@ -71,9 +72,10 @@ def test_scheduler_killed_between_sbatch_and_the_pickle_rename_adopts_the_job(
     since = slurm_now()
     run_id = queue(SMALL)
     # the first scheduler exits right after sbatch answered, before submitit names the job's pickle
-    crashing = start(["scheduler"], service_env(tmp_path, PARITY_EXECUTOR="slurm", **{FAULT_AFTER_SBATCH: "1"}),
-                     tmp_path / "scheduler-1.log")
-    assert crashing.wait(timeout=120) == 70, (tmp_path / "scheduler-1.log").read_text()[-2000:]
+    # (a test-only entry point: the service reads no fault-injection variable)
+    crashing = start([], service_env(tmp_path, PARITY_EXECUTOR="slurm"), tmp_path / "scheduler-1.log",
+                     command=[PARITY[0], "-m", "tests.plugins.crashing_scheduler"])
+    assert crashing.wait(timeout=120) == EXIT_AFTER_SBATCH, (tmp_path / "scheduler-1.log").read_text()[-2000:]
     pending = phases(run_id)[0]
     assert (pending.state, pending.job_id) == ("pending", None)  # nothing recorded, but the job exists
     orphan = queued_jobs(job_name(pending))
