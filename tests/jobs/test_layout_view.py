@@ -104,9 +104,13 @@ def test_a_resume_on_another_layout_is_its_own_check_with_its_own_ranks() -> Non
      r"resume's layout \(dp1tp2ep2\)"),
     ({"resume_tp": "1"}, "resume_tp", "integer"),
     ({"resume_tp": 2**70}, "resume_tp", "out of range"),
+    # a padded vocabulary that TP 1 pads to 1152 rows and TP 2 to 1280: another model, not a resume
+    ({"config": "gpt-recipe", "resume_tp": 1, "shape": {"vocab_size": 1100}}, "resume_tp",
+     "pads config 'gpt-recipe''s vocabulary of 1100 to 1152 rows where tp 2 padded it to 1280"),
 ])
 def test_a_resume_layout_that_cannot_run_is_refused_naming_its_field(change: dict[str, Any], field: str,
                                                                      message: str) -> None:
+    """Each refusal names its field; the gpt-recipe at its own vocabulary (1000: 1024 rows at TP 1 and 2) resumes."""
     with pytest.raises(SpecError, match=message) as info:
         RunSpec.from_dict({**TP2, **change})
     assert info.value.field == field
@@ -223,3 +227,8 @@ def test_a_layer_key_or_the_stacked_layer_axis_is_rewritten_to_the_engines_layer
     assert _pp_placement(stacked, 1, (3, 0, 0)) == ("decoder.layers.mlp.linear_fc1.weight", (1, 0, 0))
     other = ShardedTensor.from_rank_offsets("embedding.word_embeddings.weight", weight)
     assert _pp_placement(other, None, (0, 0)) == ("embedding.word_embeddings.weight", (0, 0))
+
+
+def test_a_padding_that_holds_across_the_tp_change_is_a_resume() -> None:
+    spec = RunSpec.from_dict({**TP2, "config": "gpt-recipe", "resume_tp": 1})
+    assert spec.layout("resume").tp == 1
