@@ -22,6 +22,7 @@ Without PARITY_JOB_USER nothing changes hands: folders stay 0700 and jobs run as
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
@@ -191,12 +192,38 @@ def take_back(folder: Path, user: JobUser | None, *, root: Path, keep: tuple[Pat
     """
     if user is None or not folder.is_dir() or folder.is_symlink():
         return
-    _rechown(folder, os.geteuid(), service_group(root), dir_mode=TAKEN_BACK_MODE, keep=keep)
+    _rechown(folder, os.geteuid(), service_group(root), dir_mode=TAKEN_BACK_MODE, keep=keep, unshare=True)
 
 
-def _rechown(folder: Path, uid: int, gid: int, *, dir_mode: int, keep: tuple[Path, ...] = ()) -> None:
+def _own_copy(dirfd: int, name: str, st: os.stat_result) -> None:
+    """Give `name` an inode of its own: its bytes copied into a new file that replaces the name (by directory fd,
+    never through a link). A hard link of it elsewhere (a job's file linked into the node's /tmp) keeps the job's
+    inode and uid, so the lease's sweep of that uid's entries still finds it; re-owning the shared inode made it
+    root's, writable by all, past the lease."""
+    tmp = f".{name}.parity-own"[:255]
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+    try:
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dirfd)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
+        try:
+            while chunk := os.read(src, 1 << 20):
+                os.write(dst, chunk)
+            os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)  # never setuid, setgid or sticky
+        finally:
+            os.close(dst)
+        os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    finally:
+        os.close(src)
+
+
+def _rechown(folder: Path, uid: int, gid: int, *, dir_mode: int, keep: tuple[Path, ...] = (),
+             unshare: bool = False) -> None:
     """chown every entry under folder by file descriptor: a link swapped in mid-walk is re-owned
-    itself, never its target (os.fwalk does not follow links and hands out directory fds)."""
+    itself, never its target (os.fwalk does not follow links and hands out directory fds). `unshare`
+    (taking back): a regular file with more than one hard link gets an inode of its own first (`_own_copy`)."""
     top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         os.fchown(top, uid, gid)
@@ -209,6 +236,10 @@ def _rechown(folder: Path, uid: int, gid: int, *, dir_mode: int, keep: tuple[Pat
             dirnames[:] = [d for d in dirnames if d not in skip]
         for name in [*dirnames, *filenames]:
             try:
+                if unshare and name in filenames:
+                    st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and st.st_uid != uid:
+                        _own_copy(dirfd, name, st)
                 os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed by the job while we walked

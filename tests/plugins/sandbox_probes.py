@@ -140,3 +140,17 @@ def controller_descriptors() -> dict[str, str]:
         except OSError as exc:
             out[fd] = type(exc).__name__
     return out
+
+
+def link_out(attempt: str) -> list[str]:
+    """A file in the job's own folder, hard-linked into the node's /var/tmp and /tmp (its own inode, 0666): the
+    review's way to outlive the lease once the take-back re-owned the shared inode."""
+    inside = Path(attempt) / f"linked-{os.getpid()}.txt"
+    inside.write_text("the job's bytes")
+    os.chmod(inside, 0o666)
+    out = [str(inside)]
+    for folder in ("/var/tmp", "/tmp"):
+        outside = Path(folder) / f"parity-linked-{os.getpid()}"
+        os.link(inside, outside)
+        out.append(str(outside))
+    return out

@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 
 from service.core.settings import Settings
-from service.executors import isolation, job_leases, launcher, node_folders
+from service.executors import isolation, job_leases, job_user, launcher, node_folders
 from tests.plugins.job_user import JOB_USER, reachable_folder, require_job_user
 from tests.plugins.sandbox_probes import (
     controller_descriptors,
     leave_files,
     leave_ipc,
+    link_out,
     no_new_privs,
     reach_from_a_build,
     try_to_gain,
@@ -55,7 +56,10 @@ def setuid_id() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run(settings: Settings, base: Path, *args: object, function: Any = try_to_gain, network: bool = False) -> Any:
+def _run(settings: Settings, base: Path, *args: object, function: Any = try_to_gain, network: bool = False,
+         take_back: bool = False) -> Any:
+    """Run `function` as a local job; end it and give its lease back (taking its attempt folder back first, as the
+    scheduler does, with `take_back`)."""
     import cloudpickle
 
     import tests.plugins.sandbox_probes as probes
@@ -68,6 +72,8 @@ def _run(settings: Settings, base: Path, *args: object, function: Any = try_to_g
         return launcher._LOCAL_JOBS[job.job_id].result()
     finally:
         launcher.end_job(job, settings)
+        if take_back:
+            job_user.take_back(folder.parent, job_user.job_user(settings.job_user), root=settings.resolved_run_folder)
         job_leases.release(settings, folder.parent)
 
 
@@ -171,6 +177,25 @@ def test_what_a_uid_leaves_in_the_nodes_shared_folders_goes_with_its_lease(base:
         assert shared.is_dir()  # not the uid's: stays
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_hard_link_out_of_a_jobs_folder_goes_with_its_lease(base: Path) -> None:
+    """Issue 55's medium row: a job hard-linked its own 0666 file into the node's /tmp and /var/tmp; taking its
+    folder back chowned the shared inode to the service before the lease's sweep looked for the uid's entries, so
+    the links stayed, root's and writable by all. The take-back gives a multiply-linked file an inode of its own:
+    the links keep the job's uid and go with the lease, the folder keeps the bytes."""
+    require_job_user()
+    settings = Settings(executor="local", run_folder=base / "runs", job_user=JOB_USER, job_isolation_waive="mounts")
+    attempt = base / "runs" / "run-1" / "train" / "attempt-1"
+    inside, *outside = _run(settings, base, str(attempt), function=link_out, take_back=True)
+    try:
+        assert not [p for p in outside if os.path.lexists(p)], f"the job's links outlived its lease: {outside}"
+        kept = Path(inside).lstat()
+        assert kept.st_uid == os.geteuid() and kept.st_nlink == 1 and Path(inside).read_text() == "the job's bytes"
+    finally:
+        for p in outside:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
 
 
 def test_what_a_uid_leaves_in_any_world_writable_folder_of_the_node_goes_with_its_lease(base: Path) -> None:
