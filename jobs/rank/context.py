@@ -38,38 +38,25 @@ def write_json(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
+# Seams for tests, never set by the service: a test's faults come from a test-only plugin that sets these in the
+# job's own processes (tests/plugins/job_faults/: a sitecustomize on the job's PYTHONPATH), so nothing here reads
+# a fault-injection variable and no test variable reaches a real job (issue 54).
+# stage_started(stage, rank): may raise, exit or kill the process at the start of a stage;
+# step_done(folder, rank, step): may hold the rank between steps (a test strikes a fault mid-run then).
+TestHook = Callable[..., None]
+STAGE_STARTED: list[TestHook] = []
+STEP_DONE: list[TestHook] = []
+
+
 def _inject_fault(stage: str, rank: int) -> None:
-    """Test hook for one-sided failures: PARITY_INJECT_FAULT="stage:rank[:raise|exit|kill]".
-
-    raise: an exception the phase turns into its document; exit: a SystemExit that escapes it (a
-    crash of the process); kill: SIGKILL, so nothing in the process reports anything.
-    """
-    target, _, how = os.environ.get("PARITY_INJECT_FAULT", "").partition(":")
-    if target != stage or how.split(":")[0] != str(rank):
-        return
-    how = how.partition(":")[2] or "raise"
-    if how == "kill":
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-    if how == "exit":
-        raise SystemExit(f"injected crash in stage {stage} on rank {rank}")
-    raise RuntimeError(f"injected fault in stage {stage} on rank {rank}")
+    for hook in STAGE_STARTED:
+        hook(stage, rank)
 
 
 def hold_if_asked(folder: Path, rank: int, step: int) -> None:
-    """Test hook for faults that must land mid-run: PARITY_HOLD_AT_STEP="step:release-file".
-
-    After that step (between stages: no stage timer runs), while the release file does not exist, the rank
-    writes `held.rank<r>` in its attempt folder and waits: a test strikes the attempt then, knowing it is
-    mid-run (a fault raced against a short attempt once struck nothing), and creates the file after.
-    """
-    target, _, release = os.environ.get("PARITY_HOLD_AT_STEP", "").partition(":")
-    if not release or target != str(step) or os.path.exists(release):
-        return
-    (folder / f"held.rank{rank}").write_text(str(os.getpid()))
-    while not os.path.exists(release):
-        time.sleep(0.05)
+    """Between steps (no stage timer runs): whatever a test's plugin asks (none in a real job)."""
+    for hook in STEP_DONE:
+        hook(folder, rank, step)
 
 
 class RankContext:

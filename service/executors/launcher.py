@@ -71,8 +71,9 @@ class JobStatus:
 JOB_ENV_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
     "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "SLURM_CONF",
-    # job-side knobs read by jobs/ (fault injection in tests, checkpoint save manager, fast exit)
-    "PARITY_INJECT_FAULT", "PARITY_HOLD_AT_STEP", "PARITY_SAVE_MANAGER_QUEUE", "PARITY_FAST_EXIT",
+    # job-side knobs read by jobs/ (checkpoint save manager, fast exit); a test's faults come from a test-only
+    # plugin on PYTHONPATH (tests/plugins/job_faults.py), never from a variable
+    "PARITY_SAVE_MANAGER_QUEUE", "PARITY_FAST_EXIT",
 })
 JOB_ENV_PREFIXES = ("LC_", "SLURM_", "SUBMITIT_", "OMP_", "MKL_", "NCCL_", "GLOO_", "TORCH_")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,13 +13,15 @@ from jobs.launch.local import run_parity
 from jobs.run_folder import RunFolder
 from jobs.spec import RunSpec
 from service.cli.engine import run_local
+from tests.plugins.job_faults import plugin_folder, with_plugin
 
 pytestmark = pytest.mark.megatron
 
 
 @pytest.mark.parametrize("stage", ["save", pytest.param("step", marks=pytest.mark.nightly)])
 def test_one_sided_crash_returns_a_document(stage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PARITY_INJECT_FAULT", f"{stage}:1")
+    faults = plugin_folder(tmp_path / "faults", fault=f"{stage}:1")  # a test-only plugin
+    monkeypatch.setenv("PYTHONPATH", with_plugin(dict(os.environ), faults)["PYTHONPATH"])
     spec = RunSpec(config="dense-bf16", dp=2, steps=4, save_step=2)
     r = run_parity(spec, tmp_path)  # returning at all is the point: a one-sided crash must not hang
     assert r["verdict"] == "error"

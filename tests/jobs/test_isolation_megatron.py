@@ -17,6 +17,7 @@ import pytest
 from jobs.launch.local import run_parity
 from jobs.rank.dist import free_port
 from jobs.spec import RunSpec
+from tests.plugins.job_faults import plugin_folder, with_plugin
 
 pytestmark = pytest.mark.megatron
 
@@ -55,7 +56,8 @@ def test_resume_child_cannot_see_the_savers_state(tmp_path: Path, monkeypatch: p
 
 @pytest.mark.parametrize("how", [pytest.param("exit", marks=pytest.mark.nightly), "kill"])
 def test_child_crash_is_reported_and_hangs_nobody(how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PARITY_INJECT_FAULT", f"build:1:{how}")
+    faults = plugin_folder(tmp_path / "faults", fault=f"build:1:{how}")  # a test-only plugin
+    monkeypatch.setenv("PYTHONPATH", with_plugin(dict(os.environ), faults)["PYTHONPATH"])
     spec = RunSpec(config="dense-bf16", dp=2, steps=4, save_step=2)
     r = run_parity(spec, tmp_path)
     assert r["verdict"] == "error" and r["phases"]["resume"] is None

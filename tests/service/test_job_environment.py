@@ -33,7 +33,8 @@ def job_environment() -> dict[str, str]:
 def _submit(executor: Literal["local", "slurm"], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("PARITY_INJECT_FAULT", "none:9")  # a job-side knob on the allow-list
+    monkeypatch.setenv("PARITY_FAST_EXIT", "0")  # a job-side knob on the allow-list
+    monkeypatch.setenv("PARITY_INJECT_FAULT", "save:1")  # a test variable of old: never reaches a job
     settings = Settings(executor=executor, run_folder=tmp_path / "runs", slurm_time_limit_min=5,
                         job_env=["EXTRA_ALLOWED"])
     monkeypatch.setenv("EXTRA_ALLOWED", "yes")
@@ -58,7 +59,8 @@ def _assert_clean(env: dict[str, str]) -> None:
     leaked = sorted(name for name in SECRETS if name in env)
     assert not leaked, f"secrets reached the job: {leaked}"
     assert not any("hunter2" in value or "prt_very-secret" in value for value in env.values())
-    assert env.get("PARITY_INJECT_FAULT") == "none:9" and env.get("EXTRA_ALLOWED") == "yes"
+    assert env.get("PARITY_FAST_EXIT") == "0" and env.get("EXTRA_ALLOWED") == "yes"
+    assert "PARITY_INJECT_FAULT" not in env
     assert "PATH" in env and env.get("PYTHONPATH")
 
 

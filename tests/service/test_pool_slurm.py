@@ -35,6 +35,7 @@ from models import Phase
 from service.core.db import session_scope
 from service.runs.records import cancel_run
 from tests.plugins.documents import comparable, differences
+from tests.plugins.job_faults import plugin_folder, with_plugin
 from tests.plugins.job_user import JOB_USER, require_job_user
 from tests.plugins.run_local import PHASES, LocalReference
 from tests.plugins.scheduler_harness import (
@@ -53,7 +54,7 @@ from tests.plugins.scheduler_harness import (
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron, pytest.mark.postgres, pytest.mark.timeout(1200)]
 SAME = {"config": "moe-fp32-router", "dp": 2, "steps": 5, "save_step": 2, "workarounds": GOOD,
         "isolation": "process"}  # test_protocol_equality's "process" case: one run-local reference for both
-# an attempt a fault strikes: it holds after HOLD_STEP until the test has struck (PARITY_HOLD_AT_STEP), so
+# an attempt a fault strikes: it holds after HOLD_STEP until the test has struck (tests/plugins/job_faults.py), so
 # the fault always lands mid-run (raced against the attempt, it once landed after the last document and
 # struck nothing, three times in a row); the runs before reach no such step
 LONG = {**SAME, "steps": 20, "save_step": 10}
@@ -145,9 +146,10 @@ def test_warm_pool_matches_cold_and_survives_its_faults(
     holds.mkdir(mode=0o755)
     release = holds / "release"
     release.touch()  # nothing holds until a fault is about to strike
-    env = service_env(tmp_path, PARITY_EXECUTOR=executor, PARITY_LOCAL_MAX_RUNNING="2",
-                      PARITY_POOL=f"env=pooled:tasks=2:size=1:idle={IDLE_S}:hang=10",
-                      PARITY_HOLD_AT_STEP=f"{HOLD_STEP}:{release}", **as_job_user)
+    # the hold comes from a test-only plugin on the jobs' PYTHONPATH (tests/plugins/job_faults.py), beside it
+    env = with_plugin(service_env(tmp_path, PARITY_EXECUTOR=executor, PARITY_LOCAL_MAX_RUNNING="2",
+                                  PARITY_POOL=f"env=pooled:tasks=2:size=1:idle={IDLE_S}:hang=10", **as_job_user),
+                      plugin_folder(holds / "plugin", hold=f"{HOLD_STEP}:{release}"))
     scheduler = start(["scheduler"], env, tmp_path / "scheduler.log")
     alive = [scheduler]
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs.run_folder import AttemptFolder
+from tests.plugins.job_faults import plugin_folder, with_plugin
 from tests.plugins.scheduler_harness import (
     GOOD,
     job_name,
@@ -184,7 +185,9 @@ def test_refused_submission_is_retried_then_reported(committed_db: str, slurm: s
 
 def test_a_failing_rank_ends_the_run_in_error_without_hanging(committed_db: str, slurm: str, tmp_path: Path) -> None:
     # rank 1 fails in training; rank 0 must not wait forever in a collective, and the run reports why
-    env = service_env(tmp_path, PARITY_EXECUTOR="slurm", PARITY_INJECT_FAULT="step:1")
+    # the fault comes from a test-only plugin on the jobs' PYTHONPATH (tests/plugins/job_faults.py)
+    env = with_plugin(service_env(tmp_path, PARITY_EXECUTOR="slurm"),
+                      plugin_folder(tmp_path / "faults", fault="step:1"))
     run_id = queue(SMALL)
     run = run_to_end(env, run_id, tmp_path / "scheduler.log", timeout=240)
     assert run.state == "error", (run.state, run.signatures)
