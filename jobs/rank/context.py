@@ -39,7 +39,7 @@ def write_json(path: Path, doc: Any) -> None:
 
 
 # Seams for tests, never set by the service: a test's faults come from a test-only plugin that sets these in the
-# job's own processes (tests/plugins/job_faults/: a sitecustomize on the job's PYTHONPATH), so nothing here reads
+# job's own processes (tests/plugins/job_faults.py: a sitecustomize on the job's PYTHONPATH), so nothing here reads
 # a fault-injection variable and no test variable reaches a real job (issue 54).
 # stage_started(stage, rank): may raise, exit or kill the process at the start of a stage;
 # step_done(folder, rank, step): may hold the rank between steps (a test strikes a fault mid-run then).

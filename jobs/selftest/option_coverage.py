@@ -14,6 +14,7 @@ gate check switches the setting on) and against the gate. Whether each PR fails 
 from __future__ import annotations
 
 from jobs.configs import CONFIGS
+from jobs.selftest.pull_requests import BY_NAME
 
 RECIPE_CONFIGS = ("gpt-recipe", "moe-recipe")
 
@@ -75,8 +76,6 @@ def pull_requests_for(setting: str) -> tuple[str, ...]:
 def markdown() -> str:
     """The setting -> pull requests (or reason) table docs/detection.md carries (`python -m jobs.surface_table
     --write docs/detection.md` writes it)."""
-    from jobs.selftest.pull_requests import BY_NAME
-
     lines = ["| setting (a recipe config's) | injected pull requests that break its resume (their gate check) |",
              "|---|---|"]
     for setting in sorted(OPTION_PULL_REQUESTS):

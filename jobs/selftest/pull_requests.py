@@ -578,8 +578,8 @@ RECIPE_PULL_REQUESTS: tuple[PullRequest, ...] = (
         feature="rerun-state-machine",
         check="pp2-vpp-gpt-recipe",
     ),
-
 )
+
 # ---- one per layout change the gate resumes on (issue 53): each breaks only a resume on another layout ----
 RESHARD_PULL_REQUESTS: tuple[PullRequest, ...] = (
     PullRequest(

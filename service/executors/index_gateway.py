@@ -44,7 +44,8 @@ NODE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
     "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4", "255.255.255.255/32",
     "::/128", "::1/128", "fe80::/10", "ff00::/8",
 ))
-# other tenants' and the site's own networks: only an address the operator allowed by itself
+# other tenants' and the site's own networks: only an address the operator allowed by itself (listed here, not
+# `not is_global`: that also takes in documentation and benchmark ranges a sandboxed host's index may sit in)
 PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
     "10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
 ))

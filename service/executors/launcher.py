@@ -36,7 +36,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # result files (a stat), so sacct only has to catch jobs that died without writing one.
 SACCT_MIN_INTERVAL_S = 5.0
 _last_sacct = float("-inf")
-# Fault hook for tests: exit right after sbatch answered, before submitit names the job's pickle.
 
 # Slurm states that mean the infrastructure, not the code under test, stopped the phase.
 INFRA_STATES = frozenset(
@@ -99,7 +98,6 @@ class _SlurmExecutor(submitit.SlurmExecutor):
         # `env -i` gives it exactly the job's, as argv (no shell, no quoting), leaving os.environ alone
         given = ["env", "-i", *(f"{k}={v}" for k, v in self.job_env.items())] if self.job_env is not None else []
         return [*given, "sbatch", *who, str(submission_file_path)]
-
 
 
 def submit_phase(

@@ -326,9 +326,8 @@ def _grow(settings: Settings, executor: str, demand: Demand) -> int:
         # few workers of a key import at once (one per 4 CPUs): two importing torch and Megatron-Core side by side
         # on 2 cores made the suite's first check wait for both (7.8 s -> 13.5 s); the next starts once one is up,
         # beside the first check
-        importing_now = sum(v.state == "starting" for v in mine)
-        wanted = min(max(0, min(entry.size - len(mine), waiting - free)), max(0, IMPORTS_AT_ONCE - importing_now))
-        for _ in range(wanted):
+        room = IMPORTS_AT_ONCE - sum(v.state == "starting" for v in mine)
+        for _ in range(max(0, min(entry.size - len(mine), waiting - free, room))):
             try:
                 pool.start_worker(settings, executor, env_id=env_id, env_name=env.name, python=env.python,
                                   entry=entry, gpus=gpus)

@@ -115,16 +115,16 @@ def _pp_placement(sh: Any, layer: int | None, offset: tuple[int, ...]) -> tuple[
     return sh.key, offset
 
 
-def local_pieces(state: dict[str, Any], tr: Any = None) -> list[dict[str, Any]]:
+def local_pieces(state: dict[str, Any], tr: Any) -> list[dict[str, Any]]:
     """This rank's main-replica pieces of every sharded tensor of a save's model and optimizer state, each TP
-    param's pieces placed where this rank holds it (`tp_placement`) and, with the trainee, each decoder layer's
-    at the layer its stage holds (`pipeline_layers`); a param's optimizer state goes where the param went."""
+    param's pieces placed where this rank holds it (`tp_placement`) and each decoder layer's at the layer its
+    stage holds (`pipeline_layers`); a param's optimizer state goes where the param went."""
     from megatron.core import parallel_state
 
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
-    layers = {} if tr is None else pipeline_layers(tr, parallel_state.get_pipeline_model_parallel_rank(),
-                                                   parallel_state.get_pipeline_model_parallel_world_size())
+    layers = pipeline_layers(tr, parallel_state.get_pipeline_model_parallel_rank(),
+                             parallel_state.get_pipeline_model_parallel_world_size())
     # (the build's key, its offset) -> (the engine's key, its offset), for each model piece the engine placed
     moved: dict[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...]]] = {}
     pieces = []
