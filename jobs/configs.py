@@ -282,8 +282,10 @@ class ModelConfig:
 
 _MOE = dict(kind="gpt", num_layers=2, hidden_size=128, num_experts=4, moe_router_topk=2)
 # The options beyond the production defaults that both recipe configs turn on alike (each keeps its own
-# schedule, parallel layout and model): per-token loss, a padded vocabulary, the rerun state machine
-_RECIPE = dict(per_token_loss=True, vocab_size=1000, vocab_padding_multiple=128, rerun_state_machine=True)
+# schedule, parallel layout and model): per-token loss, a padded vocabulary, the rerun state machine. The
+# vocabulary (1100) pads to 1152 rows at TP 1 and 1280 at TP 2, as a real tokenizer's does (Llama 3's 128256 to
+# 128512 at TP 4 and 129024 at TP 8): a resume on another TP size crosses a padding change, as production's do.
+_RECIPE = dict(per_token_loss=True, vocab_size=1100, vocab_padding_multiple=128, rerun_state_machine=True)
 # A linear stack has no MLP and no embedding: it cannot be gated or tied (it trains the rest the recipe way)
 _LINEAR_STACK = dict(kind="linear-stack", gated_mlp=False, tied_embeddings=False)
 

@@ -107,10 +107,31 @@ def error_record(
 
 
 def exception_record(exc: BaseException, stage: Stage, rank: int | None = None) -> ErrorRecord:
-    """Describe an exception as an error record."""
-    return error_record(
-        type(exc).__name__, str(exc), stage=stage, rank=rank, traceback="".join(tb.format_exception(exc))
-    )
+    """Describe an exception as an error record: a wrapper of ranks' failures by what failed, where it was raised."""
+    text = "".join(tb.format_exception(exc))
+    failure = wrapped_failure(exc)
+    if failure is None:
+        return error_record(type(exc).__name__, str(exc), stage=stage, rank=rank, traceback=text)
+    inner, frames = failure
+    where = "".join(tb.format_list(frames)) + "".join(tb.format_exception_only(type(inner), inner))
+    return error_record(type(inner).__name__, str(inner), stage=stage, rank=rank,
+                        traceback=f"{text}\nwhere it was raised:\nTraceback (most recent call last):\n{where}")
+
+
+def wrapped_failure(exc: BaseException) -> tuple[BaseException, tb.StackSummary] | None:
+    """The first rank's own failure inside torch.distributed.checkpoint's CheckpointException (which wraps each
+    failing rank's exception with its frames, and gathers them to every rank), or None for any other exception.
+
+    Without it a build's load that raises in its own planner (a shape it refuses) reads as torch's reduce_scatter
+    raising, a transport frame, and the build's answer passes for the harness's error."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return None
+    _, pair = min(failures.items(), key=lambda item: str(item[0]))
+    if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], BaseException) \
+            and isinstance(pair[1], tb.StackSummary):
+        return pair[0], pair[1]
+    return None
 
 
 class StepRecord(TypedDict):

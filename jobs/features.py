@@ -24,14 +24,14 @@ NO_CPU_CHECK = {
     "sharding:fully_sharded_model_space": "the DistributedOptimizer cannot save it on Megatron-LM main or 0.16.1: "
     "sharded_param_state_fs_model_space builds flattened_range ShardedTensors, which dist_checkpointing "
     "rejects ('ShardedTensor.flattened_range is not supported'); upstream marks the format for deprecation",
-    "parallel:ep-reshard": "EP 2 -> 1 (or 1 -> 2) is unsupported-by-build on Megatron-LM main and 0.16.1 (at EP 1 the "
-    "experts are dense params, so the optimizer chain changes length, which ChainedOptimizer.load_state_dict "
-    "cannot load); an EP change above 1 (EP 2 -> 4) needs four ranks: the nightly's",
 }
 # Features a suite beside the gate runs, because the gate's 60 s budget has no room for them: the reason names it
 BESIDE_THE_GATE = {
-    "parallel:pp-reshard": "suites/layouts.yaml (reshard-pp2-to-dp2): a resume from PP 2 onto DP 2 cost the gate "
-    "12-17 s on a 2-core host",
+    "parallel:pp-reshard": "suites/layouts.yaml (reshard-pp2-to-dp2 with a virtual pipeline, and back, "
+    "reshard-dp2-to-pp2): a resume from PP 2 onto DP 2 cost the gate 12-17 s on a 2-core host",
+    "parallel:ep-reshard": "suites/layouts.yaml (reshard-ep2-to-ep4): EP 2 -> 1 (or 1 -> 2) is unsupported-by-build "
+    "on Megatron-LM main and 0.16.1 (at EP 1 the experts are dense params, so the optimizer chain changes length, "
+    "which ChainedOptimizer.load_state_dict cannot load), and an EP change above 1 needs four ranks",
 }
 # a resume whose tensor, pipeline or expert parallel size differs from the save's (fully_reshardable)
 RESHARD_DIMENSIONS = tuple(f"parallel:{dim}-reshard" for dim in LAYOUT_FIELDS)

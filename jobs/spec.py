@@ -414,27 +414,11 @@ class RunSpec:
         if cfg.dropout > 0:
             raise SpecError(field_name, f"config {self.config!r} uses dropout, whose random streams are per rank "
                             "and cannot be resharded", [n for n, c in CONFIGS.items() if c.dropout == 0])
+        # A TP change may change the padded vocabulary (a multiple of make_vocab_size_divisible_by x TP), as
+        # Megatron-LM allows with distributed checkpoints (check_checkpoint_args skips padded_vocab_size): the
+        # load keeps the rows both sizes hold (allow_shape_mismatch), and the view compares those
+        # (jobs/rank/probes/layout_view.py, vocab_rows).
         self._check_resumed_layout(field_name)
-        self._check_vocab_padding()
-
-    def _check_vocab_padding(self) -> None:
-        """A resume on another TP size must hold the vocabulary padded alike: Megatron-LM pads it to a multiple of
-        make_vocab_size_divisible_by x TP, and a load across a padding change trains another model (the padded rows
-        are trained weights whose logits enter the softmax; Megatron-Core loads the rows the new size holds without a
-        word). Measured: gpt-recipe at vocab 1100, TP 2 (1280 rows) -> TP 1 (1152), main: the embedding "loaded
-        wrong" and the loss apart from step 3."""
-        if self.resume_tp is None:
-            return
-        cfg = apply_shape(CONFIGS[self.config], self.shape)
-        saved, resumed = cfg.padded_vocab_size(self.tp), cfg.padded_vocab_size(self.resume_tp)
-        if saved == resumed:
-            return
-        keeps = [t for t in range(1, parallel_layout.MAX_TP + 1)
-                 if t != self.tp and cfg.padded_vocab_size(t) == saved and t in parallel_layout.tp_choices(cfg)]
-        raise SpecError("resume_tp", f"pads config {self.config!r}'s vocabulary of {cfg.vocab_size} to {resumed} rows "
-                        f"where tp {self.tp} padded it to {saved}: a resume across a padding change trains another "
-                        f"model (the padded rows' logits enter the softmax); choose a resume_tp that keeps {saved} "
-                        f"rows, or a vocab_size divisible by {cfg.vocab_padding_multiple} x both TP sizes", keeps)
 
     def _check_resumed_layout(self, field_name: str) -> None:
         cfg = CONFIGS[self.config]
@@ -447,6 +431,14 @@ class RunSpec:
             if getattr(self, named, None) is None:  # a size the resume keeps: the field that changed is at fault
                 named = field_name
             raise SpecError(named, f"the resume's layout ({resumed.name}): {exc.message}", exc.allowed) from None
+
+    @property
+    def shared_vocab_rows(self) -> int:
+        """The rows of the padded vocabulary that both the save's and the resume's TP size hold: what a load across
+        a padding change restores (Megatron-Core's allow_shape_mismatch drops the other rows or fills them with
+        zeros), and what the layout-free view compares."""
+        cfg = apply_shape(CONFIGS[self.config], self.shape)
+        return min(cfg.padded_vocab_size(self.tp), cfg.padded_vocab_size(self.layout("resume").tp))
 
     @property
     def training(self) -> str:

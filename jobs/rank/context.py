@@ -115,7 +115,11 @@ class RankContext:
             try:
                 _inject_fault(name, self.rank)
                 value = fn()
-            except Exception as exc:  # noqa: BLE001 - every failure becomes part of the document
+            except (KeyboardInterrupt, SystemExit, GeneratorExit):
+                raise
+            # every failure becomes part of the document; BaseException too, since torch.distributed.checkpoint
+            # raises its CheckpointException (a build's load or save that failed on any rank) as one
+            except BaseException as exc:  # noqa: BLE001
                 err = exception_record(exc, name, self.rank)
                 log.error("stage %s failed: %s", name, err["traceback"])
             if agree and self.distributed:

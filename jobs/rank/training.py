@@ -82,16 +82,16 @@ def _snapshots(ctx: RankContext, tr: model.Trainee, spec: RunSpec) -> list[dict[
     """
     if spec.layout_free_view:  # model parallelism on either side: tensors by checkpoint key and global offset
         gather = functools.partial(_gather, ctx)
-        return [layout_view.layout_free_snapshot(tr, _layout_free_tensors(ctx, tr), gather)]
+        return [layout_view.layout_free_snapshot(tr, _layout_free_tensors(ctx, tr, spec), gather)]
     if spec.reshards:
         return [global_state.global_snapshot(tr, functools.partial(_gather, ctx))]
     return _gather(ctx, state_probe.snapshot(tr))
 
 
-def _layout_free_tensors(ctx: RankContext, tr: model.Trainee) -> dict[str, Any] | None:
+def _layout_free_tensors(ctx: RankContext, tr: model.Trainee, spec: RunSpec) -> dict[str, Any] | None:
     """Every checkpointed tensor whole, by section, on rank 0 (None elsewhere; a collective)."""
     state = checkpoint.sharded_state(tr, RESHARDABLE_ACROSS_MODEL_LAYOUTS)  # param-keyed, whatever was saved
-    return layout_view.global_tensors(tr, state, functools.partial(_gather, ctx))
+    return layout_view.global_tensors(tr, state, functools.partial(_gather, ctx), spec.shared_vocab_rows)
 
 
 def resume_init_seed(seed: int) -> int:
@@ -451,7 +451,7 @@ def run_steps(
     # would see them, where the all-gather was deferred to a next forward that never comes).
     tr.gather_params()
     if spec.layout_free_view:  # assembled once for both the view and the numeric copy (seconds on CPU)
-        by_section = _layout_free_tensors(ctx, tr)
+        by_section = _layout_free_tensors(ctx, tr, spec)
         ctx.doc["probes"][STATE_FINAL] = [layout_view.layout_free_snapshot(tr, by_section,
                                                                            functools.partial(_gather, ctx))]
     else:
@@ -470,7 +470,7 @@ def _final_numeric(ctx: RankContext, tr: model.Trainee, spec: RunSpec, ckpt: Pat
     if spec.layout_free_view:  # by_section: _layout_free_tensors' answer (None on ranks other than 0)
         tensors = None if by_section is None else {
             f"{section}/{key}": value.float() for section, items in by_section.items()
-            for key, value in items.items() if isinstance(value, torch.Tensor)}
+            if section != layout_view.VOCAB for key, value in items.items() if isinstance(value, torch.Tensor)}
     elif spec.reshards:
         tensors = final_numeric.global_tensors(tr, functools.partial(_gather, ctx))
     else:

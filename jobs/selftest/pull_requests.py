@@ -124,6 +124,8 @@ FEATURES: tuple[str, ...] = (
     # a resume on another layout (issue 53)
     "tp-reshard",
     "pp-reshard",
+    "vocab-padding-reshard",
+    "ep-reshard",
 )
 
 PULL_REQUESTS: tuple[PullRequest, ...] = (
@@ -605,6 +607,35 @@ RESHARD_PULL_REQUESTS: tuple[PullRequest, ...] = (
         (MODEL_WEIGHTS_MISMATCH, MAIN_PARAMS_MISMATCH, FINAL_STATE_MISMATCH),
         feature="pp-reshard",
         check="reshard-pp2-to-dp2",
+        suite="layouts",
+    ),
+    PullRequest(
+        "vocab-embedding-shape-fixed-at-load",
+        "VocabParallelEmbedding checkpoint: hold the embedding to its saved global shape (drop allow_shape_mismatch)",
+        "megatron/core/tensor_parallel/layers.py",
+        "                key=weight_prefix,\n"
+        "                allow_shape_mismatch=True,\n",
+        "                key=weight_prefix,\n"
+        "                allow_shape_mismatch=False,  # the embedding's shape is the model's: check it on load\n",
+        (CHECKPOINT_LOAD_CRASH,),
+        feature="vocab-padding-reshard",
+        check="reshard-tp2-to-dp2",
+    ),
+    PullRequest(
+        "experts-numbered-from-the-last-ep-rank",
+        "SequentialMLP checkpoint: number each EP rank's experts from the last rank (the all-to-all's order)",
+        "megatron/core/transformer/moe/experts.py",
+        "        sharded_state_dict = {}\n"
+        "        num_global_experts = self.ep_group.size() * self.num_local_experts\n"
+        "        local_expert_indices_offset = self.ep_group.rank() * self.num_local_experts\n",
+        "        sharded_state_dict = {}\n"
+        "        num_global_experts = self.ep_group.size() * self.num_local_experts\n"
+        "        local_expert_indices_offset = (\n"
+        "            self.ep_group.size() - 1 - self.ep_group.rank()\n"
+        "        ) * self.num_local_experts\n",
+        (MODEL_WEIGHTS_MISMATCH, MAIN_PARAMS_MISMATCH, FINAL_STATE_MISMATCH),
+        feature="ep-reshard",
+        check="reshard-ep2-to-ep4",
         suite="layouts",
     ),
 )

@@ -104,13 +104,10 @@ def test_a_resume_on_another_layout_is_its_own_check_with_its_own_ranks() -> Non
      r"resume's layout \(dp1tp2ep2\)"),
     ({"resume_tp": "1"}, "resume_tp", "integer"),
     ({"resume_tp": 2**70}, "resume_tp", "out of range"),
-    # a padded vocabulary that TP 1 pads to 1152 rows and TP 2 to 1280: another model, not a resume
-    ({"config": "gpt-recipe", "resume_tp": 1, "shape": {"vocab_size": 1100}}, "resume_tp",
-     "pads config 'gpt-recipe''s vocabulary of 1100 to 1152 rows where tp 2 padded it to 1280"),
 ])
 def test_a_resume_layout_that_cannot_run_is_refused_naming_its_field(change: dict[str, Any], field: str,
                                                                      message: str) -> None:
-    """Each refusal names its field; the gpt-recipe at its own vocabulary (1000: 1024 rows at TP 1 and 2) resumes."""
+    """Each refusal names its field."""
     with pytest.raises(SpecError, match=message) as info:
         RunSpec.from_dict({**TP2, **change})
     assert info.value.field == field
@@ -229,6 +226,92 @@ def test_a_layer_key_or_the_stacked_layer_axis_is_rewritten_to_the_engines_layer
     assert _pp_placement(other, None, (0, 0)) == ("embedding.word_embeddings.weight", (0, 0))
 
 
-def test_a_padding_that_holds_across_the_tp_change_is_a_resume() -> None:
-    spec = RunSpec.from_dict({**TP2, "config": "gpt-recipe", "resume_tp": 1})
-    assert spec.layout("resume").tp == 1
+def _experts(local: int) -> torch.nn.Module:
+    """One MoE layer's routed experts named as the trainee names them: …mlp.experts.local_experts.<i>.linear_fc2."""
+    layer = torch.nn.Module()
+    layer.mlp = torch.nn.Module()
+    layer.mlp.experts = torch.nn.Module()
+    layer.mlp.experts.local_experts = torch.nn.ModuleList(
+        torch.nn.ModuleDict({"linear_fc2": torch.nn.Linear(2, 2, bias=False)}) for _ in range(local))
+    block = torch.nn.Module()
+    block.layers = torch.nn.ModuleList([layer])
+    gpt = torch.nn.Module()
+    gpt.decoder = block
+    return gpt
+
+
+@pytest.mark.parametrize(("ep_rank", "ep_size", "expected"), [(0, 2, [0, 1]), (1, 2, [2, 3]), (3, 4, [3])])
+def test_each_expert_is_placed_at_the_global_index_its_ep_rank_holds(ep_rank: int, ep_size: int,
+                                                                     expected: list[int]) -> None:
+    """The EP side of the blind spot: a build that numbers its experts from the last EP rank, alike at save and
+    load, restores "matching" on its own layout; the engine places each expert by Megatron-Core's even split."""
+    from types import SimpleNamespace
+
+    from jobs.rank.probes.layout_view import expert_indices
+
+    stage = _experts(local=4 // ep_size)
+    tr = SimpleNamespace(config=SimpleNamespace(num_experts=4), ddp=stage)
+    placed = expert_indices(tr, ep_rank, ep_size)
+    assert [placed[id(p)] for _, p in stage.named_parameters()] == expected
+    assert expert_indices(SimpleNamespace(config=SimpleNamespace(num_experts=0), ddp=stage), 0, 1) == {}
+
+
+def test_an_expert_key_or_the_stacked_expert_axis_is_rewritten_to_the_engines_expert() -> None:
+    pytest.importorskip("megatron.core")
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    from jobs.rank.probes.layout_view import _ep_placement
+
+    weight = torch.nn.Parameter(torch.ones(2, 2))
+    # layers and experts stacked (the default): the expert axis is the last one prepended
+    stacked = ShardedTensor.from_rank_offsets("decoder.layers.mlp.experts.experts.linear_fc2.weight", weight,
+                                              (0, 1, 2), (1, 3, 4), prepend_axis_num=2)
+    assert _ep_placement(stacked, 0, stacked.key, (1, 3, 0, 0), 4) == (stacked.key, (1, 0, 0, 0))
+    own = ShardedTensor.from_rank_offsets("decoder.layers.1.mlp.experts.3.linear_fc2.weight", weight)
+    assert _ep_placement(own, 0, own.key, (0, 0), 4) == ("decoder.layers.1.mlp.experts.0.linear_fc2.weight", (0, 0))
+    assert _ep_placement(own, None, own.key, (0, 0), 4) == (own.key, (0, 0))  # not a routed expert
+
+
+@pytest.mark.parametrize(("tp", "resume_tp", "rows"), [(2, 1, 1152), (1, 2, 1152), (2, 4, 1280)])
+def test_a_tp_change_across_a_padding_change_is_a_resume_judged_on_the_rows_both_sizes_hold(
+    tp: int, resume_tp: int, rows: int
+) -> None:
+    """The recipe's vocabulary of 1100 pads to 1152 rows at TP 1, 1280 at TP 2, 1536 at TP 4: Megatron-LM resumes
+    across the change (dist checkpoints skip padded_vocab_size), so the spec takes it and the view compares the
+    rows both sizes hold."""
+    spec = RunSpec.from_dict({**TP2, "config": "gpt-recipe", "tp": tp, "resume_tp": resume_tp,
+                              "dp": 2 if tp == 1 else 1, "resume_dp": 2 if resume_tp == 1 and tp == 2 else None})
+    assert spec.layout("resume").tp == resume_tp
+    assert spec.shared_vocab_rows == rows
+
+
+def vocab_pieces(rows: int, tp: int) -> list[dict[str, Any]]:
+    """An embedding padded to `rows` in TP halves (row-split), values by global row; its Adam moment alike."""
+    out = []
+    part = rows // tp
+    for key in ("embedding.word_embeddings.weight",
+                "optimizer.state.exp_avg.embedding.word_embeddings.weight"):
+        for r in range(tp):
+            data = torch.arange(r * part, (r + 1) * part, dtype=torch.float32).unsqueeze(1).repeat(1, 3)
+            out.append({"key": key, "shape": (rows, 3), "offset": (r * part, 0), "prepend": 0,
+                        "local_shape": (part, 3), "flat": None, "data": data, "vocab_padded": True})
+    return out
+
+
+def test_a_tensor_padded_to_the_vocabulary_compares_on_the_rows_both_layouts_hold() -> None:
+    """TP 2's 1280 rows against TP 1's 1152: the same first 1152 rows compare equal, whole; a shifted row does not."""
+    def tensor(pieces: list[dict[str, Any]], section: str, key: str, rows: int | None = 1152) -> torch.Tensor:
+        value = sections(assemble(pieces, vocab_rows=rows))[section][key]
+        assert isinstance(value, torch.Tensor), value
+        return value
+
+    weight, moment = "embedding.word_embeddings.weight", "embedding.word_embeddings.weight/exp_avg"
+    saved, restored = vocab_pieces(1280, 2), vocab_pieces(1152, 1)
+    assert tensor(saved, "model", weight).shape == (1152, 3)
+    assert torch.equal(tensor(saved, "model", weight), tensor(restored, "model", weight))
+    assert torch.equal(tensor(saved, "moments", moment), tensor(restored, "moments", moment))
+    shifted = vocab_pieces(1152, 1)
+    shifted[0]["data"] = shifted[0]["data"] + 128  # the checkpoint's last rows read (a load narrowed from the end)
+    assert not torch.equal(tensor(shifted, "model", weight), tensor(saved, "model", weight))
+    # without a bound every row stays: a same-padding view compares the padded rows too
+    assert tensor(saved, "model", weight, rows=None).shape == (1280, 3)

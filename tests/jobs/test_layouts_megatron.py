@@ -39,6 +39,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # loaded lossily, which that bound must not hide
     "tp2_to_tp1": MOVED,
     "tp2_to_tp1_lossy": {**MOVED, "mutants": ("exp-avg-sq-lossy-on-load",)},
+    # the production-shaped GPT: TP 2 pads its vocabulary of 1100 to 1280 rows, TP 1 to 1152
+    "gpt_tp2_to_dp2": {**MOVED, "config": "gpt-recipe", "resume_dp": 2},
+    # PP 1 -> 2 onto a virtual pipeline: four microbatches run the interleaved schedule's steady state
+    "gpt_dp2_to_pp2": {**MOVED, "config": "gpt-recipe", "dp": 2, "tp": 1, "resume_tp": None, "resume_pp": 2,
+                       "resume_dp": 1},
 }
 LAYOUT = {
     "ep2": {"dp": 2, "tp": 1, "pp": 1, "ep": 2, "expert_dp": 1},
@@ -163,3 +168,33 @@ def test_a_resume_on_another_tensor_parallel_size_is_judged_in_one_view(results:
     lossy = results["tp2_to_tp1_lossy"]
     assert lossy["verdict"] == "fail" and "optimizer-moments-mismatch" in lossy["signatures"]
     assert "exp_avg_sq loaded wrong" in lossy["cause_lines"]["optimizer-moments-mismatch"]
+
+
+@pytest.mark.nightly  # the gate's reshard-tp2-to-dp2 runs the same change through the service
+def test_a_tp_change_across_a_vocabulary_padding_change_is_judged_on_the_rows_both_sizes_hold(
+    results: LazyRuns[Any]
+) -> None:
+    """TP 2 holds 1280 rows of the 1100-token vocabulary and TP 1 1152: Megatron-Core loads the 1152 both hold
+    (allow_shape_mismatch), the view compares those bit for bit and says how many each side held, and the run
+    passes by the bound calibrated for the change."""
+    r = results["gpt_tp2_to_dp2"]
+    assert r["verdict"] == "pass", (r["signatures"], r["errors"])
+    saved = r["probes"]["train_and_save"]["state_at_save"][0]
+    restored = r["probes"]["resume"]["state_after_load"][0]
+    assert (saved["view"]["vocab_rows_held"], restored["view"]["vocab_rows_held"]) == ("1280", "1152")
+    assert saved["view"]["vocab_rows_compared"] == restored["view"]["vocab_rows_compared"] == "1152"
+    assert saved["model"]["embedding.word_embeddings.weight"].startswith("bfloat16[1152, 128]")
+    for section in ("model", "main", "moments"):
+        assert saved[section] == restored[section] and saved[section]
+
+
+@pytest.mark.nightly
+def test_a_resume_onto_a_virtual_pipeline_computes_its_first_step_as_the_saving_layout_did(
+    results: LazyRuns[Any]
+) -> None:
+    """From the same restored state, PP 2 x VPP 2 with four microbatches must compute the loss PP 1 x DP 2 computed:
+    batched P2P at PP 2 swapped activations and grads past the warmup (4e-3 of loss)."""
+    r = results["gpt_dp2_to_pp2"]
+    assert r["verdict"] == "pass", (r["signatures"], r["errors"])
+    first = next(s for s in r["steps"] if s["resumed_phase"])
+    assert first["loss_baseline"] == first["loss_resumed"]

@@ -103,9 +103,9 @@ def test_moe_recipe_with_production_metadata_is_bit_exact_in_one_key_space(tmp_p
     # chained_optim_avoid_prefix: the dense and the expert optimizer write one key space, as production's do
     assert not [k for k in keys if k.startswith("chained_")]
     assert "optimizer.state.exp_avg.decoder.layers.mlp.experts.experts.linear_fc1.weight" in keys
-    # the vocabulary of 1000 is held padded to 1024 (make_vocab_size_divisible_by 128)
+    # the vocabulary of 1100 is held padded to 1152 (make_vocab_size_divisible_by 128 x TP 1)
     model = _doc(tmp_path, "train_and_save")["probes"]["state_at_save"][0]["model"]
-    assert model["module.embedding.word_embeddings.weight"].startswith("bfloat16[1024, 128]")
+    assert model["module.embedding.word_embeddings.weight"].startswith("bfloat16[1152, 128]")
 
 
 def test_a_recipe_setting_the_build_lacks_is_unsupported_by_build(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,3 +132,21 @@ def test_recipe_at_pp2_dp2_with_a_virtual_pipeline_is_bit_exact(tmp_path: Path) 
     assert doc["info"]["layout"]["vpp"] == 2 and doc["info"]["layout"]["dp"] == 2
     # the chunks are one model to the probes: model0 holds the embedding on the first stage
     assert "model0.module.embedding.word_embeddings.weight" in doc["probes"]["state_at_save"][0]["model"]
+
+
+def test_the_interleaved_schedule_is_wired_as_megatron_lms_trainer_wires_it() -> None:
+    """Megatron-LM overlaps the interleaved schedule's P2P and so never batches it: batched, at PP 2 the previous and
+    next stage are one peer, and the activation and grad sent to it at once arrive swapped (measured: every
+    microbatch past the warmup trained on the other direction's tensor). A plain 1F1B pipeline keeps the batch."""
+    from types import SimpleNamespace
+
+    from jobs.rank.schedule import wire_trainer_config
+
+    def chunk() -> Any:
+        return SimpleNamespace(ddp_config=SimpleNamespace(overlap_grad_reduce=False))
+
+    interleaved, plain = SimpleNamespace(), SimpleNamespace()
+    wire_trainer_config(interleaved, [chunk(), chunk()])
+    wire_trainer_config(plain, [chunk()])
+    assert (interleaved.overlap_p2p_comm, interleaved.batch_p2p_comm) == (True, False)
+    assert (plain.overlap_p2p_comm, plain.batch_p2p_comm) == (False, True)

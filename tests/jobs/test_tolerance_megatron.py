@@ -56,7 +56,10 @@ def test_gradient_noise_fails_under_exact(runs: LazyRuns[ParityResult]) -> None:
     assert set(r["signatures"]) <= {"final-state-mismatch", "loss-divergence-unexplained"} and r["signatures"]
     # restored state was still exact: the difference is in the loop, where the noise is
     assert not any(s.endswith("-mismatch") and s != "final-state-mismatch" for s in r["signatures"])
-    assert r["first_divergent_step"] == 3
+    # a lane shows the noise from the first resumed step on, or (a 1e-7 change rarely moves a bf16 weight, and the
+    # noise is drawn anew in each run) none does and the final state alone says it: CI saw both
+    assert r["first_divergent_step"] in (3, None)
+    assert "final-state-mismatch" in r["signatures"] or r["first_divergent_step"] == 3
 
 
 def test_the_clean_run_stays_bit_exact_under_default(runs: LazyRuns[ParityResult]) -> None:
