@@ -141,7 +141,12 @@ def _own_results_manager() -> None:
         # An abstract-namespace socket (Linux): the default is a file in TMPDIR, and a job's private
         # TMPDIR under its run folder is longer than AF_UNIX allows ("path too long" in every async save)
         address = f"\0parity-async-results-{os.getpid()}-{uuid.uuid4().hex}"
-        manager = SyncManager(address=address, ctx=mp.get_context("spawn"))
+        # Forked on a CPU rank, as Megatron forks its writer: a spawned server imports torch to unpickle the
+        # write results (1.5-2 s a rank on 2 cores, the async check's largest stage); a CUDA rank keeps spawn,
+        # since a process forked after CUDA initialised must never touch it.
+        from jobs.rank import device
+
+        manager = SyncManager(address=address, ctx=mp.get_context("spawn" if device.is_cuda() else "fork"))
         manager.start()
         _MANAGERS.append(manager)
         filesystem_async._results_queue = manager.Queue()
