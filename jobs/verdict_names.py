@@ -22,7 +22,10 @@ RunVerdict = Literal["pass", "fail", "error", "known-failure"]
 RUN_VERDICTS: tuple[RunVerdict, ...] = get_args(RunVerdict)
 
 # groups the service decides by, named once
-FAILED: Final = (FAIL, ERROR)  # "not the same run": what breaks a history, opens a regression, is kept longer
+FAILED: Final = (FAIL, ERROR)  # "not the same run, or it could not tell": shown red, kept longer
+# "couldn't tell" (the service's or the host's failure, never the build's answer: a crash in the build's own frames
+# is a fail): a verdict that neither breaks nor restores a check's history and opens no regression
+COULD_NOT_TELL: Final = (ERROR,)
 GOOD: Final = (PASS, KNOWN_FAILURE)  # what CI lets through (exit 0, a green cell) unless --strict
 BROKEN: Final = (FAIL, KNOWN_FAILURE)  # a bisect's "bad": the check ran and the build got it wrong
 NOT_PASSED: Final = (FAIL, ERROR, KNOWN_FAILURE)  # something to triage or shrink

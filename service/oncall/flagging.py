@@ -11,12 +11,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobs.verdict_label import regression_qualifier
-from jobs.verdict_names import FAILED, KNOWN_FAILURE
+from jobs.verdict_names import COULD_NOT_TELL, FAILED, KNOWN_FAILURE
 from models import Regression, Run
 from service.core.checks import base_track_of
 
-# verdicts that neither break nor restore a history (an accepted upstream bug)
-NEUTRAL = frozenset({KNOWN_FAILURE})
+# verdicts that neither break nor restore a history: an accepted upstream bug, and an error (the check did not
+# run to an answer: a rank killed from outside, a timeout, the harness's own crash), which is infrastructure's
+# to alert on (notification_events.infra_error_streak), never the build's regression
+NEUTRAL = frozenset({KNOWN_FAILURE, *COULD_NOT_TELL})
 
 
 def _history(run: Run, track: str):  # type: ignore[no-untyped-def]
@@ -54,7 +56,7 @@ def flag(session: Session, run: Run) -> None:
     """Set regression, last_good_run_id, failing_since_run_id and compared_track on a judged run."""
     track = compared_track(session, run)
     run.compared_track = track
-    if run.verdict not in FAILED:
+    if run.verdict not in FAILED or run.verdict in NEUTRAL:
         run.regression, run.failing_since_run_id = False, None
         return
     if track is None:

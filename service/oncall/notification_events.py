@@ -10,6 +10,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from jobs.verdict_label import verdict_label
+from jobs.verdict_names import COULD_NOT_TELL
 from models import Environment, NotificationChannel, OutboxMessage, Regression, Run
 from models.base import utcnow
 from service.core.links import public_base, regression_url, run_url
@@ -118,8 +119,9 @@ def infra_error_streak(session: Session, run: Run, threshold: int) -> bool:
             Run.state.in_(sorted(s.value for s in TERMINAL if s is not RunState.CANCELLED)),  # it ran to an end
         ).order_by(Run.finished_at.desc(), Run.id.desc()).limit(threshold + 2)
     ).all()
-    # an infrastructure error ends a run in state error without a verdict (no parity result at all)
-    infra = [r.state == "error" and r.verdict is None for r in recent]
+    # an infrastructure error ends a run in state error without a verdict (no parity result at all), or with the
+    # evaluator's "couldn't tell" (the job ran but no answer came: a rank killed, a timeout, the harness's crash)
+    infra = [r.state == "error" and (r.verdict is None or r.verdict in COULD_NOT_TELL) for r in recent]
     crossing = len(infra) >= threshold + 1 and all(infra[: threshold + 1]) and not all(infra[threshold + 1:] or [False])
     if not crossing:
         return False
@@ -133,6 +135,14 @@ def infra_error_streak(session: Session, run: Run, threshold: int) -> bool:
     }
     enqueue(session, "run.infra-errors", f"infra-{run.id}", payload)
     return True
+
+
+def on_run_ended(session: Session, run: Run) -> bool:
+    """A run's final-state handler (service/runs/lifecycle.py): a run that ended in an infrastructure error, without
+    a verdict or with "couldn't tell", counts toward its check's streak, whichever path ended it."""
+    if run.state != RunState.ERROR.value or not (run.verdict is None or run.verdict in COULD_NOT_TELL):
+        return False
+    return infra_error_streak(session, run, get_settings().notify_infra_errors_after)
 
 
 def backoff(attempts: int, base_s: float = 2.0, cap_s: float = 600.0) -> timedelta:

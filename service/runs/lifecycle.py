@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from models import Run
 from service.core.run_state import TERMINAL, RunState, apply_transition
-from service.oncall import suite_alerts
+from service.oncall import notification_events, suite_alerts
 
 FinishHandler = Callable[[Session, Run], object]
 
@@ -30,6 +30,7 @@ FinishHandler = Callable[[Session, Run], object]
 # a retried transaction runs them again): the suite alert is keyed by the suite run's id.
 ON_FINISHED: tuple[FinishHandler, ...] = (
     suite_alerts.on_check_ended,  # the suite run's one alert, once its last check has ended (any way)
+    notification_events.on_run_ended,  # an infrastructure error's streak alert, whichever path ended the run
 )
 _FINISHED = "parity_runs_finished"  # session.info key: runs that entered a final state in this transaction
 

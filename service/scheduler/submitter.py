@@ -30,7 +30,6 @@ from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase, recor
 from service.core.run_state import IN_FLIGHT, RunState
 from service.core.settings import Settings
 from service.executors import job_home, job_leases, job_user, launcher, pool, slurm_jobs
-from service.oncall.notification_events import infra_error_streak
 from service.runs import pool_dispatch
 from service.runs.lifecycle import transition
 
@@ -86,8 +85,7 @@ def retry_or_give_up(
     run.error_message = (
         f"{phase.name}: {what} on {phase.attempt} attempt(s); infrastructure failure, not a parity result"
     )
-    transition(session, run, RunState.ERROR, run.error_message)
-    infra_error_streak(session, run, settings.notify_infra_errors_after)
+    transition(session, run, RunState.ERROR, run.error_message)  # its streak alert: ON_FINISHED (runs/lifecycle.py)
 
 
 # Background work (self-tests, scheduled track runs) yields to user work: never claimed or launched

@@ -43,11 +43,13 @@ def test_fail_then_fail_is_still_failing_not_new(db_session: Session) -> None:
     db_session.flush()
     good = _finished(db_session, env, "pass", 1)
     first_bad = _finished(db_session, env, "fail", 2)
-    second_bad = _finished(db_session, env, "error", 3)
+    could_not_tell = _finished(db_session, env, "error", 3)  # infrastructure's: in no streak, no history
+    assert could_not_tell.regression is False and could_not_tell.failing_since_run_id is None
+    second_bad = _finished(db_session, env, "fail", 4)
     assert second_bad.regression is False
     assert second_bad.failing_since_run_id == first_bad.id
     assert second_bad.last_good_run_id == good.id
-    recovered = _finished(db_session, env, "pass", 4)
+    recovered = _finished(db_session, env, "pass", 5)
     assert recovered.regression is False and recovered.failing_since_run_id is None
 
 
