@@ -191,8 +191,8 @@ def seed(session: Session, run_folder: Path) -> Seeded:
 def golden_run(session: Session, env: Environment, case: str) -> Run:
     """A finished run built through the real ingestion path from a golden case's phase documents."""
     from jobs.verdict.compare import evaluate
+    from service.runs.evaluation import store_result
     from service.runs.phase_documents import validate_phase_document
-    from service.scheduler.evaluation import store_result
     from tests.golden import documents, expected
 
     docs = {name: validate_phase_document(doc) for name, doc in documents(case).items()}

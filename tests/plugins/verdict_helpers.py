@@ -9,8 +9,8 @@ from sqlalchemy.orm import Session
 from jobs.contract import Verdict, parity_result
 from models import Run
 from service.core.run_state import RunState
+from service.runs.evaluation import VERDICT_STATE, store_result
 from service.runs.lifecycle import transition
-from service.scheduler.evaluation import VERDICT_STATE, store_result
 
 
 def finish(session: Session, run_id: int, verdict: str, signatures: list[str] | None = None,

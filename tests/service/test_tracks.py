@@ -21,8 +21,8 @@ from service.cli.client.track import track_line
 from service.core.run_state import RunState
 from service.core.settings import get_settings
 from service.environments import sources
+from service.runs.evaluation import judge
 from service.runs.lifecycle import transition
-from service.scheduler.evaluation import judge
 from service.suites.definitions import SuiteCheck, apply_suite
 from service.suites.runs import create_suite_run, suite_run_view
 from service.tracks import schedule
