@@ -24,6 +24,7 @@ SignatureId = Literal[
     "fp32-view-inplace-load",
     "checkpoint-save-crash",
     "checkpoint-load-crash",
+    "build-import-crash",
     "model-weights-mismatch",
     "main-params-mismatch",
     "optimizer-moments-mismatch",
@@ -54,6 +55,7 @@ OPTIMIZER_STEP_KEY_MISSING: Final = "optimizer-step-key-missing"
 FP32_VIEW_INPLACE_LOAD: Final = "fp32-view-inplace-load"
 CHECKPOINT_SAVE_CRASH: Final = "checkpoint-save-crash"
 CHECKPOINT_LOAD_CRASH: Final = "checkpoint-load-crash"
+BUILD_IMPORT_CRASH: Final = "build-import-crash"
 MODEL_WEIGHTS_MISMATCH: Final = "model-weights-mismatch"
 MAIN_PARAMS_MISMATCH: Final = "main-params-mismatch"
 OPTIMIZER_MOMENTS_MISMATCH: Final = "optimizer-moments-mismatch"

@@ -14,7 +14,9 @@ import re
 
 from jobs.contract import ErrorRecord
 
-CHECKPOINT_STAGES = ("save", "load")
+# the stages whose exception, raised in the build's own frames, is the build's answer: its checkpoint save and
+# load, and its import (a wheel whose megatron.core does not import cannot train, so cannot resume)
+CHECKPOINT_STAGES = ("save", "load", "import")
 # exception types that come from the host or the transport, whichever frame raised them
 HOST_ERRORS = frozenset({
     "OSError", "IOError", "FileNotFoundError", "PermissionError", "MemoryError", "TimeoutError",

@@ -17,6 +17,7 @@ from jobs.signature_names import (
     ADAM_STEP_NOT_RESTORED,
     ADAM_STEP_UNEXPLAINED,
     BUCKET_OFFSET_UNALIGNED,
+    BUILD_IMPORT_CRASH,
     CHECKPOINT_FORMAT_UNSUPPORTED,
     CHECKPOINT_LOAD_CRASH,
     CHECKPOINT_SAVE_CRASH,
@@ -340,6 +341,17 @@ _TABLE = (
         "The resume phase raised while loading the step-N checkpoint.",
         (),
         "load",
+    ),
+    Signature(
+        BUILD_IMPORT_CRASH,
+        "crash",
+        "The build does not import",
+        "Importing megatron.core from the build under test raised (its environment's import check, or a phase "
+        "that imported it): the build cannot train, so it cannot resume. The build's answer, not the service's.",
+        (),
+        "import",
+        None,
+        r"megatron",
     ),
 )
 

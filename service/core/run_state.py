@@ -33,11 +33,13 @@ UNFINISHED = frozenset(s for s in RunState if s not in TERMINAL)
 IN_FLIGHT = frozenset({S.TRAIN_SUBMITTED, S.TRAIN_RUNNING, S.RESUME_SUBMITTED, S.RESUME_RUNNING})
 
 # from -> allowed targets. A phase may finish before the reconciler ever sees it running, so
-# "submitted" can go straight to the next phase; an infra retry goes back to "submitted".
+# "submitted" can go straight to the next phase; an infra retry goes back to "submitted". A run waiting for its
+# first phase may end `failed` straight away: the build's answer before any phase ran (megatron.core that does not
+# import, service/runs/import_check.py), judged with a stored result as an evaluation is.
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    S.QUEUED: frozenset({S.TRAIN_SUBMITTED, S.CANCELLED, S.ERROR}),
+    S.QUEUED: frozenset({S.TRAIN_SUBMITTED, S.CANCELLED, S.ERROR, S.FAILED}),
     S.TRAIN_SUBMITTED: frozenset(
-        {S.TRAIN_RUNNING, S.TRAIN_SUBMITTED, S.RESUME_SUBMITTED, S.EVALUATING, S.ERROR, S.CANCELLED}
+        {S.TRAIN_RUNNING, S.TRAIN_SUBMITTED, S.RESUME_SUBMITTED, S.EVALUATING, S.ERROR, S.CANCELLED, S.FAILED}
     ),
     S.TRAIN_RUNNING: frozenset({S.TRAIN_SUBMITTED, S.RESUME_SUBMITTED, S.EVALUATING, S.ERROR, S.CANCELLED}),
     S.RESUME_SUBMITTED: frozenset({S.RESUME_RUNNING, S.RESUME_SUBMITTED, S.EVALUATING, S.ERROR, S.CANCELLED}),

@@ -12,7 +12,7 @@ from typing import Any, cast
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from jobs.contract import ParityResult, PhaseDocument, Verdict, exception_record, parity_result
+from jobs.contract import ErrorRecord, ParityResult, PhaseDocument, Verdict, exception_record, parity_result
 from jobs.verdict.compare import evaluate
 from jobs.verdict_names import ERROR, FAIL, PASS
 from models import Environment, Phase, ProbeFinding, Run, StepMetric
@@ -55,6 +55,15 @@ def evaluate_run(session: Session, run: Run) -> None:
 
 
 PACKAGE_KEYS = ("torch", "megatron_core", "python", "device", "backend")
+
+
+def end_as_the_builds_answer(session: Session, run: Run, signature: str, error: ErrorRecord, line: str) -> None:
+    """End a run the build under test answered before any phase could (its environment's import check failed on
+    megatron.core): `fail`, naming the build's error, through the same flags, regression and final-state handlers
+    as an evaluated verdict; never `error`, which is the service's own "couldn't tell"."""
+    result = parity_result(FAIL, run.spec, errors=[error], signatures=[signature], cause_lines={signature: line})
+    store_result(session, run, result)
+    transition(session, run, RunState.FAILED, f"the build's answer before any phase: {signature}")
 
 
 def record_packages(session: Session, run: Run, docs: dict[str, PhaseDocument]) -> None:

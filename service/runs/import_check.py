@@ -26,17 +26,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.contract import error_record
 from jobs.pool_folder import read_pool_file
+from jobs.signature_names import BUILD_IMPORT_CRASH
 from models import Environment, Phase, Run
 from service.core.phase_state import PHASE_ACTIVE, PhaseState, move_phase
-from service.core.run_state import TERMINAL, RunState
+from service.core.run_state import TERMINAL, RunState, can_transition
 from service.environments.build_steps import capabilities_shape
 from service.environments.registry import IMPORT_CHECK, set_state
 from service.executors import pool
+from service.runs.evaluation import end_as_the_builds_answer
 from service.runs.lifecycle import transition
 
 log = logging.getLogger(__name__)
 
+IMPORT_FAILURE_WHOSE = "import_failure"  # env.packages: "build" (megatron.core did not import) or "service"
 Version = Annotated[str, Field(max_length=100, pattern=r"^[^\x00-\x1f\x7f]*$")]
 
 
@@ -94,9 +98,11 @@ def settle(session: Session, views: list[pool.WorkerView]) -> list[int]:
             continue
         for worker in workers[env.id]:
             reports, error = _reports(worker)
-            error = error or _error(env, worker, reports)
+            builds = False
+            if error is None:
+                error, builds = _error(env, worker, reports)
             if error is not None:
-                _fail(session, env, error)
+                _fail(session, env, error, builds)
                 for other in workers[env.id]:
                     pool.retire(other, "its environment failed its import check", hard=True)
                 failed.append(env.id)
@@ -127,17 +133,21 @@ def _reports(worker: pool.Worker) -> tuple[list[ImportReport | None], str | None
     return reports, None
 
 
-def _error(env: Environment, worker: pool.Worker, reports: list[ImportReport | None]) -> str | None:
+def _error(env: Environment, worker: pool.Worker, reports: list[ImportReport | None]) -> tuple[str | None, bool]:
+    """(why the import check failed, or None; whether that is the build's answer: megatron.core itself did not
+    import, where torch did — a torch that fails is the shared base's, the service's to fix)."""
     for report in reports:
         if report is None:
             continue
         if not report.ok:
+            text = str(report.error)[:2000]
+            builds = text.startswith("import megatron") and "import torch:" not in text
             return (f"importing torch and megatron.core failed in the environment's first worker {worker.name}: "
-                    f"{str(report.error)[:2000]}")
+                    f"{text}"), builds
         torch = str(report.torch)
         if env.torch and torch.split("+")[0] != env.torch.split("+")[0]:
-            return f"torch {torch} in the build, expected the service's {env.torch}"
-    return None
+            return f"torch {torch} in the build, expected the service's {env.torch}", False
+    return None, False
 
 
 def _passed(env: Environment, reports: list[ImportReport | None]) -> None:
@@ -150,10 +160,11 @@ def _passed(env: Environment, reports: list[ImportReport | None]) -> None:
     log.info("environment %s passed its import check (megatron.core %s)", env.name, first.megatron_core)
 
 
-def _fail(session: Session, env: Environment, error: str) -> None:
+def _fail(session: Session, env: Environment, error: str, builds: bool) -> None:
     env.error_message = error = error[:4000]
     set_state(env, "failed")
-    env.packages = {**(env.packages or {}), IMPORT_CHECK: "failed"}
+    whose = "build" if builds else "service"
+    env.packages = {**(env.packages or {}), IMPORT_CHECK: "failed", IMPORT_FAILURE_WHOSE: whose}
     log.warning("environment %s failed its import check: %s", env.name, error)
     runs = session.scalars(
         select(Run).where(Run.environment_id == env.id, Run.state.not_in([s.value for s in TERMINAL]),
@@ -166,8 +177,7 @@ def _fail(session: Session, env: Environment, error: str) -> None:
         for phase in phases:
             if phase.state == PhaseState.PENDING.value:
                 move_phase(session, phase, PhaseState.ERROR, "its environment failed its import check")
-        run.error_message = f"environment {env.name!r} failed to build: {error[-2000:]}"
-        transition(session, run, RunState.ERROR, f"environment {env.name} failed its import check")
+        _end(session, run, env)
 
 
 def fail_runs_on_failed_builds(session: Session) -> int:
@@ -178,6 +188,19 @@ def fail_runs_on_failed_builds(session: Session) -> int:
         .with_for_update(of=Run, skip_locked=True)
     ).all()
     for run, env in rows:
-        run.error_message = f"environment {env.name!r} failed to build: {(env.error_message or '')[-2000:]}"
-        transition(session, run, RunState.ERROR, f"environment {env.name} failed to build")
+        _end(session, run, env)
     return len(rows)
+
+
+def _end(session: Session, run: Run, env: Environment) -> None:
+    """A run of a failed environment ends as whose the failure is: megatron.core that does not import is the build's
+    answer (fail, build-import-crash); an install or a torch that failed is the service's (error)."""
+    error = (env.error_message or "")[-2000:]
+    run.error_message = f"environment {env.name!r} failed to build: {error}"
+    builds = (env.packages or {}).get(IMPORT_FAILURE_WHOSE) == "build"
+    if builds and can_transition(run.state, RunState.FAILED.value):  # (a run past its first phase imported it)
+        record = error_record("ImportError", error, stage="import")
+        end_as_the_builds_answer(session, run, BUILD_IMPORT_CRASH, record,
+                                 f"{BUILD_IMPORT_CRASH}: the build's megatron.core does not import: {error[:500]}")
+        return
+    transition(session, run, RunState.ERROR, f"environment {env.name} failed to build")

@@ -251,6 +251,21 @@ def test_a_checkpoint_stage_that_raised_inside_the_build_is_a_fail_naming_the_fr
     assert "optimizer.chained_1.bucket_idx_0.param" in line
 
 
+def test_a_build_whose_megatron_core_does_not_import_fails_naming_it() -> None:
+    """A phase that imports the build itself (outside a warm pool) and raised in megatron/core's own frames: the
+    build's answer (it cannot train, so cannot resume), not the harness's "couldn't tell"."""
+    traceback = (
+        '  File "/work/main/jobs/rank/entry.py", line 171, in imports\n    import megatron.core\n'
+        '  File "/srv/envs/pr/site-packages/megatron/core/__init__.py", line 3, in <module>\n'
+        '    from megatron.core.parallel_state import helper\n'
+        "ImportError: cannot import name 'helper' from 'megatron.core.parallel_state'\n")
+    crash = {"type": "ImportError", "message": "cannot import name 'helper' from 'megatron.core.parallel_state'",
+             "stage": "import", "rank": 0, "traceback": traceback}
+    r = evaluate(SPEC, baseline(status="error", error=crash), None)
+    assert r["verdict"] == "fail" and r["signatures"] == ["build-import-crash"]
+    assert "megatron/core/__init__.py:<module>" in r["cause_lines"]["build-import-crash"]
+
+
 def test_a_tensor_op_that_raised_on_what_the_build_handed_it_is_the_builds() -> None:
     """copy_ raised inside torch (through the CPU shim) on a slice the build cut wrong: the build's frame."""
     traceback = (

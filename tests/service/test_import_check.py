@@ -101,7 +101,9 @@ def test_a_suites_first_worker_is_the_builds_import_check(
     message = broken.error_message or ""
     assert "importing torch and megatron.core failed" in message and BOOM in message, message
     assert "\x00" not in message and "after a NUL" in message, message
-    assert failed.state == "error" and BOOM in (failed.error_message or ""), failed.error_message
+    # megatron.core that does not import is the build's answer: the check fails naming it (never "couldn't tell")
+    assert failed.state == "failed" and failed.verdict == "fail", (failed.state, failed.error_message)
+    assert failed.signatures == ["build-import-crash"] and BOOM in (failed.error_message or ""), failed.error_message
     assert not [p for p in phases(run_ids["broken"]) if p.job_id], "a phase ran on a build that cannot be imported"
 
     lying, refused = envs["lying"], run_row(run_ids["lying"])
