@@ -21,6 +21,7 @@ from jobs.verdict_names import RunVerdict
 from models import ProbeFinding, StepMetric
 from service.core.check_spec import CheckSpec
 from service.core.limits import MAX_LABELS
+from service.core.outcome import CiOutcome
 
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9_.\-/]{1,64}$"
 
@@ -150,6 +151,8 @@ class RunOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     links: RunLinks
+    outcome: CiOutcome = Field(description="What the run means for CI, computed by the server "
+                                           "(service/core/outcome.py): result, exit code, exit code with --strict")
     phases: list[PhaseOut] | None = None
 
 

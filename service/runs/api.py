@@ -25,6 +25,7 @@ from service.core.deps import (
 from service.core.errors import InvalidSpec
 from service.core.inputs import MAX_OFFSET, Instant
 from service.core.links import BaseUrl
+from service.core.outcome import check_result, of_result
 from service.core.run_state import TERMINAL, RunState
 from service.core.schemas import (
     ERROR_RESPONSES,
@@ -74,7 +75,7 @@ def caps(settings: Settings) -> Caps:
 
 
 _NOT_COLUMNS = frozenset({"environment", "links", "phases", "regression_text", "known_failures", "fixed_known",
-                          "verdict_label", "worked_around", "worked_around_by", "reading"})
+                          "verdict_label", "worked_around", "worked_around_by", "reading", "outcome"})
 
 
 def run_out(run: Run, base: str, *, with_phases: bool = False) -> RunOut:
@@ -88,7 +89,8 @@ def run_out(run: Run, base: str, *, with_phases: bool = False) -> RunOut:
     read = reading(run)
     fields.update(verdict_label=read.label if run.verdict else None, reading=read.to_dict(),
                   worked_around=list(summary.get("worked_around") or []),
-                  worked_around_by=dict(summary.get("worked_around_by") or {}))
+                  worked_around_by=dict(summary.get("worked_around_by") or {}),
+                  outcome=of_result(check_result(run.state, run.verdict, run.regression, summary.get("fails_on_base"))))
     if with_phases:
         fields["phases"] = [PhaseOut.model_validate(p) for p in run.phases]
     return RunOut(**fields)

@@ -22,6 +22,7 @@ from service.core.run_state import RunState
 from service.oncall import flagging as regressions
 from service.oncall import known_failures
 from service.oncall import regressions as regression_tracker
+from service.oncall.flagging import fails_on_base_text
 from service.runs.lifecycle import transition
 from service.runs.phase_documents import validate_result
 
@@ -116,6 +117,11 @@ def judge(session: Session, run: Run) -> None:
     # may turn fail/error into known-failure (a service verdict: the run's state stays failed/error)
     known_failures.apply(session, run)
     regressions.flag(session, run)
+    # a failure the base track's latest run shares is not the branch's (outcome `fails-on-base`): decided once,
+    # here, with the verdict, and read by every answer to CI (service/core/outcome.py)
+    shared = fails_on_base_text(session, run) if run.verdict == FAIL and not run.regression else ""
+    if shared:
+        run.summary = {**(run.summary or {}), "fails_on_base": shared}
     regression_tracker.on_verdict(session, run)
 
 

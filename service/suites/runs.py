@@ -12,12 +12,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from jobs.verdict_names import ERROR, FAIL, GOOD, KNOWN_FAILURE, PASS
 from models import Run, Suite, SuiteRun
 from service.core.check_spec import run_spec_of
 from service.core.checks import track_regex
 from service.core.errors import Conflict, InvalidSpec, NotFound
 from service.core.links import regression_url
+from service.core.outcome import FAILS_ON_BASE, OUTCOMES, check_result, of_suite
 from service.core.schemas import SUITE_LABELS
 from service.core.settings import Settings
 from service.core.state_names import FINISHED_RUN_STATES
@@ -27,7 +27,6 @@ from service.environments.registry import (
     get_environment,
     use_environment,
 )
-from service.oncall.flagging import fails_on_base_text
 from service.oncall.suite_alerts import group_of
 from service.runs.api import run_out
 from service.runs.records import Caps, create_run
@@ -80,41 +79,6 @@ def create_suite_run(
     return suite_run, True
 
 
-def outcome(run: dict[str, Any]) -> str:
-    """What one check's run means for the gate: pass | known-failure | fail | error | pending."""
-    if run["state"] not in TERMINAL:
-        return "pending"
-    if run.get("regression") or run.get("verdict") == FAIL:
-        return FAIL
-    if run.get("verdict") in GOOD:
-        return str(run["verdict"])
-    return ERROR
-
-
-OUTCOMES = (PASS, KNOWN_FAILURE, "fails-on-base", FAIL, ERROR, "pending")
-
-
-def on_base(session: Session, run: Run, result: str) -> tuple[str, str]:
-    """A failing check that fails on the base track's latest run too (a PR on a broken main): the outcome
-    'fails-on-base' and 'fails on main too (since <commit>)', not the PR's failure; else (result, '')."""
-    if result != FAIL or run.regression:
-        return result, ""
-    text = fails_on_base_text(session, run)
-    return ("fails-on-base", text) if text else (result, "")
-
-
-def overall(outcomes: list[str]) -> str:
-    """The suite's verdict: pending until every check ended; then fail > error > pass (known failures and
-    failures the base track shares pass)."""
-    if "pending" in outcomes:
-        return "pending"
-    if FAIL in outcomes:
-        return FAIL
-    if ERROR in outcomes:
-        return ERROR
-    return PASS
-
-
 def cause(run: dict[str, Any]) -> str:
     """Why a check did not pass, as its reading says it: sentences with their slugs, else the error's first line."""
     return str((run.get("reading") or {}).get("cause") or "")
@@ -136,13 +100,15 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
     for item in suite_run.runs:
         row = by_id[item["run_id"]]
         run = run_out(row, base).model_dump(mode="json")
-        result, shared = on_base(session, row, outcome(run))
+        result = run["outcome"]["result"]  # computed once, with the run's own (service/core/outcome.py)
+        shared = (row.summary or {}).get("fails_on_base") if result == FAILS_ON_BASE else None
         reg = regressions.get(item["name"])
         checks.append({"name": item["name"], "outcome": result, "cause": "; ".join(filter(None, (shared, cause(run)))),
                        "fails_on_base": shared or None, "run": run,
                        "regression": {"id": reg.id, "state": reg.state, "url": regression_url(base, reg.id)}
                        if reg else None})
-    verdict = overall([c["outcome"] for c in checks])
+    answer = of_suite([c["outcome"] for c in checks])
+    verdict = answer.result
     return {
         "id": suite_run.id, "suite": suite.name, "version": suite.version, "environment": suite_run.environment,
         "labels": suite_run.labels, "requester": suite_run.requester, "created_at": suite_run.created_at.isoformat(),
@@ -152,6 +118,7 @@ def suite_run_view(session: Session, *, suite_run_id: str, base: str) -> dict[st
         "verdict": None if verdict == "pending" else verdict,
         "counts": {k: sum(c["outcome"] == k for c in checks) for k in OUTCOMES},
         "checks": checks,
+        "outcome": answer.model_dump(),  # what CI exits with, with and without --strict
         "links": {"self": f"{base}/api/v1/suite-runs/{suite_run.id}", "dashboard": f"{base}/suite-runs/{suite_run.id}"},
     }
 
@@ -186,17 +153,14 @@ def suite_run_list(session: Session, *, page: int = 1, page_size: int = PAGE_SIZ
         joined.order_by(SuiteRun.created_at.desc(), SuiteRun.id.desc()).offset((page - 1) * page_size).limit(page_size)
     ).all()
     ids = [item["run_id"] for suite_run, _ in rows for item in suite_run.runs]
-    runs = {r.id: {"state": r.state, "verdict": r.verdict, "regression": r.regression}
-            for r in session.execute(select(Run.id, Run.state, Run.verdict, Run.regression).where(Run.id.in_(ids)))}
-    # a failure the base track shares is not the branch's: only failing runs are read whole (they are few)
-    failing = [i for i, r in runs.items() if outcome(r) == "fail" and not r["regression"]]
-    shared = {r.id for r in session.scalars(select(Run).where(Run.id.in_(failing)))
-              if on_base(session, r, "fail")[0] == "fails-on-base"} if failing else set()
+    shared_text = Run.summary["fails_on_base"].astext
+    runs = {r.id: check_result(r.state, r.verdict, r.regression, r.shared)
+            for r in session.execute(select(Run.id, Run.state, Run.verdict, Run.regression,
+                                            shared_text.label("shared")).where(Run.id.in_(ids)))}
     items = []
     for suite_run, suite_row in rows:
-        outcomes = ["fails-on-base" if i["run_id"] in shared else outcome(runs[i["run_id"]])
-                    for i in suite_run.runs if i["run_id"] in runs]
-        verdict = overall(outcomes)
+        outcomes = [runs[i["run_id"]] for i in suite_run.runs if i["run_id"] in runs]
+        verdict = of_suite(outcomes).result
         items.append({
             "id": suite_run.id, "suite": suite_row.name, "version": suite_row.version,
             "environment": suite_run.environment, "requester": suite_run.requester,

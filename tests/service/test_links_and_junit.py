@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.cli.client.ci_report import junit_xml
 from service.cli.client.submit import report
+from service.core.outcome import check_result, of_result
 from service.core.settings import get_settings
 from service.core.verdicts import reading
 
@@ -47,7 +48,8 @@ def _doc(verdict: str, **extra) -> dict:
     doc = {"id": 7, "config": "moe-fp32-router", "state": "failed", "verdict": verdict, "signatures": ["s"],
            "regression": False, "links": {"triage": "https://parity.example.com/runs/7/triage"},
            "known_failures": known, "summary": {"known_failures": known}, **extra}
-    return {**doc, "reading": reading(doc).to_dict()}  # what the service sends
+    outcome = of_result(check_result(doc["state"], verdict, bool(doc["regression"]), None)).model_dump()
+    return {**doc, "reading": reading(doc).to_dict(), "outcome": outcome}  # what the service sends
 
 
 class _NoMetrics:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+import pytest
 import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import update
@@ -12,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from models import Run
 from service.cli.client.ci_report import suite_junit_xml, suite_summary
+from service.core.outcome import check_result, of_suite
 from service.suites.definitions import MAX_CHECKS, NAME
-from service.suites.runs import overall
 
 GATE = Path(__file__).resolve().parents[2] / "suites" / "gate.yaml"
 FIX = ["realign-param-index", "restore-adam-step"]
@@ -126,11 +127,29 @@ def test_a_suite_run_queues_every_check_and_adds_up_to_one_verdict(
     assert client.get("/suite-runs/000000000000").status_code == 404
 
 
-def test_overall_verdict_order() -> None:
-    assert overall(["pass", "known-failure"]) == "pass"
-    assert overall(["pass", "error", "fail"]) == "fail"
-    assert overall(["pass", "error"]) == "error"
-    assert overall(["pass", "pending", "fail"]) == "pending"
+def test_overall_verdict_order_and_the_exit_codes_ci_reads() -> None:
+    assert of_suite(["pass", "known-failure"]).model_dump() == {"result": "pass", "exit_code": 0, "exit_code_strict": 1}
+    assert of_suite(["pass", "error", "fail"]).model_dump() == {"result": "fail", "exit_code": 1, "exit_code_strict": 1}
+    assert of_suite(["pass", "error", "known-failure"]).model_dump() == {
+        "result": "error", "exit_code": 2, "exit_code_strict": 2}
+    assert of_suite(["pass", "fails-on-base"]).model_dump() == {"result": "pass", "exit_code": 0, "exit_code_strict": 0}
+    assert of_suite(["pass", "pending", "fail"]).result == "pending"
+
+
+@pytest.mark.parametrize(("row", "result"), [
+    (("passed", "pass", False, None), "pass"),
+    (("failed", "known-failure", False, None), "known-failure"),
+    (("failed", "fail", True, None), "fail"),
+    (("failed", "fail", False, None), "fail"),  # no history to regress against: still the build's failure
+    (("failed", "fail", False, "fails on main too (since abc123)"), "fails-on-base"),
+    (("error", "error", False, None), "error"),
+    (("error", None, False, None), "error"),  # an infrastructure error: no verdict at all
+    (("train_running", None, False, None), "pending"),
+])
+def test_one_checks_result_is_what_single_runs_and_suites_both_answer(row: tuple, result: str) -> None:
+    """`parity submit --config X` and the same check in `--suite` read one result: a failure the base track shares
+    exits 0 in both (it once exited 1 alone and 0 in a suite)."""
+    assert check_result(*row) == result
 
 
 def test_a_retried_suite_run_with_the_same_idempotency_key_is_the_same_one(client: TestClient, make_token) -> None:

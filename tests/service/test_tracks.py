@@ -145,6 +145,10 @@ def test_a_pr_failing_where_main_fails_too_is_not_the_prs_regression(
     assert check["outcome"] == "fails-on-base" and check["run"]["regression"] is False
     assert check["fails_on_base"] == f"fails on main too (since {track.last_commit[:12]})"  # type: ignore[index]
     assert shared["verdict"] == "pass" and shared["counts"]["fails-on-base"] == 1
+    # one answer: the run alone (`parity submit --config`) exits as the suite does, never 1 where the suite says 0
+    assert check["run"]["outcome"] == {"result": "fails-on-base", "exit_code": 0, "exit_code_strict": 0}
+    assert shared["outcome"] == {"result": "pass", "exit_code": 0, "exit_code_strict": 0}
+    assert failing["checks"][0]["run"]["outcome"]["exit_code"] == failing["outcome"]["exit_code"] == 1
     assert b'skipped message="fails on main too' in suite_junit_xml(shared, timed_out=False)
     # a branch whose own last run passed, failing now where main fails: not its regression either
     again = pr_run("pr-1", "pass")

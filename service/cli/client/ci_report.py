@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 from xml.etree import ElementTree as ET
 
@@ -20,6 +21,18 @@ ADVISORY = ("a pass is advisory when the build is untrusted: its code runs insid
 #
 # The words come from the service (service/core/verdicts.reading), so the CLI, JUnit and the Markdown
 # summary say what the pages and alerts say, and a new signature needs no new client.
+def exit_code_of(answer: dict[str, Any], *, timed_out: bool, strict: bool) -> int:
+    """The exit code the server computed for a run or a suite run (its `outcome`), with or without --strict; 2 if
+    the wait ended first (the client's one fact of its own)."""
+    if timed_out:
+        return 2
+    outcome = answer.get("outcome")
+    if not isinstance(outcome, dict):  # a service older than this client: it cannot say, so neither can we
+        print("parity submit: the service sent no outcome (is it older than this client?); exit 2", file=sys.stderr)
+        return 2
+    return int(outcome["exit_code_strict" if strict else "exit_code"])
+
+
 def reading_of(run: dict[str, Any]) -> dict[str, Any]:
     """run["reading"]; from an older service, the verdict (or state) alone."""
     found = run.get("reading")

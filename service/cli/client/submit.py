@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
-from jobs.verdict_names import FAIL, KNOWN_FAILURE, PASS
+from jobs.verdict_names import PASS
 from service.cli.client import forge as forges
 from service.cli.client.artifacts import upload
-from service.cli.client.ci_report import junit_xml, reading_of, run_summary
+from service.cli.client.ci_report import exit_code_of, junit_xml, reading_of, run_summary
 from service.cli.client.config import service_target
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
 from service.cli.client.resend import new_key, post_resent
@@ -219,11 +219,4 @@ def report(
         junit.write_bytes(junit_xml(run_doc, timed_out=timed_out, strict=strict))
     if timed_out:
         print("parity submit: timed out waiting for a verdict", file=sys.stderr)
-        return 2
-    if verdict == PASS and not run_doc.get("regression"):
-        return 0
-    if verdict == KNOWN_FAILURE:
-        return 1 if strict else 0
-    if verdict == FAIL or run_doc.get("regression"):
-        return 1
-    return 2
+    return exit_code_of(run_doc, timed_out=timed_out, strict=strict)  # the server's outcome, as a suite's

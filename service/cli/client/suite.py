@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import yaml
 
-from jobs.verdict_names import ERROR, FAIL, KNOWN_FAILURE
-from service.cli.client.ci_report import reading_of, suite_junit_xml, suite_summary
+from jobs.verdict_names import ERROR, FAIL, PASS
+from service.cli.client.ci_report import exit_code_of, reading_of, suite_junit_xml, suite_summary
 from service.cli.client.config import add_client_args, http_client
 from service.cli.client.env import _detail
 from service.cli.client.forge import Forge
@@ -68,12 +68,8 @@ def check_line(check: dict[str, Any]) -> str:
 
 
 def outcome_of(view: dict[str, Any], *, timed_out: bool, strict: bool) -> str:
-    """pass | fail | error for the whole suite run (a known failure fails only with --strict)."""
-    if timed_out:
-        return ERROR
-    if strict and view["counts"].get(KNOWN_FAILURE):
-        return FAIL if view["verdict"] != ERROR else ERROR
-    return str(view["verdict"])
+    """pass | fail | error for the whole suite run, as its exit code says (service/core/outcome.py)."""
+    return {0: PASS, 1: FAIL}.get(exit_code_of(view, timed_out=timed_out, strict=strict), ERROR)
 
 
 def submit_suite(http: httpx.Client, *, suite: str, environment: str, labels: dict[str, str], wait: bool,
@@ -135,4 +131,4 @@ def submit_suite(http: httpx.Client, *, suite: str, environment: str, labels: di
             fh.write(suite_summary(view, outcome=outcome))
     if forge:
         forge.post(outcome, url=link, description=f"resume parity {outcome}: {counts}")
-    return {"pass": 0, "fail": 1}.get(outcome, 2)
+    return exit_code_of(view, timed_out=timed_out, strict=strict)
