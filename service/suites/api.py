@@ -17,6 +17,7 @@ from service.core.tracks import authorize_track
 from service.runs import changes
 from service.runs.api import MAX_WAIT_S, caps, database_url
 from service.suites import definitions, runs
+from service.suites.schemas import SuiteRunOut, SuiteRunPage
 
 router = APIRouter(prefix="/api/v1/suites", tags=["suites"], responses=ERROR_RESPONSES)
 runs_router = APIRouter(prefix="/api/v1/suite-runs", tags=["suites"], responses=ERROR_RESPONSES)
@@ -79,7 +80,7 @@ def suite(name: SuiteName, session: SessionDep, _: ReadAccess,
     return definitions.suite_doc(definitions.get_suite(session, name=name, version=version))
 
 
-@runs_router.post("", status_code=202)
+@runs_router.post("", status_code=202, response_model=SuiteRunOut)
 def create_suite_run(
     body: SuiteRunIn, session: SessionDep, settings: SettingsDep, base: BaseUrl, token: SubmitToken,
     response: Response, idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
@@ -95,7 +96,7 @@ def create_suite_run(
     return runs.suite_run_view(session, suite_run_id=suite_run.id, base=base)
 
 
-@runs_router.get("")
+@runs_router.get("", response_model=SuiteRunPage)
 def suite_run_list(
     session: SessionDep, settings: SettingsDep, base: BaseUrl, _: ReadAccess,
     branch: Annotated[str | None, Query(max_length=200, description="only suite runs with this branch label")] = None,
@@ -111,7 +112,7 @@ def suite_run_list(
                                prs_only=settings.long_lived_tracks if prs else None)
 
 
-@runs_router.get("/{suite_run_id}")
+@runs_router.get("/{suite_run_id}", response_model=SuiteRunOut)
 def suite_run(suite_run_id: SuiteRunId, session: SessionDep, base: BaseUrl, _: ReadAccess) -> dict[str, Any]:
     """A suite run: each check's run and outcome, and the overall verdict once every check ended."""
     return runs.suite_run_view(session, suite_run_id=suite_run_id, base=base)
@@ -125,7 +126,7 @@ def _view_released(session: SessionDep, suite_run_id: str, base: str) -> dict[st
         session.rollback()
 
 
-@runs_router.get("/{suite_run_id}/wait")
+@runs_router.get("/{suite_run_id}/wait", response_model=SuiteRunOut)
 async def wait_for_suite_run(
     suite_run_id: SuiteRunId, session: SessionDep, base: BaseUrl, _: ReadAccess,
     after: Annotated[int, Query(ge=0, description="the suite run's `changes` the caller last saw")],

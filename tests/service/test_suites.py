@@ -57,6 +57,26 @@ def _ref(prop: dict) -> str:
     return str(prop.get("$ref") or next((r["$ref"] for r in prop.get("allOf", []) if "$ref" in r), ""))
 
 
+def test_a_suite_runs_json_has_a_schema_with_the_outcome_ci_reads(client: TestClient) -> None:
+    """Every suite-run route answers a typed model: the view, its wait and the POST that queues one, and the list."""
+    doc = client.get("/openapi.json").json()
+    paths, schemas = doc["paths"], doc["components"]["schemas"]
+
+    def ok(path: str, method: str, code: str = "200") -> str:
+        return _ref(paths[path][method]["responses"][code]["content"]["application/json"]["schema"])
+
+    for path, method, code in (("/api/v1/suite-runs/{suite_run_id}", "get", "200"),
+                               ("/api/v1/suite-runs/{suite_run_id}/wait", "get", "200"),
+                               ("/api/v1/suite-runs", "post", "202")):
+        assert ok(path, method, code).endswith("/SuiteRunOut"), path
+    assert ok("/api/v1/suite-runs", "get").endswith("/SuiteRunPage")
+    view = schemas["SuiteRunOut"]["properties"]
+    assert _ref(view["outcome"]).endswith("/CiOutcome") and _ref(view["checks"]["items"]).endswith("/SuiteCheckOut")
+    assert set(schemas["CiOutcome"]["required"]) == {"result", "exit_code", "exit_code_strict"}
+    assert _ref(schemas["SuiteCheckOut"]["properties"]["run"]).endswith("/RunOut")
+    assert _ref(schemas["RunOut"]["properties"]["outcome"]).endswith("/CiOutcome")
+
+
 def test_openapi_states_a_suite_check_through_the_one_check_spec(client: TestClient, make_token) -> None:
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
     checks = schemas["SuiteIn"]["properties"]["checks"]

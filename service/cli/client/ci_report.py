@@ -54,17 +54,19 @@ def _case(suite: ET.Element, run: dict[str, Any], *, name: str, classname: str, 
                       *(f"{k}: {read[k]}" for k in ("cause", "step", "bound") if read.get(k)),
                       f"triage: {run['links']['triage']}"])
     finished = run.get("state") in FINISHED_RUN_STATES
+    # the server's result for the check (service/core/outcome.py); from an older service, the verdict alone
+    result = str((run.get("outcome") or {}).get("result") or "")
     if timed_out and not finished:
         ET.SubElement(case, "error", message="timed out waiting for a verdict").text = text
         outcome = "error"
-    elif fails_on_base:  # the base branch fails this check too: not the pull request's failure
-        ET.SubElement(case, "skipped", message=fails_on_base).text = text
+    elif fails_on_base or result == "fails-on-base":  # the base branch fails it too: not the pull request's failure
+        ET.SubElement(case, "skipped", message=fails_on_base or "fails on the base track too").text = text
         outcome = "skipped"
-    elif verdict == KNOWN_FAILURE and not strict:
+    elif (result or verdict) == KNOWN_FAILURE and not strict:
         known = ", ".join(f"{k['signature']} ({k['link']})" for k in run.get("known_failures") or [])
         ET.SubElement(case, "skipped", message=f"known upstream failure: {known or '-'}").text = text
         outcome = "skipped"
-    elif verdict in BROKEN or run.get("regression"):
+    elif result == "fail" or verdict in BROKEN or run.get("regression"):
         ET.SubElement(case, "failure", message=read["cause"] or read["label"]).text = text
         outcome = "failure"
     elif verdict != PASS:
