@@ -39,6 +39,7 @@ from service.core.schemas import (
     StepMetricOut,
 )
 from service.core.settings import Settings
+from service.core.state_names import MAX_WAIT_S
 from service.core.tracks import authorize_track
 from service.core.verdicts import reading
 from service.environments.registry import (
@@ -204,7 +205,6 @@ def get_run(run_id: RunId, session: SessionDep, base: BaseUrl, _: ReadAccess) ->
 
 # A long poll's longest wait: a waiting client asks again at least this often (a proxy's idle timeout
 # is longer), and a missed notification delays an answer by no more than this.
-MAX_WAIT_S = 20.0
 
 
 async def database_url() -> str:

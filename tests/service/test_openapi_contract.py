@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.runs.api import MAX_WAIT_S
+from service.core.state_names import MAX_WAIT_S
 from tests.plugins.scheduler_harness import PARITY, api_up, free_port, service_env, start, stop, wait_for
 
 pytestmark = pytest.mark.timeout(900)  # past the 300 s ceiling: 52 s alone, a loaded host several times that

@@ -48,3 +48,15 @@ def test_terminal_states_are_final() -> None:
     for state in TERMINAL:
         assert TRANSITIONS[state] == frozenset()
         assert not can_transition(state.value, RunState.QUEUED.value)
+
+
+def test_the_clients_state_names_are_the_state_machines() -> None:
+    """The client spells no run state: it reads them (and the wait bound) from service/core/state_names.py, which
+    must name every state the machine has, each once."""
+    from service.core.run_state import IN_FLIGHT, TERMINAL, RunState
+    from service.core.state_names import FINISHED_RUN_STATES, QUEUED_RUN_STATE, RUNNING_RUN_STATES
+
+    assert {s.value for s in TERMINAL} == FINISHED_RUN_STATES
+    assert {s.value for s in IN_FLIGHT} | {RunState.EVALUATING.value} == RUNNING_RUN_STATES
+    assert FINISHED_RUN_STATES | RUNNING_RUN_STATES | {QUEUED_RUN_STATE} == {s.value for s in RunState}
+    assert not FINISHED_RUN_STATES & RUNNING_RUN_STATES

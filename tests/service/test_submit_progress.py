@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from models import Run
 from service.cli.client.progress import Heartbeat, waiting_for
-from service.cli.client.waiting import MAX_WAIT_S
+from service.core.state_names import MAX_WAIT_S
 from service.core.tokens import create_token
 from tests.plugins.server import configure, serve
 

@@ -13,11 +13,11 @@ from typing import Any, TextIO
 
 import httpx
 
-from service.core.state_names import FINISHED_RUN_STATES
+from service.core.state_names import FINISHED_RUN_STATES, RUNNING_RUN_STATES
 
 HEARTBEAT_S = 30.0
 TERMINAL = FINISHED_RUN_STATES
-RUNNING = {"train_submitted", "train_running", "resume_submitted", "resume_running", "evaluating"}
+RUNNING = RUNNING_RUN_STATES
 ENV_WAITING = {"pending", "building"}
 
 

@@ -22,6 +22,7 @@ from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, enviro
 from service.cli.client.resend import new_key, post_resent
 from service.cli.client.spec_args import add_spec_arguments, spec_of
 from service.cli.client.waiting import WaitFailed, document, long_poll, read_token_hint
+from service.core.state_names import QUEUED_RUN_STATE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             while run_doc["state"] not in TERMINAL and time.monotonic() < deadline:
                 if pulse.due():
-                    queued = run_doc["state"] == "queued"
+                    queued = run_doc["state"] == QUEUED_RUN_STATE
                     pulse.beat(waiting_for([run_doc], environment_of(client, run_doc["environment"]) if queued
                                            else None))
                 # answered when the run changed, else after at most MAX_WAIT_S or when the heartbeat is due

@@ -20,6 +20,7 @@ from service.cli.client.forge import Forge
 from service.cli.client.progress import HEARTBEAT_S, TERMINAL, Heartbeat, environment_of, waiting_for
 from service.cli.client.resend import post_resent
 from service.cli.client.waiting import WaitFailed, long_poll
+from service.core.state_names import QUEUED_RUN_STATE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -107,7 +108,7 @@ def submit_suite(http: httpx.Client, *, suite: str, environment: str, labels: di
             break
         if pulse.due():
             runs = [c["run"] for c in view["checks"]]
-            queued = any(r["state"] == "queued" for r in runs)
+            queued = any(r["state"] == QUEUED_RUN_STATE for r in runs)
             pulse.beat(waiting_for(runs, environment_of(http, view["environment"]) if queued else None))
         try:  # answered when one of its runs changed, else at MAX_WAIT_S or when the heartbeat is due
             view = long_poll(http, f"/api/v1/suite-runs/{view['id']}/wait", after=view["changes"],

@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
 
-MAX_WAIT_S = 20.0  # the service's own bound (service/runs/api.py MAX_WAIT_S)
+from service.core.state_names import MAX_WAIT_S
+
 MIN_HOLD_S = 1.0  # a poll holds at least this long: a due heartbeat never turns the wait into a busy loop
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0
