@@ -31,10 +31,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "ep2_good": {**MOE, "dp": 2, "ep": 2, "workarounds": FIX},
     "tp2_bad": {**MOE, "dp": 1, "tp": 2},
     "tp2_good": {**MOE, "dp": 1, "tp": 2, "workarounds": FIX},
-    "tp2_dense_bad": {"config": "dense-bf16", "dp": 1, "tp": 2},
+    # dense-bf16 trains decoupled-LR groups (training revision 2), which 0.16.1 loads into one another: only
+    # that bug's workaround, so Adam's step is the one finding left
+    "tp2_dense_bad": {"config": "dense-bf16", "dp": 1, "tp": 2, "workarounds": ("match-groups-by-lr-bounds",)},
     "pp2_bad": {**MOE, "dp": 1, "pp": 2},
     "pp2_good": {**MOE, "dp": 1, "pp": 2, "workarounds": FIX},
-    "pp2_dense_bad": {"config": "dense-bf16", "dp": 1, "pp": 2},
+    "pp2_dense_bad": {"config": "dense-bf16", "dp": 1, "pp": 2, "workarounds": ("match-groups-by-lr-bounds",)},
     # TP 2 -> 1, judged by the bound calibrated for it (jobs/calibration/reshard.json); and with the moments
     # loaded lossily, which that bound must not hide
     "tp2_to_tp1": MOVED,
