@@ -100,7 +100,7 @@ def _cuda_initialized() -> bool:
 
 
 def run_attempt(
-    spec: dict[str, Any], run_folder: str, phases: tuple[str, ...] = PHASES, master_ports: list[int] | None = None,
+    spec: dict[str, Any], run_folder: str, phases: tuple[str, ...] = PHASES,
     attempts: dict[str, int] | None = None, checkpoint_attempt: int = 1,
 ) -> dict[str, Any]:
     """The submitit payload under isolation "process": this rank's documents of every phase run.
@@ -117,7 +117,7 @@ def run_attempt(
     out: dict[str, Any] = {"isolation": "process", "rank": rank, "phases": {}, "info": info}
     job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getpid())
     for index, phase in enumerate(phases):
-        port = master_ports[index] if master_ports else job_master_port(job_id, index)
+        port = job_master_port(job_id, index)
         t0 = time.perf_counter()
         attempt = attempts.get(phase, 1)
         doc = run_child(spec, run_folder, phase, port, rank, attempt, checkpoint_attempt)

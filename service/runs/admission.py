@@ -19,6 +19,8 @@ from service.core.run_state import UNFINISHED, RunState
 from service.core.settings import Settings
 from service.executors.gpus import Budget
 
+RETRY_AFTER_S = 30  # a 429's Retry-After: about the time a queued run needs to start
+
 
 @dataclass(frozen=True)
 class Caps:
@@ -27,7 +29,6 @@ class Caps:
 
     max_in_flight: int
     max_queued_per_requester: int
-    retry_after_s: int = 30
     gpus: Budget | None = None
     # False for the scheduler's own work (a track's suite): only the GPU budget applies, never a 429
     counted: bool = True
@@ -62,11 +63,11 @@ def check_caps(session: Session, caps: Caps, requester: str | None) -> None:
     if total >= caps.max_in_flight:
         raise TooManyRequests(
             f"runs: {total} runs are queued or in flight (PARITY_MAX_IN_FLIGHT={caps.max_in_flight}); "
-            f"retry later", retry_after=caps.retry_after_s,
+            f"retry later", retry_after=RETRY_AFTER_S,
         )
     if mine >= caps.max_queued_per_requester:
         raise TooManyRequests(
             f"runs: {requester!r} already has {mine} queued runs "
             f"(PARITY_MAX_QUEUED_PER_REQUESTER={caps.max_queued_per_requester}); retry later",
-            retry_after=caps.retry_after_s,
+            retry_after=RETRY_AFTER_S,
         )

@@ -42,6 +42,7 @@ from service.selftest.batch import enqueue_due
 from service.tracks import schedule as tracks
 
 log = logging.getLogger(__name__)
+MAX_LAUNCHES_PER_TICK = 10  # phases one tick launches at most: the rest wait for the next (at once: it ticks again)
 
 
 def replica_name() -> str:
@@ -66,7 +67,7 @@ def heartbeat(name: str, executor: str = "") -> None:
 
 
 def tick(
-    settings: Settings, *, executor: str, max_launches: int = 10,
+    settings: Settings, *, executor: str,
     pool_keys: dict[int, pool_dispatch.PoolKey] | None = None,
 ) -> dict[str, int]:
     """One pass of every step; returns what each step did. pool_keys: the loop's memory of which
@@ -94,7 +95,7 @@ def tick(
     waits = pool_dispatch.TickWaits(keys={} if pool_keys is None else pool_keys)
     for background in (False, True):  # user work first; background work in what it leaves (submitter.py)
         done["launched"] += _launch_pending(settings, executor=executor, waits=waits, background=background,
-                                            most=max_launches - done["launched"])
+                                            most=MAX_LAUNCHES_PER_TICK - done["launched"])
     with session_scope() as session:
         done["reconciled"] = reconcile(session, settings=settings, executor=executor)
     with session_scope() as session:

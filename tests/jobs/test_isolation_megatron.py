@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from jobs.launch.local import run_parity
-from jobs.rank.dist import free_port
 from jobs.spec import RunSpec
 from tests.plugins.job_faults import plugin_folder, with_plugin
 
@@ -42,7 +41,7 @@ def test_resume_child_cannot_see_the_savers_state(tmp_path: Path, monkeypatch: p
     # the harness starts no thread before it forks (the test session's own, such as its database
     # dropper, are this process's, not the harness's)
     threads_before = threading.active_count()
-    out = attempt.run_attempt(spec.to_dict(), str(tmp_path), master_ports=[free_port(), free_port()])
+    out = attempt.run_attempt(spec.to_dict(), str(tmp_path))  # ports as a job derives them (dist.job_master_port)
     saver, resumer = out["phases"]["train_and_save"], out["phases"]["resume"]
     assert saver["status"] == "ok" and resumer["status"] == "ok", (saver["error"], resumer["error"])
     assert saver["info"]["marker_seen"] is None
