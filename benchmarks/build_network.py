@@ -47,9 +47,10 @@ def one(base: Path, package: str, waived: bool, n: int) -> tuple[float, int]:
     dest = folder.parent / "wheels"
     dest.mkdir()
     settings = Settings(executor="local", run_folder=base / "runs", job_isolation_waive="network" if waived else None)
-    job = launcher.submit_phase(executor="local", folder=folder, python=sys.executable, tasks=1, settings=settings,
-                                name="build-network", function=download, args=(package, str(dest)), network=True,
-                                env_names=pip_environment())  # pip's own settings, as a build gets them
+    job = launcher.submit_phase(launcher.JobRequest(
+        executor="local", folder=folder, python=sys.executable, tasks=1, name="build-network", function=download,
+        args=(package, str(dest)), network=True, env_names=pip_environment(),
+    ), settings)  # pip's own settings, as a build gets them
     try:
         result: tuple[float, int] = launcher._LOCAL_JOBS[job.job_id].result()
         return result

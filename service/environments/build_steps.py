@@ -125,11 +125,11 @@ def launch_builds(session: Session, *, settings: Settings, executor: str | None 
                 set_state(env, "failed")
                 continue
             try:
-                job = launcher.submit_phase(
+                job = launcher.submit_phase(launcher.JobRequest(
                     executor=executor, folder=job_folder, python=sys.executable, tasks=1,
-                    settings=settings, name=f"parity-env-{env.id}", function=build_environment,
+                    name=f"parity-env-{env.id}", function=build_environment,
                     args=(str(folder), lines, pythons), env_names=pip_environment(), network=True,
-                )
+                ), settings)
             except job_leases.NoFreeJobUser as exc:  # every job user serves a live job: build later
                 log.info("build %s waits: %s", env.id, exc)
                 continue

@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,33 @@ INFRA_STATES = frozenset(
 )
 # scancel's answers for a job that has already ended (nothing left to cancel)
 _GONE = re.compile(r"already completing or completed|Invalid job id", re.I)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One job to submit, as a value (the executor's one argument, whichever executor runs it): function(*args) as
+    `tasks` ranks over `nodes`, in `folder` (the attempt's or build's submitit folder), with `python`, named `name`.
+
+    env_names: variables it may inherit beyond the allow-list (a build needs pip's). gate: the run's folder, which
+    it may pass through while it lives; also_writable: other folders it writes (the resume a "process" isolation
+    job forks). nice: Slurm's --nice (background work yields). network: it reaches the package index (a build),
+    through the index gateway on the local executor. gpus_per_node: a cuda check's GPUs, one per rank.
+    """
+
+    executor: str
+    folder: Path
+    python: str
+    tasks: int
+    name: str
+    function: Any
+    args: tuple[Any, ...]
+    env_names: frozenset[str] = frozenset()
+    nodes: int = 1
+    gate: Path | None = None
+    also_writable: tuple[Path, ...] = ()
+    nice: int = 0
+    network: bool = False
+    gpus_per_node: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,12 +127,7 @@ class _SlurmExecutor(submitit.SlurmExecutor):
         return [*given, "sbatch", *who, str(submission_file_path)]
 
 
-def submit_phase(
-    *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str,
-    function: Any, args: tuple[Any, ...], env_names: frozenset[str] = frozenset(), nodes: int = 1,
-    gate: Path | None = None, also_writable: tuple[Path, ...] = (), nice: int = 0, network: bool = False,
-    gpus_per_node: int = 0,
-) -> PhaseJob:
+def submit_phase(request: JobRequest, settings: Settings) -> PhaseJob:
     """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
 
     network: the job reaches the package index (a build: pip fetches from it). A local job has a network
@@ -130,82 +152,94 @@ def submit_phase(
     Every job's processes may write at most PARITY_RUN_DISK_QUOTA per file (RLIMIT_FSIZE); the
     reconciler checks the folder's total.
     """
-    if nodes < 1 or tasks % nodes:
-        raise ValueError(f"nodes: {nodes} does not divide tasks ({tasks})")
-    run_as = hand_over(settings, folder, gate=gate, also_writable=also_writable)
+    if request.executor not in EXECUTORS:
+        raise ValueError(f"executor: {request.executor!r} is not one of {', '.join(sorted(EXECUTORS))}")
+    if request.nodes < 1 or request.tasks % request.nodes:
+        raise ValueError(f"nodes: {request.nodes} does not divide tasks ({request.tasks})")
+    folder = request.folder
+    run_as = hand_over(settings, folder, gate=request.gate, also_writable=request.also_writable)
     try:
-        return _submit(executor=executor, folder=folder, python=python, tasks=tasks, settings=settings, name=name,
-                       function=function, args=args, env_names=env_names, nodes=nodes, run_as=run_as, nice=nice,
-                       also_writable=also_writable, network=network, gpus_per_node=gpus_per_node)
+        return _submit(request, settings, run_as)
     except Exception:  # nothing runs: the folders and the user go back at once
-        for granted in (folder.parent, *also_writable):
+        for granted in (folder.parent, *request.also_writable):
             jobuser.take_back(granted, run_as, root=settings.resolved_run_folder)
         job_leases.release(settings, folder.parent)
         raise
 
 
-def _submit(
-    *, executor: str, folder: Path, python: str, tasks: int, settings: Settings, name: str, function: Any,
-    args: tuple[Any, ...], env_names: frozenset[str], nodes: int, run_as: jobuser.JobUser | None, nice: int = 0,
-    also_writable: tuple[Path, ...] = (), network: bool = False, gpus_per_node: int = 0,
-) -> PhaseJob:
+def _submit(request: JobRequest, settings: Settings, run_as: jobuser.JobUser | None) -> PhaseJob:
+    folder = request.folder
     private = private_environment(folder.parent)
-    fsize = settings.run_disk_quota_bytes
     # Put this checkout's jobs package on the path, so an environment needs only torch + Megatron-Core.
     current = os.environ.get("PYTHONPATH", "")
     pythonpath = current if str(REPO_ROOT) in current.split(os.pathsep) else os.pathsep.join(
         filter(None, [str(REPO_ROOT), current])
     )
-    # submitit pastes `python` into a shell command (the sbatch script): quote it, whatever its checks.
-    quoted = shlex.quote(python)
     # passed to the job explicitly: the service's own os.environ is never changed (other threads read it)
-    env = {**job_environment(os.environ, settings.job_env_names() | env_names), **private}
-    ex: submitit.Executor
-    if executor == "slurm":
-        # no exec in the job gains a privilege (a setuid file is an ordinary one to it), as a local job's sandbox
-        slurm = _SlurmExecutor(folder=folder, python=f"setpriv --no-new-privs {quoted}", max_num_timeout=0)
-        params: dict[str, Any] = dict(
-            ntasks_per_node=tasks // nodes, nodes=nodes, cpus_per_task=settings.slurm_cpus_per_task,
-            time=settings.slurm_time_limit_min, job_name=name,
-            # ulimit -f (1024-byte blocks) sets soft and hard RLIMIT_FSIZE; srun hands it to every task
-            setup=[f"export PYTHONPATH={shlex.quote(pythonpath)}", f"ulimit -f {max(1, fsize // 1024)}",
-                   *[f"export {k}={shlex.quote(v)}"
-                     for k, v in {**(run_as.environment() if run_as else {}), **private}.items()]],
-            additional_parameters={**settings.sbatch_extra(), "no-requeue": True},
-        )
-        if settings.slurm_partition:
-            params["partition"] = settings.slurm_partition
-        if nice:
-            params["additional_parameters"]["nice"] = nice
-        if gpus_per_node:  # a cuda check: one GPU per rank (#SBATCH --gpus-per-node)
-            params["gpus_per_node"] = gpus_per_node
-        slurm.update_parameters(**params)
-        slurm.run_as, slurm.job_env = run_as, env
-        ex = slurm
-    elif executor == "local":
-        local = IsolatedLocalExecutor(folder=folder, python=quoted, max_num_timeout=0)
-        local.update_parameters(tasks_per_node=tasks, timeout_min=settings.phase_timeout_min,
-                                gpus_per_node=gpus_per_node)
-        local.run_as, local.max_file_bytes = run_as, fsize
-        # gloo binds to the address the host's name resolves to, which a job's own network may not have
-        local.job_env = {**env, "PYTHONPATH": pythonpath, "GLOO_SOCKET_IFNAME": "lo"}
-        promised = isolation.required(settings)  # IsolationMissing names what this host cannot give
-        local.cgroups = job_cgroup.jobs_root(settings.job_cgroup) if "cgroup" in promised else None
-        local.limits = (settings.job_pids_max, settings.job_memory_max_bytes()) if "limits" in promised else None
-        local.sandbox = _sandbox(settings, folder, python, promised, writable=(folder.parent, *also_writable),
-                                 network=network, pythonpath=pythonpath)
-        if "gateway" in local.sandbox:  # pip, uv and git go out through it (and only through it)
-            local.job_env.update(gateway_environment())
-        ex = local
-    else:
-        raise ValueError(f"executor: {executor!r} is not one of slurm, local")
-    job = ex.submit(function, *args)
+    env = {**job_environment(os.environ, settings.job_env_names() | request.env_names), **private}
+    ex = EXECUTORS[request.executor](request, settings, run_as, env, pythonpath)
+    job = ex.submit(request.function, *request.args)
     started = None
-    if executor == "local":
+    if request.executor == "local":
         _LOCAL_JOBS[job.job_id] = job
         started = start_time(int(job.job_id))
-    log.info("submitted %s as %s job %s in %s", name, executor, job.job_id, folder)
-    return PhaseJob(executor=executor, folder=str(folder), job_id=str(job.job_id), tasks=tasks, started=started)
+    log.info("submitted %s as %s job %s in %s", request.name, request.executor, job.job_id, folder)
+    return PhaseJob(executor=request.executor, folder=str(folder), job_id=str(job.job_id), tasks=request.tasks,
+                    started=started)
+
+
+def _slurm_executor(request: JobRequest, settings: Settings, run_as: jobuser.JobUser | None, env: dict[str, str],
+                    pythonpath: str) -> submitit.Executor:
+    """submitit's Slurm executor for the request: sbatch with its tasks, time, partition, nice and GPUs."""
+    # submitit pastes `python` into a shell command (the sbatch script): quote it, whatever its checks.
+    # No exec in the job gains a privilege (a setuid file is an ordinary one to it), as a local job's sandbox.
+    slurm = _SlurmExecutor(folder=request.folder, python=f"setpriv --no-new-privs {shlex.quote(request.python)}",
+                           max_num_timeout=0)
+    fsize = settings.run_disk_quota_bytes
+    private = private_environment(request.folder.parent)
+    params: dict[str, Any] = dict(
+        ntasks_per_node=request.tasks // request.nodes, nodes=request.nodes, cpus_per_task=settings.slurm_cpus_per_task,
+        time=settings.slurm_time_limit_min, job_name=request.name,
+        # ulimit -f (1024-byte blocks) sets soft and hard RLIMIT_FSIZE; srun hands it to every task
+        setup=[f"export PYTHONPATH={shlex.quote(pythonpath)}", f"ulimit -f {max(1, fsize // 1024)}",
+               *[f"export {k}={shlex.quote(v)}"
+                 for k, v in {**(run_as.environment() if run_as else {}), **private}.items()]],
+        additional_parameters={**settings.sbatch_extra(), "no-requeue": True},
+    )
+    if settings.slurm_partition:
+        params["partition"] = settings.slurm_partition
+    if request.nice:
+        params["additional_parameters"]["nice"] = request.nice
+    if request.gpus_per_node:  # a cuda check: one GPU per rank (#SBATCH --gpus-per-node)
+        params["gpus_per_node"] = request.gpus_per_node
+    slurm.update_parameters(**params)
+    slurm.run_as, slurm.job_env = run_as, env
+    return slurm
+
+
+def _local_executor(request: JobRequest, settings: Settings, run_as: jobuser.JobUser | None, env: dict[str, str],
+                    pythonpath: str) -> submitit.Executor:
+    """The local executor for the request: its ranks on this host, in the sandbox and cgroup promised to it."""
+    local = IsolatedLocalExecutor(folder=request.folder, python=shlex.quote(request.python), max_num_timeout=0)
+    local.update_parameters(tasks_per_node=request.tasks, timeout_min=settings.phase_timeout_min,
+                            gpus_per_node=request.gpus_per_node)
+    local.run_as, local.max_file_bytes = run_as, settings.run_disk_quota_bytes
+    # gloo binds to the address the host's name resolves to, which a job's own network may not have
+    local.job_env = {**env, "PYTHONPATH": pythonpath, "GLOO_SOCKET_IFNAME": "lo"}
+    promised = isolation.required(settings)  # IsolationMissing names what this host cannot give
+    local.cgroups = job_cgroup.jobs_root(settings.job_cgroup) if "cgroup" in promised else None
+    local.limits = (settings.job_pids_max, settings.job_memory_max_bytes()) if "limits" in promised else None
+    local.sandbox = _sandbox(settings, request.folder, request.python, promised,
+                             writable=(request.folder.parent, *request.also_writable), network=request.network,
+                             pythonpath=pythonpath)
+    if "gateway" in local.sandbox:  # pip, uv and git go out through it (and only through it)
+        local.job_env.update(gateway_environment())
+    return local
+
+
+# the executors a job may be submitted to, by the name a phase records (chosen once, here)
+ExecutorFactory = Callable[[JobRequest, Settings, "jobuser.JobUser | None", dict[str, str], str], submitit.Executor]
+EXECUTORS: dict[str, ExecutorFactory] = {"slurm": _slurm_executor, "local": _local_executor}
 
 
 GATEWAY_PORT = 3128  # in the build's own network namespace: no other job's port to clash with

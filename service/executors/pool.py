@@ -169,11 +169,11 @@ def start_worker(settings: Settings, executor: str, *, env_id: int, env_name: st
                               "job_id": None, "started": None, "created": time.time(), "hang_s": entry.hang_s,
                               "idle_s": entry.idle_s, "on_demand": entry.on_demand, "gpus": gpus}
     write_atomic(files.record, record)
-    job = launcher.submit_phase(
-        executor=executor, folder=files.submitit, python=python, tasks=entry.tasks, settings=settings,
+    job = launcher.submit_phase(launcher.JobRequest(
+        executor=executor, folder=files.submitit, python=python, tasks=entry.tasks,
         name=f"parity-{job_tag(settings)}-pool-{name}", function=serve, args=(str(files.folder), entry.idle_s),
         gpus_per_node=gpus,
-    )
+    ), settings)
     record.update(job_id=job.job_id, started=job.started)
     write_atomic(files.record, record)
     log.info("pool: started worker %s for environment %s (%d tasks) as %s job %s", name, env_name, entry.tasks,

@@ -226,13 +226,13 @@ def _submit(session: Session, phase: Phase, run: Run, folder: Path, settings: Se
     assert env is not None
     payload = payload_of(session, run, phase, settings)
     gate, forked = _job_writes(settings, run, payload)
-    return launcher.submit_phase(
+    return launcher.submit_phase(launcher.JobRequest(
         executor=phase.executor, folder=folder, python=env.python, tasks=payload.tasks,
-        settings=settings, name=job_name(settings, phase), function=payload.function(), args=payload.args,
+        name=job_name(settings, phase), function=payload.function(), args=payload.args,
         nodes=payload.nodes, gate=gate, also_writable=forked,
         nice=settings.background_slurm_nice if is_background(run.labels) else 0,
         gpus_per_node=payload.gpus_per_node,
-    )
+    ), settings)
 
 
 def _job_writes(settings: Settings, run: Run, payload: Payload) -> tuple[Path, tuple[Path, ...]]:

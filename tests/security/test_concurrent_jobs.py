@@ -118,13 +118,15 @@ def test_concurrent_jobs_cannot_signal_ptrace_or_read_each_other(base: Path, mod
     folders = [base / "runs" / f"run-{n}" / "train_and_save" / "attempt-1" / "submitit" for n in (1, 2)]
     jobs: list[launcher.PhaseJob] = []
     try:
-        jobs.append(launcher.submit_phase(executor="local", folder=folders[0], python=sys.executable, tasks=1,
-                                          settings=settings, name="victim", function=victim,
-                                          args=(str(folders[0].parent),)))
+        jobs.append(launcher.submit_phase(launcher.JobRequest(
+            executor="local", folder=folders[0], python=sys.executable, tasks=1, name="victim", function=victim,
+            args=(str(folders[0].parent),),
+        ), settings))
         pid = int(_wait(lambda: _read(folders[0].parent / "victim.pid"), 120, "the victim job to start"))
-        jobs.append(launcher.submit_phase(executor="local", folder=folders[1], python=sys.executable, tasks=1,
-                                          settings=settings, name="attacker", function=attacker,
-                                          args=(pid, str(folders[0].parent))))
+        jobs.append(launcher.submit_phase(launcher.JobRequest(
+            executor="local", folder=folders[1], python=sys.executable, tasks=1, name="attacker", function=attacker,
+            args=(pid, str(folders[0].parent)),
+        ), settings))
         outcome = launcher._LOCAL_JOBS[jobs[1].job_id].result()
         os.kill(pid, signal.SIGCONT)  # if the attack stopped it
         (folders[0].parent / "stop").write_text("")
@@ -180,9 +182,10 @@ def _daemon_job(settings: Settings, base: Path, executor: str) -> tuple[launcher
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cloudpickle.register_pickle_by_value(sys.modules[leave_a_daemon.__module__])
     folder = base / "runs" / "run-1" / "train_and_save" / "attempt-1" / "submitit"
-    job = launcher.submit_phase(executor=executor, folder=folder, python=sys.executable, tasks=1, settings=settings,
-                                name=f"parity-daemon-{base.name}", function=leave_a_daemon,
-                                args=(str(folder.parent / "daemon.pid"),))
+    job = launcher.submit_phase(launcher.JobRequest(
+        executor=executor, folder=folder, python=sys.executable, tasks=1, name=f"parity-daemon-{base.name}",
+        function=leave_a_daemon, args=(str(folder.parent / "daemon.pid"),),
+    ), settings)
     return job, folder
 
 
@@ -228,8 +231,10 @@ def test_a_slurm_job_a_job_queued_is_refused_or_cancelled_with_its_lease(base: P
     cloudpickle.register_pickle_by_value(daemons)
     settings = Settings(executor="slurm", run_folder=base / "runs", job_user=JOB_USER)
     folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
-    job = launcher.submit_phase(executor="slurm", folder=folder, python=sys.executable, tasks=1, settings=settings,
-                                name="sbatch-later", function=daemons.queue_a_later_slurm_job, args=())
+    job = launcher.submit_phase(launcher.JobRequest(
+        executor="slurm", folder=folder, python=sys.executable, tasks=1, name="sbatch-later",
+        function=daemons.queue_a_later_slurm_job, args=(),
+    ), settings)
     user = job_leases.user_of(settings, folder.parent)
     assert user is not None
     try:

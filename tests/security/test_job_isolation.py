@@ -183,9 +183,10 @@ def test_a_daemon_a_job_leaves_is_killed_when_the_job_ends(as_job_user: bool) ->
     folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
     pid_file = folder.parent / "daemon.pid"
     try:
-        job = launcher.submit_phase(executor="local", folder=folder, python=sys.executable, tasks=1,
-                                    settings=settings, name="daemon", function=leave_a_daemon,
-                                    args=(str(pid_file),))
+        job = launcher.submit_phase(launcher.JobRequest(
+            executor="local", folder=folder, python=sys.executable, tasks=1, name="daemon", function=leave_a_daemon,
+            args=(str(pid_file),),
+        ), settings)
         handle: submitit.Job[int] = launcher._LOCAL_JOBS[job.job_id]
         pid = handle.result()
         assert _alive(pid), "the daemon should still run once its job returned (that is the attack)"
@@ -226,8 +227,10 @@ def test_a_local_jobs_tmp_is_its_own_folder(node_tmp: str) -> None:
     name = f"parity-tmp-{uuid.uuid4().hex}"
     folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
     try:
-        job = launcher.submit_phase(executor="local", folder=folder, python=sys.executable, tasks=1,
-                                    settings=settings, name="tmp", function=write_to_tmp, args=(name,))
+        job = launcher.submit_phase(launcher.JobRequest(
+            executor="local", folder=folder, python=sys.executable, tasks=1, name="tmp", function=write_to_tmp,
+            args=(name,),
+        ), settings)
         handle: submitit.Job[str] = launcher._LOCAL_JOBS[job.job_id]
         own_tmp = Path(handle.result())
         launcher.end_job(job, settings)

@@ -55,8 +55,8 @@ def _submitted_phase(session: Session, settings: Settings, monkeypatch: pytest.M
     session.add(env)
     session.flush()
     run, _ = create_run(session, spec=RunSpec.from_dict(SPEC), environment=env, labels={}, requester="t")
-    monkeypatch.setattr(launcher, "submit_phase", lambda **kw: PhaseJob(
-        executor="local", folder=str(kw["folder"]), job_id=GONE_PID, tasks=kw["tasks"]))
+    monkeypatch.setattr(launcher, "submit_phase", lambda request, _settings: PhaseJob(
+        executor="local", folder=str(request.folder), job_id=GONE_PID, tasks=request.tasks))
     claim_queued(session, settings=settings, executor="local")
     phase = next_pending(session)
     assert phase is not None

@@ -66,8 +66,10 @@ def _run(settings: Settings, base: Path, *args: object, function: Any = try_to_g
 
     cloudpickle.register_pickle_by_value(probes)
     folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
-    job = launcher.submit_phase(executor="local", folder=folder, python=sys.executable, tasks=1, settings=settings,
-                                name="hostile", function=function, args=args, network=network)
+    job = launcher.submit_phase(launcher.JobRequest(
+        executor="local", folder=folder, python=sys.executable, tasks=1, name="hostile", function=function,
+        args=args, network=network,
+    ), settings)
     try:
         return launcher._LOCAL_JOBS[job.job_id].result()
     finally:
@@ -282,8 +284,9 @@ def test_a_slurm_job_runs_with_no_new_privs(base: Path, slurm: str) -> None:
     cloudpickle.register_pickle_by_value(probes)
     settings = Settings(executor="slurm", run_folder=base / "runs", job_user=JOB_USER)
     folder = base / "runs" / "run-1" / "train" / "attempt-1" / "submitit"
-    job = launcher.submit_phase(executor="slurm", folder=folder, python=sys.executable, tasks=1, settings=settings,
-                                name="nnp", function=no_new_privs, args=())
+    job = launcher.submit_phase(launcher.JobRequest(
+        executor="slurm", folder=folder, python=sys.executable, tasks=1, name="nnp", function=no_new_privs, args=(),
+    ), settings)
     try:
         assert launcher._submitit_job(job).result() == "1"
     finally:

@@ -124,8 +124,8 @@ def test_an_attempt_past_its_quota_ends_the_run_with_that_cause(
 ) -> None:
     # a live local "job": a process leading its own session, known by pid and start time
     job = subprocess.Popen(["sleep", "300"], start_new_session=True)
-    monkeypatch.setattr(launcher, "submit_phase", lambda **kw: PhaseJob(
-        executor="local", folder=str(kw["folder"]), job_id=str(job.pid), tasks=kw["tasks"],
+    monkeypatch.setattr(launcher, "submit_phase", lambda request, _settings: PhaseJob(
+        executor="local", folder=str(request.folder), job_id=str(job.pid), tasks=request.tasks,
         started=start_time(job.pid)))
     try:
         _past_quota(db_session, small_quota, job)

@@ -33,9 +33,10 @@ def visible_devices() -> str | None:
 
 def _local(tmp_path: Path, gpus_per_node: int) -> str | None:
     settings = Settings(executor="local", run_folder=tmp_path / "runs")
-    job = launcher.submit_phase(executor="local", folder=tmp_path / "runs" / "run-1" / "a1" / "submitit",
-                                python=sys.executable, tasks=1, settings=settings, name="gpu-probe",
-                                function=visible_devices, args=(), gpus_per_node=gpus_per_node)
+    job = launcher.submit_phase(launcher.JobRequest(
+        executor="local", folder=tmp_path / "runs" / "run-1" / "a1" / "submitit", python=sys.executable, tasks=1,
+        name="gpu-probe", function=visible_devices, args=(), gpus_per_node=gpus_per_node,
+    ), settings)
     try:
         result: str | None = launcher._LOCAL_JOBS[job.job_id].result()
         return result
@@ -62,9 +63,10 @@ def _sbatch_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus_per_nod
     monkeypatch.setattr(launcher._SlurmExecutor, "_make_submission_command", capture)
     settings = Settings(executor="slurm", run_folder=tmp_path / "runs")
     with pytest.raises(_Captured):
-        launcher.submit_phase(executor="slurm", folder=tmp_path / "runs" / "run-1" / "a1" / "submitit",
-                              python=sys.executable, tasks=4, nodes=2, settings=settings, name="gpu-probe",
-                              function=visible_devices, args=(), gpus_per_node=gpus_per_node)
+        launcher.submit_phase(launcher.JobRequest(
+            executor="slurm", folder=tmp_path / "runs" / "run-1" / "a1" / "submitit", python=sys.executable, tasks=4,
+            nodes=2, name="gpu-probe", function=visible_devices, args=(), gpus_per_node=gpus_per_node,
+        ), settings)
     return seen["script"]
 
 
@@ -112,9 +114,9 @@ def test_a_warm_worker_for_cuda_checks_asks_for_a_gpu_per_rank_and_one_for_cpu_c
 
     asked: list[int] = []
 
-    def submit(**kwargs: Any) -> launcher.PhaseJob:  # what the executor is asked; no job is started
-        asked.append(kwargs["gpus_per_node"])
-        return launcher.PhaseJob(executor="local", folder=str(kwargs["folder"]), job_id="1", tasks=kwargs["tasks"])
+    def submit(request: launcher.JobRequest, _settings: Settings) -> launcher.PhaseJob:  # asked; nothing started
+        asked.append(request.gpus_per_node)
+        return launcher.PhaseJob(executor="local", folder=str(request.folder), job_id="1", tasks=request.tasks)
 
     monkeypatch.setattr(launcher, "submit_phase", submit)
     settings = Settings(executor="local", run_folder=tmp_path / "runs")

@@ -39,10 +39,10 @@ def _submit(executor: Literal["local", "slurm"], tmp_path: Path, monkeypatch: py
                         job_env=["EXTRA_ALLOWED"])
     monkeypatch.setenv("EXTRA_ALLOWED", "yes")
     before = dict(os.environ)
-    job = launcher.submit_phase(
+    job = launcher.submit_phase(launcher.JobRequest(
         executor=executor, folder=tmp_path / "runs" / "run-1" / "probe-attempt1", python=sys.executable, tasks=1,
-        settings=settings, name="env-probe", function=job_environment, args=(),
-    )
+        name="env-probe", function=job_environment, args=(),
+    ), settings)
     assert dict(os.environ) == before, "the scheduler's own environment must be restored after submitting"
     handle: submitit.Job[dict[str, str]]
     if executor == "slurm":

@@ -6,6 +6,7 @@ test_end_to_end.py; here each scheduler step runs against the real Postgres, one
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,9 +44,10 @@ class FakeLauncher:
     raised: str | None = None
     cancelled: list[str] = field(default_factory=list)
 
-    def submit_phase(self, **kw: Any) -> PhaseJob:
+    def submit_phase(self, request: launcher.JobRequest, _settings: Any) -> PhaseJob:
         if self.refuse:
             raise RuntimeError(self.refuse)
+        kw = {f.name: getattr(request, f.name) for f in dataclasses.fields(request)}  # what the executor is asked
         self.submitted.append(kw)
         return PhaseJob(executor=kw["executor"], folder=str(kw["folder"]), job_id=f"job-{len(self.submitted)}",
                         tasks=kw["tasks"])
@@ -61,9 +63,11 @@ class FakeLauncher:
         return {j: self.state for j in jobs}
 
     def _write_documents(self, args: tuple[Any, ...], tasks: int) -> None:
-        root, phases, attempts = Path(args[1]), args[2], args[4]
+        root, phases = Path(args[1]), args[2]
         if isinstance(phases, str):  # one phase per job: (spec, root, phase, port, attempt, checkpoint_attempt)
-            phases, attempts = (phases,), {phases: attempts}
+            phases, attempts = (phases,), {phases: args[4]}
+        else:  # the phases of one job: (spec, root, phases, attempts, checkpoint_attempt)
+            attempts = args[3]
         for phase in phases:
             if phase not in self.docs:
                 continue
@@ -166,7 +170,7 @@ def test_known_good_run_with_process_isolation_resumes_in_the_same_job(
         ("train_and_save", "succeeded", "job-1"), ("resume", "succeeded", "job-1")]
     assert run.state == "evaluating" and _evaluate_one(db_session, settings) and run.verdict == "pass"
     # the forked resume wrote into its own attempt folder, loading the checkpoint its job saved
-    assert fake.submitted[0]["args"][4:] == ({"train_and_save": 1, "resume": 1}, 1)
+    assert fake.submitted[0]["args"][3:] == ({"train_and_save": 1, "resume": 1}, 1)
     saved, resumed = _phases(db_session, run)
     assert resumed.job_folder == saved.job_folder and resumed.folder != saved.folder
 

@@ -51,8 +51,9 @@ def _submit(run_id: int, settings: Settings, function: object, *args: object) ->
         transition(session, run, RunState.TRAIN_SUBMITTED, "test")
         if function in (write_document, fail_rendezvous):  # the ranks' documents go to the attempt's own folder
             args = (str(phase.folder), *args)
-        job = launcher.submit_phase(executor="local", folder=launcher_folder(phase), python=sys.executable,
-                                    tasks=int(SPEC["dp"]), settings=settings, name="t", function=function, args=args)
+        job = launcher.submit_phase(launcher.JobRequest(
+            executor="local", folder=launcher_folder(phase), python=sys.executable, tasks=int(SPEC["dp"]), name="t",
+            function=function, args=args), settings)
         phase.job_id, phase.process_started_at = job.job_id, job.started
         move_phase(session, phase, PhaseState.SUBMITTED, "test")
 
@@ -178,8 +179,8 @@ def _orphan_job(settings: Settings, folder: Path, marker: Path) -> tuple[str, fl
     code = (
         "import sys; from pathlib import Path; from service.executors import launcher; "
         "from service.core.settings import Settings; from tests.plugins.scheduler_jobs import sleep_forever; "
-        f"j = launcher.submit_phase(executor='local', folder=Path({str(folder)!r}), python=sys.executable, tasks=2, "
-        f"settings=Settings(), name='t', function=sleep_forever, args=({str(marker)!r},)); "
+        f"j = launcher.submit_phase(launcher.JobRequest(executor='local', folder=Path({str(folder)!r}), "
+        f"python=sys.executable, tasks=2, name='t', function=sleep_forever, args=({str(marker)!r},)), Settings()); "
         "print(j.job_id, repr(j.started))"
     )
     # output to a file, not a pipe: the controller it leaves behind keeps its stdout open
