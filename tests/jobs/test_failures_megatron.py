@@ -48,6 +48,8 @@ def test_run_local_json_prints_one_document(tmp_path: Path, capsys: pytest.Captu
             "2",
             "--workaround",
             "restore-adam-step",
+            "--workaround",  # dense-bf16's decoupled-LR groups, which 0.16.1 loads into one another
+            "match-groups-by-lr-bounds",
             "--run-folder",
             str(tmp_path),
             "--json",
