@@ -152,7 +152,7 @@ class RunPlan:
             # train_and_save attempt k forks its resume as resume attempt 1; a resume retry runs alone
             phases: tuple[PhaseName, ...] = PHASES if phase == PHASES[0] else (phase,)
             attempts = {PHASES[0]: attempt, PHASES[1]: 1} if phase == PHASES[0] else {phase: attempt}
-            args: tuple[Any, ...] = (spec, root, phases, attempts, checkpoint_attempt)
+            args: tuple[Any, ...] = (spec, root, phases, None, attempts, checkpoint_attempt)
             return Payload("attempt", args, self.tasks(phase), self.nodes, phases, self.gpus_per_node(phase))
         args = (spec, root, phase, None, attempt, checkpoint_attempt)
         return Payload("phase", args, self.tasks(phase), self.nodes, (phase,), self.gpus_per_node(phase))

@@ -100,7 +100,7 @@ def _cuda_initialized() -> bool:
 
 
 def run_attempt(
-    spec: dict[str, Any], run_folder: str, phases: tuple[str, ...] = PHASES,
+    spec: dict[str, Any], run_folder: str, phases: tuple[str, ...] = PHASES, master_ports: list[int] | None = None,
     attempts: dict[str, int] | None = None, checkpoint_attempt: int = 1,
 ) -> dict[str, Any]:
     """The submitit payload under isolation "process": this rank's documents of every phase run.
@@ -117,7 +117,9 @@ def run_attempt(
     out: dict[str, Any] = {"isolation": "process", "rank": rank, "phases": {}, "info": info}
     job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getpid())
     for index, phase in enumerate(phases):
-        port = job_master_port(job_id, index)
+        # a warm worker's orders share its job id: the scheduler gives each order ports of its own
+        # (service/runs/pool_dispatch.py); a cold job derives them from its id
+        port = master_ports[index] if master_ports else job_master_port(job_id, index)
         t0 = time.perf_counter()
         attempt = attempts.get(phase, 1)
         doc = run_child(spec, run_folder, phase, port, rank, attempt, checkpoint_attempt)

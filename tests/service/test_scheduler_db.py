@@ -63,11 +63,9 @@ class FakeLauncher:
         return {j: self.state for j in jobs}
 
     def _write_documents(self, args: tuple[Any, ...], tasks: int) -> None:
-        root, phases = Path(args[1]), args[2]
+        root, phases, attempts = Path(args[1]), args[2], args[4]
         if isinstance(phases, str):  # one phase per job: (spec, root, phase, port, attempt, checkpoint_attempt)
-            phases, attempts = (phases,), {phases: args[4]}
-        else:  # the phases of one job: (spec, root, phases, attempts, checkpoint_attempt)
-            attempts = args[3]
+            phases, attempts = (phases,), {phases: attempts}
         for phase in phases:
             if phase not in self.docs:
                 continue
@@ -170,7 +168,7 @@ def test_known_good_run_with_process_isolation_resumes_in_the_same_job(
         ("train_and_save", "succeeded", "job-1"), ("resume", "succeeded", "job-1")]
     assert run.state == "evaluating" and _evaluate_one(db_session, settings) and run.verdict == "pass"
     # the forked resume wrote into its own attempt folder, loading the checkpoint its job saved
-    assert fake.submitted[0]["args"][3:] == ({"train_and_save": 1, "resume": 1}, 1)
+    assert fake.submitted[0]["args"][4:] == ({"train_and_save": 1, "resume": 1}, 1)
     saved, resumed = _phases(db_session, run)
     assert resumed.job_folder == saved.job_folder and resumed.folder != saved.folder
 
