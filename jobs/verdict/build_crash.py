@@ -16,7 +16,7 @@ from jobs.contract import ErrorRecord
 
 # the stages whose exception, raised in the build's own frames, is the build's answer: its checkpoint save and
 # load, and its import (a wheel whose megatron.core does not import cannot train, so cannot resume)
-CHECKPOINT_STAGES = ("save", "load", "import")
+BUILD_STAGES = ("save", "load", "import")
 # exception types that come from the host or the transport, whichever frame raised them
 HOST_ERRORS = frozenset({
     "OSError", "IOError", "FileNotFoundError", "PermissionError", "MemoryError", "TimeoutError",
@@ -31,8 +31,9 @@ _PASS_THROUGH = "/jobs/rank/cpu_shim.py"  # forwards every torch call on a CPU h
 
 
 def raised_in_build(error: ErrorRecord) -> str | None:
-    """The build's frame (`megatron/core/<path>:<function>`) a checkpoint stage's exception was raised in, or None."""
-    if error.get("stage") not in CHECKPOINT_STAGES or str(error.get("type")) in HOST_ERRORS:
+    """The build's frame (`megatron/core/<path>:<function>`) a save, load or import stage's exception was raised in,
+    or None."""
+    if error.get("stage") not in BUILD_STAGES or str(error.get("type")) in HOST_ERRORS:
         return None
     # the innermost frames of the exception that ended the stage, without the harness's pass-through shim
     frames = [f for f in _FRAME.findall(str(error.get("traceback") or "")) if _PASS_THROUGH not in f[0]]

@@ -50,10 +50,19 @@ class JobRequest:
     """One job to submit, as a value (the executor's one argument, whichever executor runs it): function(*args) as
     `tasks` ranks over `nodes`, in `folder` (the attempt's or build's submitit folder), with `python`, named `name`.
 
-    env_names: variables it may inherit beyond the allow-list (a build needs pip's). gate: the run's folder, which
-    it may pass through while it lives; also_writable: other folders it writes (the resume a "process" isolation
-    job forks). nice: Slurm's --nice (background work yields). network: it reaches the package index (a build),
-    through the index gateway on the local executor. gpus_per_node: a cuda check's GPUs, one per rank.
+    network: the job reaches the package index (a build: pip fetches from it). A local job has a network
+    namespace of its own with only loopback (isolation.py): not the host's Postgres or API, and no other
+    job's ports to clash with; with `network`, its one way out is the index gateway (index_gateway.py: the
+    hosts of PARITY_BUILD_HOSTS only). A Slurm job keeps its node's network.
+    gpus_per_node: GPUs the job asks for on each node (a `device: cuda` check: one per rank, RunPlan's
+    Payload.gpus_per_node): Slurm's --gpus-per-node, the local executor's CUDA_VISIBLE_DEVICES.
+    nice: Slurm's `--nice` (background work yields to user jobs); the local executor orders its work before
+    submitting (service/scheduler/submitter.py).
+    env_names: variables this job may inherit beyond the allow-list (a build needs pip's).
+    nodes: Slurm nodes the ranks are spread over, tasks / nodes per node (the local executor runs every rank on
+    this host whatever it says).
+    gate: the run's folder, which the job may pass through while it lives (service/executors/job_user.py);
+    also_writable: other folders the same job writes (the resume a "process" isolation job forks).
     """
 
     executor: str
@@ -128,27 +137,11 @@ class _SlurmExecutor(submitit.SlurmExecutor):
 
 
 def submit_phase(request: JobRequest, settings: Settings) -> PhaseJob:
-    """Submit function(*args) as one job of `tasks` ranks named `name`; return its handle.
+    """Submit the request as one job; return its handle (what each field means: JobRequest).
 
-    network: the job reaches the package index (a build: pip fetches from it). A local job has a network
-    namespace of its own with only loopback (isolation.py): not the host's Postgres or API, and no other
-    job's ports to clash with; with `network`, its one way out is the index gateway (index_gateway.py: the
-    hosts of PARITY_BUILD_HOSTS only). A Slurm job keeps its node's network.
-
-    gpus_per_node: GPUs the job asks for on each node (a `device: cuda` check: one per rank, RunPlan's
-    Payload.gpus_per_node): Slurm's --gpus-per-node, the local executor's CUDA_VISIBLE_DEVICES.
-
-    nice: Slurm's `--nice` (a lower priority: background work yields to user jobs); the local
-    executor orders its work before submitting (service/scheduler/submitter.py).
-
-    env_names: variables this job may inherit beyond the allow-list (a build needs pip's).
-    nodes: Slurm nodes the ranks are spread over, tasks / nodes per node (the local executor runs
-    every rank on this host whatever it says).
-    With PARITY_JOB_USER the job runs as a user of its own (job_leases) and may write only folder's
+    With PARITY_JOB_USER the job runs as a user of its own (job_leases) and may write only its folder's
     parent (the attempt or build folder, handed over here, taken back by the caller when the phase
-    ends, which then gives the user back: job_leases.release); `gate` (the
-    run's folder) lets it pass through to that folder while it lives (service/executors/job_user.py);
-    also_writable: other folders the same job writes (the resume a "process" isolation job forks).
+    ends, which then gives the user back: job_leases.release), and the request's gate and also_writable.
     Every job's processes may write at most PARITY_RUN_DISK_QUOTA per file (RLIMIT_FSIZE); the
     reconciler checks the folder's total.
     """
