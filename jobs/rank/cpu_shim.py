@@ -7,15 +7,16 @@ fails without it (see jobs/README.md, "CPU shims").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 _CPU = torch.device("cpu")
 _saved: dict[str, Any] = {}
-_mode: TorchFunctionMode | None = None
+_installed = False
+_ABSENT = object()
 
 
 def _is_cuda_device(device: object) -> bool:
@@ -27,27 +28,68 @@ def _is_cuda_device(device: object) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
-class _CudaAsCpu(TorchFunctionMode):
-    """Route `device="cuda"` to CPU and make `Tensor.type()` report CUDA type names.
+# torch's creation functions that take `device=` (each one's docstring documents the parameter): read at
+# install time, so a torch that adds one is covered too
+def _creation_functions() -> list[str]:
+    def documents_device(obj: object) -> bool:
+        doc = getattr(obj, "__doc__", None)
+        return isinstance(doc, str) and "device (" in doc
 
-    The optimizer dispatches on strings such as 'torch.cuda.BFloat16Tensor', so CPU tensors
-    must report those names while the mode is active.
-    """
+    return [name for name in dir(torch) if not name.startswith("_") and name != "set_default_device"
+            and callable(getattr(torch, name, None)) and not isinstance(getattr(torch, name), type)
+            and documents_device(getattr(torch, name))]
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
-            name = func(*args)
-            if isinstance(name, str) and name.startswith("torch.") and ".cuda." not in name:
-                return "torch.cuda." + name[len("torch.") :]
-            return name
-        if func is torch.Tensor.cuda:
-            return args[0]
+
+_NEW_METHODS = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros")
+
+
+def _device_to_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with a CUDA `device=` argument routed to the CPU."""
+
+    @functools.wraps(fn)
+    def on_cpu(*args: Any, **kwargs: Any) -> Any:
         if "device" in kwargs and _is_cuda_device(kwargs["device"]):
             kwargs["device"] = _CPU
-        if func is torch.Tensor.to and len(args) >= 2 and _is_cuda_device(args[1]):
-            args = (args[0], _CPU, *args[2:])
-        return func(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return on_cpu
+
+
+def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`Tensor.to` with a CUDA device (positional or `device=`) routed to the CPU."""
+
+    @functools.wraps(original)
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if args and _is_cuda_device(args[0]):
+            args = (_CPU, *args[1:])
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs["device"] = _CPU
+        return original(self, *args, **kwargs)
+
+    return to
+
+
+def _tensor_type(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`Tensor.type()` reporting CUDA type names: the optimizer dispatches on strings such as
+    'torch.cuda.BFloat16Tensor', so CPU tensors must report those names while the shims are active."""
+
+    @functools.wraps(original)
+    def type_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:  # a conversion: a CUDA type name means the same dtype on the CPU
+            if args and isinstance(args[0], str) and ".cuda." in args[0]:
+                args = (args[0].replace(".cuda.", ".", 1), *args[1:])
+            return original(self, *args, **kwargs)
+        name = original(self)
+        if isinstance(name, str) and name.startswith("torch.") and ".cuda." not in name:
+            return "torch.cuda." + name[len("torch.") :]
+        return name
+
+    return type_
+
+
+def _tensor_cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """`Tensor.cuda()` on a CPU host: the tensor itself."""
+    return self
 
 
 class _NullStream:
@@ -66,8 +108,10 @@ class _NullStream:
         """Do nothing: CPU work is synchronous."""
 
 
-def _patch(owner: Any, name: str, value: Callable[..., Any] | bool | None) -> None:
-    _saved[f"{id(owner)}.{name}"] = (owner, name, getattr(owner, name, None))
+def _patch(owner: Any, name: str, value: Callable[..., Any] | bool | str | None) -> None:
+    # a class's own attribute only (an inherited method, e.g. Tensor.to from TensorBase, is removed on undo)
+    held = vars(owner).get(name, _ABSENT) if isinstance(owner, type) else getattr(owner, name, _ABSENT)
+    _saved[f"{id(owner)}.{name}"] = (owner, name, held)
     setattr(owner, name, value)
 
 
@@ -78,14 +122,14 @@ def needed() -> bool:
 
 def installed() -> bool:
     """Return True while the shims are active."""
-    return _mode is not None
+    return _installed
 
 
 def install() -> bool:
     """Install the shims if CUDA is absent; return whether they are active."""
-    global _mode
-    if _mode is not None or not needed():
-        return _mode is not None
+    global _installed
+    if _installed or not needed():
+        return _installed
     _patch(torch.cuda, "current_device", lambda: _CPU)
     _patch(torch.cuda, "synchronize", lambda *a, **k: None)
     # megatron-core 0.19 calls current_stream() on every grad sync.
@@ -109,20 +153,35 @@ def install() -> bool:
     from torch._dynamo import config as dynamo_config
 
     _patch(dynamo_config, "disable", True)
-    _mode = _CudaAsCpu()
-    _mode.__enter__()
+    # Disabled, a compiled function still hands its frame to dynamo's callback, whose first call builds
+    # dynamo's rule map (0.12 s a phase, rebuilt in each one: init_process_group clears it); the
+    # "force_eager" stance (torch >= 2.6) runs it as plain Python with no callback at all
+    from torch._dynamo import eval_frame
+
+    stance = getattr(eval_frame, "_stance", None)
+    if stance is not None and hasattr(stance, "stance"):
+        _patch(stance, "stance", "force_eager")
+    # Plain attribute patches, not a TorchFunctionMode: a mode runs Python on every torch call of a step
+    # (about 3,000 a step for a 2-layer MoE), where only creation, `.to`, `.cuda` and `.type` need it.
+    for name in _creation_functions():
+        _patch(torch, name, _device_to_cpu(getattr(torch, name)))
+    for name in _NEW_METHODS:
+        _patch(torch.Tensor, name, _device_to_cpu(getattr(torch.Tensor, name)))
+    _patch(torch.Tensor, "to", _tensor_to(torch.Tensor.to))
+    _patch(torch.Tensor, "type", _tensor_type(torch.Tensor.type))
+    _patch(torch.Tensor, "cuda", _tensor_cuda)
+    _installed = True
     return True
 
 
 def uninstall() -> None:
     """Undo every shim installed by `install()`."""
-    global _mode
-    if _mode is None:
+    global _installed
+    if not _installed:
         return
-    _mode.__exit__(None, None, None)
-    _mode = None
+    _installed = False
     for owner, name, value in reversed(list(_saved.values())):
-        if value is None:
+        if value is _ABSENT:
             delattr(owner, name)
         else:
             setattr(owner, name, value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +155,26 @@ def start_rendezvous(master_port: int | None, timeout_s: float) -> None:
         _store = _tcp_store(is_master=True, timeout_s=timeout_s)
 
 
+LISTEN_POLL_S = 0.005
+
+
+def wait_until_listening(host: str, port: int, timeout_s: float) -> None:
+    """Return once rank 0's store accepts connections (or after `timeout_s`: the store's own connect then
+    fails with torch's error).
+
+    A TCPStore client that finds no listener retries with a backoff of its own: in a warm worker both
+    ranks' phase children start within milliseconds, rank 1 usually asked first, and the backoff cost
+    0.3-0.8 s of every phase's init (both ranks waited it out). A plain connect every 5 ms costs nothing.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(LISTEN_POLL_S)
+
+
 def init(
     master_port: int | None, timeout_s: float, tp: int = 1, pp: int = 1, ep: int = 1, device: str = "cpu",
     vpp: int | None = None,
@@ -170,6 +191,7 @@ def init(
     from jobs.rank import device as rank_device
 
     if _store is None and int(os.environ.get("RANK", "-1")) > 0:
+        wait_until_listening(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout_s)
         _store = _tcp_store(is_master=False, timeout_s=timeout_s)
     if _store is None:
         export_env(master_port)

@@ -27,7 +27,7 @@ _FRAME = re.compile(r'File "([^"\n]+)", line \d+, in ([^\s]+)')
 _BUILD = "/megatron/core/"
 _TORCH = "/torch/"
 _TRANSPORT = "/torch/distributed/"
-_PASS_THROUGH = "/jobs/rank/cpu_shim.py"  # forwards every torch call on a CPU host unchanged
+_PASS_THROUGH = "/jobs/rank/cpu_shim.py"  # its wrappers forward torch calls on a CPU host unchanged
 
 
 def raised_in_build(error: ErrorRecord) -> str | None:

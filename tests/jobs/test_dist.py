@@ -77,3 +77,31 @@ def _listen_as(uid: int, port: int) -> int:
     assert os.read(ready_r, 1) == b"1", "the listener did not start"
     os.close(ready_r)
     return pid
+
+
+def test_a_peer_waits_for_rank_0s_store_to_listen_without_a_backoff() -> None:
+    """Rank 1 asked before rank 0's store listened: it goes on once the listener appears (torch's own client
+    retry backed off 0.3-0.8 s in every phase of a warm worker), and gives up after its timeout when none does."""
+    import socket
+    import threading
+    import time
+
+    from jobs.rank.dist import free_port, wait_until_listening
+
+    port = free_port()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def listen_later() -> None:
+        time.sleep(0.3)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+
+    threading.Thread(target=listen_later).start()
+    t0 = time.monotonic()
+    wait_until_listening("127.0.0.1", port, timeout_s=10)
+    assert 0.29 < time.monotonic() - t0 < 5  # after the listener, not before (speed: gate_latency.py)
+    server.close()
+    t0 = time.monotonic()
+    wait_until_listening("127.0.0.1", free_port(), timeout_s=0.2)  # nobody: returns, the store then fails
+    assert time.monotonic() - t0 < 5
