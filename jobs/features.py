@@ -27,8 +27,6 @@ NO_CPU_CHECK = {
 }
 # Features a suite beside the gate runs, because the gate's 60 s budget has no room for them: the reason names it
 BESIDE_THE_GATE = {
-    "parallel:pp-reshard": "suites/layouts.yaml (reshard-pp2-to-dp2 with a virtual pipeline, and back, "
-    "reshard-dp2-to-pp2): a resume from PP 2 onto DP 2 cost the gate 12-17 s on a 2-core host",
     "parallel:ep-reshard": "suites/layouts.yaml (reshard-ep2-to-ep4): EP 2 -> 1 (or 1 -> 2) is unsupported-by-build "
     "on Megatron-LM main and 0.16.1 (at EP 1 the experts are dense params, so the optimizer chain changes length, "
     "which ChainedOptimizer.load_state_dict cannot load), and an EP change above 1 needs four ranks",

@@ -592,7 +592,7 @@ RESHARD_PULL_REQUESTS: tuple[PullRequest, ...] = (
         "    new_offsets.append((tp_axis + prepend_axis_num, tp_size - 1 - tp_rank, tp_size))\n",
         (MODEL_WEIGHTS_MISMATCH, MAIN_PARAMS_MISMATCH, FINAL_STATE_MISMATCH),
         feature="tp-reshard",
-        check="reshard-tp2-to-dp2",
+        check="reshard-tp2-to-pp2",
     ),
     PullRequest(
         "pp-stage-layers-numbered-from-the-last-stage",
@@ -606,8 +606,7 @@ RESHARD_PULL_REQUESTS: tuple[PullRequest, ...] = (
         "                sharded_prefix = f'{layer_prefix}{global_layer_offset}.'\n",
         (MODEL_WEIGHTS_MISMATCH, MAIN_PARAMS_MISMATCH, FINAL_STATE_MISMATCH),
         feature="pp-reshard",
-        check="reshard-pp2-to-dp2",
-        suite="layouts",
+        check="reshard-tp2-to-pp2",
     ),
     PullRequest(
         "vocab-embedding-shape-fixed-at-load",
@@ -619,7 +618,7 @@ RESHARD_PULL_REQUESTS: tuple[PullRequest, ...] = (
         "                allow_shape_mismatch=False,  # the embedding's shape is the model's: check it on load\n",
         (CHECKPOINT_LOAD_CRASH,),
         feature="vocab-padding-reshard",
-        check="reshard-tp2-to-dp2",
+        check="reshard-tp2-to-pp2",
     ),
     PullRequest(
         "experts-numbered-from-the-last-ep-rank",

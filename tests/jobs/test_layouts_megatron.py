@@ -172,7 +172,7 @@ def test_a_resume_on_another_tensor_parallel_size_is_judged_in_one_view(results:
     assert "exp_avg_sq loaded wrong" in lossy["cause_lines"]["optimizer-moments-mismatch"]
 
 
-@pytest.mark.nightly  # the gate's reshard-tp2-to-dp2 runs the same change through the service
+@pytest.mark.nightly  # suites/layouts.yaml's reshard-tp2-to-dp2 runs the same change through the service
 def test_a_tp_change_across_a_vocabulary_padding_change_is_judged_on_the_rows_both_sizes_hold(
     results: LazyRuns[Any]
 ) -> None:
