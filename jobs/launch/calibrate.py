@@ -24,7 +24,7 @@ from typing import Any
 from jobs.contract import STATE_FINAL, ParityResult
 from jobs.launch.local import run_parity
 from jobs.signature_names import FINAL_STATE_MISMATCH, LOSS_DIVERGENCE_UNEXPLAINED
-from jobs.spec import RunSpec
+from jobs.spec import RunSpec, SpecError
 from jobs.tolerance import (
     CALIBRATION_FACTOR,
     CALIBRATION_FILE,
@@ -204,7 +204,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Calibrate a reshard bound (--resume-dp) or a check's run-to-run noise; print JSON; 0 on success."""
+    """Calibrate a reshard bound (--resume-dp) or a check's run-to-run noise; print JSON; 0 on success, 1 when a
+    run was not clean, 2 for an invalid spec."""
     folder = args.run_folder or Path(tempfile.mkdtemp(prefix="parity-calibrate-"))
     seeds = tuple(args.seeds or DEFAULT_SEEDS)
     workarounds = tuple(args.workarounds or DEFAULT_WORKAROUNDS)
@@ -231,6 +232,9 @@ def run(args: argparse.Namespace) -> int:
     except NotClean as exc:
         log(str(exc))
         return 1
+    except SpecError as exc:  # the field and its allowed values, as run-local says it; never a traceback
+        print(f"parity calibrate: invalid spec: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -193,3 +194,12 @@ def test_a_probe_that_could_not_run_is_an_advisory_not_a_silent_zero() -> None:
     assert r["verdict"] == "pass" and r["advisories"] == ["probe-not-applicable"]
     assert r["evidence"]["probe-not-applicable"] == {"probes": {"train_and_save.buckets": reason}}
     assert evaluate(spec, baseline(), resumed())["advisories"] == []
+
+
+def test_calibrate_names_the_field_of_an_invalid_spec_and_exits_2(capsys, tmp_path: Path) -> None:
+    from jobs.launch import calibrate
+
+    code = calibrate.main(["--config", "gpt-recipe", "--dp", "1", "--resume-dp", "1", "--run-folder", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "invalid spec: resume_dp: equals dp (1)" in err and "Traceback" not in err
