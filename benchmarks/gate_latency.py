@@ -44,7 +44,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.injected_prs import CACHE, PARITY, own_service, wheel  # noqa: E402
+from benchmarks.injected_prs import CACHE, PARITY, own_service, stop_leftovers, wheel  # noqa: E402
 from service.environments import interpreters  # noqa: E402
 
 
@@ -163,6 +163,7 @@ def main() -> int:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=60)
+        stop_leftovers(work)  # the warm pool's workers: their scheduler is gone
         # the embedded Postgres outlives the service's processes: a fast shutdown, then its data, the builds
         # and the runs go (the service's logs stay in `work`)
         postmaster = work / "data" / "pgdata" / "postmaster.pid"
