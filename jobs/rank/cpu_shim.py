@@ -28,19 +28,27 @@ def _is_cuda_device(device: object) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
-# torch's creation functions that take `device=` (each one's docstring documents the parameter): read at
-# install time, so a torch that adds one is covered too
 def _creation_functions() -> list[str]:
+    """torch's creation functions that take `device=` (each one's docstring documents the parameter), read
+    at install time, so a torch that adds one is covered too."""
+
     def documents_device(obj: object) -> bool:
         doc = getattr(obj, "__doc__", None)
         return isinstance(doc, str) and "device (" in doc
 
-    return [name for name in dir(torch) if not name.startswith("_") and name != "set_default_device"
-            and callable(getattr(torch, name, None)) and not isinstance(getattr(torch, name), type)
-            and documents_device(getattr(torch, name))]
+    names = (name for name in dir(torch) if not name.startswith("_") and name != "set_default_device")
+    return [name for name in names
+            if callable(obj := getattr(torch, name, None)) and not isinstance(obj, type) and documents_device(obj)]
 
 
 _NEW_METHODS = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros")
+
+
+def _cpu_device_kwarg(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with a CUDA `device=` replaced by the CPU (the caller's dict is its own: **kwargs)."""
+    if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+        kwargs["device"] = _CPU
+    return kwargs
 
 
 def _device_to_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -48,9 +56,7 @@ def _device_to_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def on_cpu(*args: Any, **kwargs: Any) -> Any:
-        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
-            kwargs["device"] = _CPU
-        return fn(*args, **kwargs)
+        return fn(*args, **_cpu_device_kwarg(kwargs))
 
     return on_cpu
 
@@ -62,9 +68,7 @@ def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if args and _is_cuda_device(args[0]):
             args = (_CPU, *args[1:])
-        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
-            kwargs["device"] = _CPU
-        return original(self, *args, **kwargs)
+        return original(self, *args, **_cpu_device_kwarg(kwargs))
 
     return to
 

@@ -97,9 +97,11 @@ def test_a_peer_waits_for_rank_0s_store_to_listen_without_a_backoff() -> None:
         server.bind(("127.0.0.1", port))
         server.listen()
 
-    threading.Thread(target=listen_later).start()
+    listener = threading.Thread(target=listen_later)
+    listener.start()
     t0 = time.monotonic()
     wait_until_listening("127.0.0.1", port, timeout_s=10)
+    listener.join()
     assert 0.29 < time.monotonic() - t0 < 5  # after the listener, not before (speed: gate_latency.py)
     server.close()
     t0 = time.monotonic()
